@@ -1,0 +1,43 @@
+//! The error type of gepsea-net's public API.
+
+use crate::frame::{Addr, FrameError};
+
+/// Why a request or a port operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetError {
+    #[error("message of {len} bytes does not fit the posted receive buffer of {capacity} bytes")]
+    Truncated { len: usize, capacity: usize },
+    #[error("system-channel message of {len} bytes exceeds the eager threshold of {max} bytes; use the normal channel")]
+    TooLargeForSystemChannel { len: usize, max: usize },
+    #[error("peer {peer} failed: {reason}")]
+    PeerFailed { peer: Addr, reason: String },
+    #[error("cannot reach {peer}: {reason}")]
+    Unreachable { peer: Addr, reason: String },
+    #[error("region {region} of {peer} refused an access of {len} bytes at offset {offset} (region missing or too small)")]
+    RegionAccess { peer: Addr, region: u64, offset: u64, len: u64 },
+    #[error("region {0} is already exposed")]
+    RegionExists(u64),
+    #[error("no local region {0}")]
+    NoSuchRegion(u64),
+    #[error("request was cancelled")]
+    Cancelled,
+    #[error("timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    #[error("unknown request {0} (already completed and collected, or never issued)")]
+    UnknownRequest(u64),
+    #[error("port is shut down")]
+    Closed,
+    #[error("{context}: {message}")]
+    Io { context: String, message: String },
+    #[error("malformed frame from {from}: {error}")]
+    Frame { from: String, error: FrameError },
+    #[error("protocol violation by {peer}: {reason}")]
+    Protocol { peer: Addr, reason: String },
+}
+
+impl NetError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, e: std::io::Error) -> Self {
+        NetError::Io { context: context.into(), message: e.to_string() }
+    }
+}

@@ -1,0 +1,27 @@
+//! gepsea-net: the communication layer every other part of gepsea sends its bytes through.
+//!
+//! In the tradition of BCL-3 and event-driven MPI: every process owns one [`Port`],
+//! addressed as ([node](Addr::node), [port](Addr::port)). Messages travel on three
+//! channels — the eager **system** channel into a receiver-managed pool, the **normal**
+//! channel (tagged, eager when small, rendezvous when large, straight into the posted
+//! buffer), and the **open** channel (remote memory access into exposed regions).
+//! Inside a node they go through shared-memory rings; between nodes through TCP with
+//! sequence numbers, checksums and replay after reconnect. A dedicated event thread
+//! makes progress on OS events while the application computes.
+//!
+//! Layering, bottom up — each layer testable on its own:
+//! - [`frame`]: the wire format and its decoder (sans-IO).
+//! - [`reliable`]: per-link sequence/acknowledgement windows and replay (sans-IO).
+//! - [`proto`]: matching, credits, rendezvous and RMA state machines (sans-IO).
+//! - [`ring`]: the lock-free SPSC byte ring used in shared memory (loom-checked).
+//! - `shm`, `tcp`: the two transports; `port`: the event loop that drives them.
+
+pub mod error;
+pub mod frame;
+pub mod proto;
+pub mod reliable;
+pub mod ring;
+
+pub use error::NetError;
+pub use frame::{Addr, Channel};
+pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};

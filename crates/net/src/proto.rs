@@ -1,0 +1,805 @@
+//! The port protocol as a deterministic state machine (sans-IO).
+//!
+//! [`Proto`] holds everything one port knows about its messages: posted receives,
+//! unexpected messages, the system-channel pool, rendezvous transfers in flight, RMA
+//! regions and requests, eager credits per peer. It never touches a socket, a ring or a
+//! clock. The transports feed it frames ([`Proto::on_frame`]) and pull the frames it
+//! wants sent ([`Proto::pop_frame`]); the application side calls [`Proto::isend`],
+//! [`Proto::irecv`] and friends and collects completions with [`Proto::take`]. That is
+//! what lets the whole protocol be tested frame by frame without processes (see the tests
+//! below and `tests/proto.rs`).
+//!
+//! Channels:
+//! - **System**: a message of at most `eager_threshold` bytes is sent at once and lands in
+//!   the receiver's pool without the receiver posting anything. Every eager message costs
+//!   the sender one *credit* for that peer; the receiver returns credits once the
+//!   application has taken the messages out of the pool. A sender without credits holds
+//!   its messages back (flow control): nothing is dropped, memory stays bounded.
+//! - **Normal**: tagged messages matched against posted receives in MPI order (first
+//!   posted receive whose source and tag match; otherwise queued as unexpected). Small
+//!   messages go eagerly (with a credit); large ones by rendezvous: `Rts` → the receiver
+//!   matches a posted buffer → `Cts` → `Data` pieces copied straight into that buffer.
+//! - **Open**: `Put` pieces are written into the owner's exposed region, `GetReq` is
+//!   answered with `GetReply` pieces, all by the owner's progress engine without its
+//!   application taking part; both sides get completion events.
+//!
+//! Ordering: per destination, messages (eager and RTS) leave in the order they were
+//! issued, and a message waiting for credits holds back the ones behind it; control
+//! frames (CTS, credits, acks) and bulk pieces (rendezvous data, RMA) bypass that queue,
+//! so a full pool can never block the transfer the application is waiting for.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use bytes::Bytes;
+
+use crate::error::NetError;
+use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST};
+
+/// Identifies a request issued on a port.
+pub type ReqId = u64;
+
+/// Tunables of the protocol.
+#[derive(Clone, Debug)]
+pub struct ProtoConfig {
+    /// Largest message sent eagerly (system channel limit, normal-channel eager limit).
+    pub eager_threshold: usize,
+    /// Eager messages a sender may have outstanding at one receiver.
+    pub credits: u32,
+    /// Size of one piece of a rendezvous or RMA transfer.
+    pub chunk: usize,
+}
+
+impl Default for ProtoConfig {
+    fn default() -> Self {
+        ProtoConfig { eager_threshold: 16 * 1024, credits: 64, chunk: 256 * 1024 }
+    }
+}
+
+/// A received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub src: Addr,
+    pub tag: u64,
+    pub data: Vec<u8>,
+}
+
+/// What a completed request produced.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// A send finished: its buffer is no longer needed.
+    Sent,
+    /// A receive matched and filled its buffer.
+    Received(Message),
+    /// A put was applied at the owner.
+    Put,
+    /// A get returned these bytes.
+    Got(Vec<u8>),
+}
+
+/// Something that happened on the port, for applications that watch an event queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Request finished (successfully or not); collect it with `test`/`wait`.
+    Completed(ReqId),
+    /// A message arrived in the system-channel pool.
+    SystemMessage { src: Addr },
+    /// A peer wrote into one of our regions.
+    RemotePut { from: Addr, region: u64, offset: u64, len: u64 },
+    /// A peer read from one of our regions.
+    RemoteGet { from: Addr, region: u64, offset: u64, len: u64 },
+    /// A peer failed; its requests were failed too.
+    PeerFailed { peer: Addr, reason: String },
+}
+
+/// A frame the transport should send, and the send request it completes once written.
+#[derive(Debug)]
+pub struct OutFrame {
+    pub frame: Frame,
+    pub completes: Option<ReqId>,
+}
+
+enum Req {
+    /// Eager send queued or written; completes when written.
+    SendEager { dst: Addr },
+    /// Rendezvous send: waiting for CTS, then data pieces queued.
+    SendRts { dst: Addr, data: Bytes },
+    /// Posted receive not yet matched.
+    RecvPosted { src: Option<Addr>, tag: Option<u64>, buf: Vec<u8> },
+    /// Matched to an RTS, data arriving.
+    RecvData { src: Addr, tag: u64, buf: Vec<u8>, total: usize, got: usize },
+    Put { dst: Addr, region: u64, offset: u64, len: u64 },
+    Get { dst: Addr, region: u64, offset: u64, buf: Vec<u8>, got: usize },
+}
+
+enum Unexpected {
+    Eager { src: Addr, tag: u64, data: Vec<u8> },
+    Rts { src: Addr, tag: u64, msg: u64, total: usize },
+}
+
+impl Unexpected {
+    fn src_tag(&self) -> (Addr, u64) {
+        match self {
+            Unexpected::Eager { src, tag, .. } | Unexpected::Rts { src, tag, .. } => (*src, *tag),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Peer {
+    credits: u32,
+    credits_owed: u32,
+    ctrl: VecDeque<OutFrame>,
+    msgs: VecDeque<OutFrame>,
+    bulk: VecDeque<OutFrame>,
+    /// Pieces of a put that fell outside the region, by request id.
+    failed_puts: HashSet<u64>,
+}
+
+/// Counters for diagnostics and tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProtoStats {
+    pub eager_sent: u64,
+    pub rendezvous_sent: u64,
+    pub unexpected: u64,
+    pub credit_stalls: u64,
+    pub frames_in: u64,
+}
+
+/// The protocol state of one port.
+pub struct Proto {
+    me: Addr,
+    cfg: ProtoConfig,
+    peers: HashMap<Addr, Peer>,
+    reqs: HashMap<ReqId, Req>,
+    done: HashMap<ReqId, Result<Completion, NetError>>,
+    posted: VecDeque<ReqId>,
+    unexpected: VecDeque<Unexpected>,
+    system_pool: VecDeque<Message>,
+    /// (source, sender's message id) → our receive request, for rendezvous data.
+    incoming: HashMap<(Addr, u64), ReqId>,
+    regions: HashMap<u64, Vec<u8>>,
+    events: VecDeque<Event>,
+    events_enabled: bool,
+    dirty: HashSet<Addr>,
+    next_req: ReqId,
+    failed_peers: HashMap<Addr, String>,
+    pub stats: ProtoStats,
+}
+
+impl Proto {
+    /// A fresh port state for address `me`.
+    pub fn new(me: Addr, cfg: ProtoConfig) -> Self {
+        assert!(cfg.chunk > 0 && cfg.credits > 0);
+        Proto {
+            me,
+            cfg,
+            peers: HashMap::new(),
+            reqs: HashMap::new(),
+            done: HashMap::new(),
+            posted: VecDeque::new(),
+            unexpected: VecDeque::new(),
+            system_pool: VecDeque::new(),
+            incoming: HashMap::new(),
+            regions: HashMap::new(),
+            events: VecDeque::new(),
+            events_enabled: false,
+            dirty: HashSet::new(),
+            next_req: 1,
+            failed_peers: HashMap::new(),
+            stats: ProtoStats::default(),
+        }
+    }
+
+    /// This port's address.
+    pub fn addr(&self) -> Addr {
+        self.me
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &ProtoConfig {
+        &self.cfg
+    }
+
+    fn peer(&mut self, a: Addr) -> &mut Peer {
+        let credits = self.cfg.credits;
+        self.peers.entry(a).or_insert_with(|| Peer { credits, ..Default::default() })
+    }
+
+    fn new_req(&mut self, r: Req) -> ReqId {
+        let id = self.next_req;
+        self.next_req += 1;
+        self.reqs.insert(id, r);
+        id
+    }
+
+    fn header(&self, kind: Kind, channel: Channel, dst: Addr) -> Header {
+        Header::new(kind, channel, self.me, dst)
+    }
+
+    fn complete(&mut self, id: ReqId, r: Result<Completion, NetError>) {
+        self.reqs.remove(&id);
+        self.done.insert(id, r);
+        if self.events_enabled {
+            self.events.push_back(Event::Completed(id));
+        }
+    }
+
+    fn fail_now(&mut self, r: Req, e: NetError) -> ReqId {
+        let id = self.new_req(r);
+        self.complete(id, Err(e));
+        id
+    }
+
+    fn push(&mut self, dst: Addr, q: Queue, out: OutFrame) {
+        let p = self.peer(dst);
+        match q {
+            Queue::Ctrl => p.ctrl.push_back(out),
+            Queue::Msg => p.msgs.push_back(out),
+            Queue::Bulk => p.bulk.push_back(out),
+        }
+        self.dirty.insert(dst);
+    }
+
+    // ----- application side -------------------------------------------------------
+
+    /// Starts a tagged send on the normal channel.
+    pub fn isend(&mut self, dst: Addr, tag: u64, data: Bytes) -> ReqId {
+        if let Some(reason) = self.failed_peers.get(&dst) {
+            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
+            return self.fail_now(Req::SendEager { dst }, e);
+        }
+        if data.len() <= self.cfg.eager_threshold {
+            let id = self.new_req(Req::SendEager { dst });
+            let mut h = self.header(Kind::Eager, Channel::Normal, dst);
+            h.tag = tag;
+            self.stats.eager_sent += 1;
+            self.push(dst, Queue::Msg, OutFrame { frame: Frame { header: h, payload: data }, completes: Some(id) });
+            id
+        } else {
+            let total = data.len() as u64;
+            let id = self.new_req(Req::SendRts { dst, data });
+            let mut h = self.header(Kind::Rts, Channel::Normal, dst);
+            h.tag = tag;
+            h.id = id;
+            h.total = total;
+            self.stats.rendezvous_sent += 1;
+            self.push(dst, Queue::Msg, OutFrame { frame: Frame::control(h), completes: None });
+            id
+        }
+    }
+
+    /// Sends a small message into `dst`'s system pool.
+    pub fn send_system(&mut self, dst: Addr, tag: u64, data: Bytes) -> ReqId {
+        if data.len() > self.cfg.eager_threshold {
+            let e = NetError::TooLargeForSystemChannel { len: data.len(), max: self.cfg.eager_threshold };
+            return self.fail_now(Req::SendEager { dst }, e);
+        }
+        if let Some(reason) = self.failed_peers.get(&dst) {
+            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
+            return self.fail_now(Req::SendEager { dst }, e);
+        }
+        let id = self.new_req(Req::SendEager { dst });
+        let mut h = self.header(Kind::Eager, Channel::System, dst);
+        h.tag = tag;
+        self.stats.eager_sent += 1;
+        self.push(dst, Queue::Msg, OutFrame { frame: Frame { header: h, payload: data }, completes: Some(id) });
+        id
+    }
+
+    /// Takes the oldest message from the system pool.
+    pub fn recv_system(&mut self) -> Option<Message> {
+        let m = self.system_pool.pop_front()?;
+        self.credit_returned(m.src);
+        Some(m)
+    }
+
+    /// Messages waiting in the system pool.
+    pub fn system_pending(&self) -> usize {
+        self.system_pool.len()
+    }
+
+    /// Posts a receive for a message from `src` (any if `None`) with `tag` (any if
+    /// `None`), into a buffer of `capacity` bytes.
+    pub fn irecv(&mut self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> ReqId {
+        let matches = |u: &Unexpected| {
+            let (s, t) = u.src_tag();
+            src.is_none_or(|x| x == s) && tag.is_none_or(|x| x == t)
+        };
+        if let Some(pos) = self.unexpected.iter().position(matches) {
+            let u = self.unexpected.remove(pos).unwrap();
+            match u {
+                Unexpected::Eager { src, tag, data } => {
+                    self.credit_returned(src);
+                    let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
+                    let r = if data.len() > capacity {
+                        Err(NetError::Truncated { len: data.len(), capacity })
+                    } else {
+                        Ok(Completion::Received(Message { src, tag, data }))
+                    };
+                    self.complete(id, r);
+                    return id;
+                }
+                Unexpected::Rts { src, tag, msg, total } => {
+                    let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
+                    self.accept_rts(id, src, tag, msg, total, capacity);
+                    return id;
+                }
+            }
+        }
+        if let Some(s) = src {
+            if let Some(reason) = self.failed_peers.get(&s) {
+                let e = NetError::PeerFailed { peer: s, reason: reason.clone() };
+                return self.fail_now(Req::RecvPosted { src, tag, buf: Vec::new() }, e);
+            }
+        }
+        let id = self.new_req(Req::RecvPosted { src, tag, buf: Vec::with_capacity(capacity) });
+        self.posted.push_back(id);
+        id
+    }
+
+    /// Cancels a posted receive that has not matched yet. Returns whether it was
+    /// cancelled (a started transfer cannot be).
+    pub fn cancel(&mut self, id: ReqId) -> bool {
+        if let Some(Req::RecvPosted { .. }) = self.reqs.get(&id) {
+            self.posted.retain(|&r| r != id);
+            self.complete(id, Err(NetError::Cancelled));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Exposes a zeroed region of `len` bytes for remote put/get.
+    pub fn expose(&mut self, region: u64, len: usize) -> Result<(), NetError> {
+        if self.regions.contains_key(&region) {
+            return Err(NetError::RegionExists(region));
+        }
+        self.regions.insert(region, vec![0; len]);
+        Ok(())
+    }
+
+    /// Local access to an exposed region.
+    pub fn region(&mut self, region: u64) -> Result<&mut Vec<u8>, NetError> {
+        self.regions.get_mut(&region).ok_or(NetError::NoSuchRegion(region))
+    }
+
+    /// Writes `data` into `dst`'s region at `offset`.
+    pub fn put(&mut self, dst: Addr, region: u64, offset: u64, data: Bytes) -> ReqId {
+        let len = data.len() as u64;
+        if let Some(reason) = self.failed_peers.get(&dst) {
+            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
+            return self.fail_now(Req::Put { dst, region, offset, len }, e);
+        }
+        let id = self.new_req(Req::Put { dst, region, offset, len });
+        let pieces = self.pieces(data.len());
+        for (i, (a, b)) in pieces.iter().enumerate() {
+            let mut h = self.header(Kind::Put, Channel::Open, dst);
+            h.tag = region;
+            h.id = id;
+            h.offset = offset + *a as u64;
+            h.total = len;
+            if i + 1 == pieces.len() {
+                h.flags |= FLAG_LAST;
+            }
+            self.push(dst, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(a..b) }, completes: None });
+        }
+        id
+    }
+
+    /// Reads `len` bytes of `dst`'s region at `offset`.
+    pub fn get(&mut self, dst: Addr, region: u64, offset: u64, len: usize) -> ReqId {
+        if let Some(reason) = self.failed_peers.get(&dst) {
+            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
+            return self.fail_now(Req::Get { dst, region, offset, buf: Vec::new(), got: 0 }, e);
+        }
+        let id = self.new_req(Req::Get { dst, region, offset, buf: vec![0; len], got: 0 });
+        let mut h = self.header(Kind::GetReq, Channel::Open, dst);
+        h.tag = region;
+        h.id = id;
+        h.offset = offset;
+        h.total = len as u64;
+        self.push(dst, Queue::Bulk, OutFrame { frame: Frame::control(h), completes: None });
+        id
+    }
+
+    /// Removes and returns the result of a finished request; `None` while it runs.
+    pub fn take(&mut self, id: ReqId) -> Option<Result<Completion, NetError>> {
+        self.done.remove(&id)
+    }
+
+    /// Whether `id` names a request that is still running or has a result to collect.
+    pub fn is_known(&self, id: ReqId) -> bool {
+        self.reqs.contains_key(&id) || self.done.contains_key(&id)
+    }
+
+    /// Whether the request has finished.
+    pub fn is_done(&self, id: ReqId) -> bool {
+        self.done.contains_key(&id)
+    }
+
+    /// Starts recording events (see [`Event`]); off by default so that a port whose
+    /// application never reads events does not accumulate them.
+    pub fn enable_events(&mut self) {
+        self.events_enabled = true;
+    }
+
+    /// Oldest unread event.
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Events waiting to be read.
+    pub fn events_pending(&self) -> usize {
+        self.events.len()
+    }
+
+    // ----- transport side ---------------------------------------------------------
+
+    /// Peers with frames waiting to be sent (cleared as they are drained).
+    pub fn dirty_peers(&mut self) -> Vec<Addr> {
+        self.dirty.iter().copied().collect()
+    }
+
+    /// Whether anything is waiting to be sent to anybody.
+    pub fn has_output(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// The next frame to send to `peer`, control first, then messages (if credits
+    /// allow), then bulk pieces. `None` when nothing can go now.
+    pub fn pop_frame(&mut self, peer: Addr) -> Option<OutFrame> {
+        let p = self.peers.get_mut(&peer)?;
+        let out = if let Some(f) = p.ctrl.pop_front() {
+            Some(f)
+        } else if let Some(front) = p.msgs.front() {
+            if front.frame.header.kind == Kind::Eager {
+                if p.credits > 0 {
+                    p.credits -= 1;
+                    p.msgs.pop_front()
+                } else {
+                    self.stats.credit_stalls += 1;
+                    p.bulk.pop_front()
+                }
+            } else {
+                p.msgs.pop_front()
+            }
+        } else {
+            p.bulk.pop_front()
+        };
+        if out.is_none() {
+            self.dirty.remove(&peer);
+        }
+        out
+    }
+
+    /// Puts back a frame the transport could not send yet (it goes out first next time).
+    pub fn unpop_frame(&mut self, peer: Addr, out: OutFrame) {
+        let p = self.peer(peer);
+        match out.frame.header.kind {
+            Kind::Eager => {
+                p.credits += 1;
+                p.msgs.push_front(out);
+            }
+            Kind::Rts => p.msgs.push_front(out),
+            Kind::Cts | Kind::Credit | Kind::PutAck => p.ctrl.push_front(out),
+            _ => p.bulk.push_front(out),
+        }
+        self.dirty.insert(peer);
+    }
+
+    /// The transport has written `out` (into a ring, or to TCP with replay retained).
+    pub fn frame_sent(&mut self, completes: Option<ReqId>) {
+        if let Some(id) = completes {
+            self.complete(id, Ok(Completion::Sent));
+        }
+    }
+
+    /// Handles one received frame. An error means the peer broke the protocol; the
+    /// transport should drop its connection.
+    pub fn on_frame(&mut self, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        self.stats.frames_in += 1;
+        let src = h.src;
+        if h.dst != self.me {
+            return Err(NetError::Protocol { peer: src, reason: format!("frame addressed to {} arrived at {}", h.dst, self.me) });
+        }
+        match (h.kind, h.channel) {
+            (Kind::Eager, Channel::System) => {
+                self.system_pool.push_back(Message { src, tag: h.tag, data: payload.to_vec() });
+                if self.events_enabled {
+                    self.events.push_back(Event::SystemMessage { src });
+                }
+            }
+            (Kind::Eager, Channel::Normal) => self.on_eager(src, h.tag, payload),
+            (Kind::Rts, Channel::Normal) => self.on_rts(src, h.tag, h.id, h.total as usize),
+            (Kind::Cts, _) => self.on_cts(src, h)?,
+            (Kind::Data, _) => self.on_data(src, h, payload)?,
+            (Kind::Put, _) => self.on_put(src, h, payload),
+            (Kind::PutAck, _) => self.on_put_ack(src, h)?,
+            (Kind::GetReq, _) => self.on_get_req(src, h),
+            (Kind::GetReply, _) => self.on_get_reply(src, h, payload)?,
+            (Kind::Credit, _) => {
+                self.peer(src).credits += h.total as u32;
+                self.dirty.insert(src);
+            }
+            (k, c) => {
+                return Err(NetError::Protocol { peer: src, reason: format!("unexpected {k:?} frame on {c:?} channel") });
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails every request involving `peer` and refuses new ones.
+    pub fn peer_failed(&mut self, peer: Addr, reason: &str) {
+        self.failed_peers.insert(peer, reason.to_string());
+        let err = || NetError::PeerFailed { peer, reason: reason.to_string() };
+        let victims: Vec<ReqId> = self
+            .reqs
+            .iter()
+            .filter(|(_, r)| match r {
+                Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
+                Req::RecvPosted { src, .. } => *src == Some(peer),
+                Req::RecvData { src, .. } => *src == peer,
+                Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in victims {
+            self.posted.retain(|&r| r != id);
+            self.complete(id, Err(err()));
+        }
+        self.incoming.retain(|(s, _), _| *s != peer);
+        self.unexpected.retain(|u| u.src_tag().0 != peer);
+        self.peers.remove(&peer);
+        self.dirty.remove(&peer);
+        if self.events_enabled {
+            self.events.push_back(Event::PeerFailed { peer, reason: reason.to_string() });
+        }
+    }
+
+    /// Forgets a failure so that `peer` may be contacted again (it restarted).
+    pub fn peer_recovered(&mut self, peer: Addr) {
+        self.failed_peers.remove(&peer);
+    }
+
+    // ----- internals --------------------------------------------------------------
+
+    fn pieces(&self, len: usize) -> Vec<(usize, usize)> {
+        if len == 0 {
+            return vec![(0, 0)];
+        }
+        (0..len).step_by(self.cfg.chunk).map(|a| (a, (a + self.cfg.chunk).min(len))).collect()
+    }
+
+    fn credit_returned(&mut self, src: Addr) {
+        let half = (self.cfg.credits / 2).max(1);
+        let me = self.me;
+        let p = self.peer(src);
+        p.credits_owed += 1;
+        if p.credits_owed >= half {
+            let mut h = Header::new(Kind::Credit, Channel::Control, me, src);
+            h.total = p.credits_owed as u64;
+            p.credits_owed = 0;
+            p.ctrl.push_back(OutFrame { frame: Frame::control(h), completes: None });
+            self.dirty.insert(src);
+        }
+    }
+
+    fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
+        let pos = self.posted.iter().position(|id| match self.reqs.get(id) {
+            Some(Req::RecvPosted { src: s, tag: t, .. }) => s.is_none_or(|x| x == src) && t.is_none_or(|x| x == tag),
+            _ => false,
+        })?;
+        self.posted.remove(pos)
+    }
+
+    fn on_eager(&mut self, src: Addr, tag: u64, payload: &[u8]) {
+        match self.match_posted(src, tag) {
+            Some(id) => {
+                self.credit_returned(src);
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+                let r = if payload.len() > buf.capacity() {
+                    Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
+                } else {
+                    let mut buf = buf;
+                    buf.extend_from_slice(payload);
+                    Ok(Completion::Received(Message { src, tag, data: buf }))
+                };
+                self.complete(id, r);
+            }
+            None => {
+                self.stats.unexpected += 1;
+                self.unexpected.push_back(Unexpected::Eager { src, tag, data: payload.to_vec() });
+            }
+        }
+    }
+
+    fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize) {
+        match self.match_posted(src, tag) {
+            Some(id) => {
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.get(&id) else { unreachable!() };
+                let cap = buf.capacity();
+                self.accept_rts(id, src, tag, msg, total, cap);
+            }
+            None => {
+                self.stats.unexpected += 1;
+                self.unexpected.push_back(Unexpected::Rts { src, tag, msg, total });
+            }
+        }
+    }
+
+    /// Receive `id` takes rendezvous message `msg`: answer CTS, or fail on truncation
+    /// (the sender still gets a CTS so it is not left hanging; the data is discarded).
+    fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, capacity: usize) {
+        let truncated = total > capacity;
+        let buf = if truncated { Vec::new() } else { vec![0; total] };
+        self.reqs.insert(id, Req::RecvData { src, tag, buf, total, got: 0 });
+        self.incoming.insert((src, msg), id);
+        if truncated {
+            self.incoming.remove(&(src, msg));
+            self.complete(id, Err(NetError::Truncated { len: total, capacity }));
+            // Tell the sender to stop: a CTS with the error flag completes its send.
+        }
+        let mut h = self.header(Kind::Cts, Channel::Normal, src);
+        h.id = msg;
+        if truncated {
+            h.flags |= FLAG_ERROR;
+        }
+        self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
+    }
+
+    fn on_cts(&mut self, src: Addr, cts: &Header) -> Result<(), NetError> {
+        let msg = cts.id;
+        let Some(Req::SendRts { dst, data }) = self.reqs.get(&msg) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") });
+        };
+        if *dst != src {
+            return Err(NetError::Protocol { peer: src, reason: format!("CTS for message {msg} sent to {dst}") });
+        }
+        if cts.flags & FLAG_ERROR != 0 {
+            // The receiver refused the message (its buffer was too small and it reported
+            // the truncation on its side): the send is over, nothing more to transfer.
+            self.complete(msg, Ok(Completion::Sent));
+            return Ok(());
+        }
+        let data = data.clone();
+        let pieces = self.pieces(data.len());
+        for (i, (a, b)) in pieces.iter().enumerate() {
+            let mut h = self.header(Kind::Data, Channel::Normal, src);
+            h.id = msg;
+            h.offset = *a as u64;
+            h.total = data.len() as u64;
+            let last = i + 1 == pieces.len();
+            if last {
+                h.flags |= FLAG_LAST;
+            }
+            let completes = if last { Some(msg) } else { None };
+            self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(a..b) }, completes });
+        }
+        Ok(())
+    }
+
+    fn on_data(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        let Some(&id) = self.incoming.get(&(src, h.id)) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("data for unknown message {}", h.id) });
+        };
+        let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(&id) else { unreachable!() };
+        let off = h.offset as usize;
+        if off + payload.len() > *total {
+            return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
+        }
+        buf[off..off + payload.len()].copy_from_slice(payload);
+        *got += payload.len();
+        if *got == *total {
+            self.incoming.remove(&(src, h.id));
+            let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+            self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf })));
+        }
+        Ok(())
+    }
+
+    fn on_put(&mut self, src: Addr, h: &Header, payload: &[u8]) {
+        let ok = match self.regions.get_mut(&h.tag) {
+            Some(r) if (h.offset as usize).checked_add(payload.len()).is_some_and(|e| e <= r.len()) => {
+                r[h.offset as usize..h.offset as usize + payload.len()].copy_from_slice(payload);
+                true
+            }
+            _ => false,
+        };
+        let me = self.me;
+        let events = self.events_enabled;
+        let p = self.peer(src);
+        if !ok {
+            p.failed_puts.insert(h.id);
+        }
+        if h.flags & FLAG_LAST != 0 {
+            let failed = p.failed_puts.remove(&h.id);
+            let mut a = Header::new(Kind::PutAck, Channel::Open, me, src);
+            a.id = h.id;
+            if failed {
+                a.flags |= FLAG_ERROR;
+            }
+            p.ctrl.push_back(OutFrame { frame: Frame::control(a), completes: None });
+            self.dirty.insert(src);
+            if events && !failed {
+                let start = h.offset + payload.len() as u64 - h.total;
+                self.events.push_back(Event::RemotePut { from: src, region: h.tag, offset: start, len: h.total });
+            }
+        }
+    }
+
+    fn on_put_ack(&mut self, src: Addr, h: &Header) -> Result<(), NetError> {
+        let Some(Req::Put { dst, region, offset, len }) = self.reqs.get(&h.id) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("put-ack for unknown request {}", h.id) });
+        };
+        let r = if h.flags & FLAG_ERROR != 0 {
+            Err(NetError::RegionAccess { peer: *dst, region: *region, offset: *offset, len: *len })
+        } else {
+            Ok(Completion::Put)
+        };
+        self.complete(h.id, r);
+        Ok(())
+    }
+
+    fn on_get_req(&mut self, src: Addr, h: &Header) {
+        let len = h.total as usize;
+        let data = match self.regions.get(&h.tag) {
+            Some(r) if (h.offset as usize).checked_add(len).is_some_and(|e| e <= r.len()) => {
+                Some(Bytes::copy_from_slice(&r[h.offset as usize..h.offset as usize + len]))
+            }
+            _ => None,
+        };
+        match data {
+            None => {
+                let mut a = self.header(Kind::GetReply, Channel::Open, src);
+                a.id = h.id;
+                a.flags |= FLAG_ERROR | FLAG_LAST;
+                self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(a), completes: None });
+            }
+            Some(data) => {
+                let pieces = self.pieces(len);
+                for (i, (a, b)) in pieces.iter().enumerate() {
+                    let mut r = self.header(Kind::GetReply, Channel::Open, src);
+                    r.id = h.id;
+                    r.offset = *a as u64;
+                    r.total = len as u64;
+                    if i + 1 == pieces.len() {
+                        r.flags |= FLAG_LAST;
+                    }
+                    self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: r, payload: data.slice(a..b) }, completes: None });
+                }
+                if self.events_enabled {
+                    self.events.push_back(Event::RemoteGet { from: src, region: h.tag, offset: h.offset, len: h.total });
+                }
+            }
+        }
+    }
+
+    fn on_get_reply(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        let Some(Req::Get { dst, region, offset, buf, got }) = self.reqs.get_mut(&h.id) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("get-reply for unknown request {}", h.id) });
+        };
+        if h.flags & FLAG_ERROR != 0 {
+            let e = NetError::RegionAccess { peer: *dst, region: *region, offset: *offset, len: buf.len() as u64 };
+            self.complete(h.id, Err(e));
+            return Ok(());
+        }
+        let off = h.offset as usize;
+        if off + payload.len() > buf.len() {
+            return Err(NetError::Protocol { peer: src, reason: "get-reply beyond requested length".into() });
+        }
+        buf[off..off + payload.len()].copy_from_slice(payload);
+        *got += payload.len();
+        if h.flags & FLAG_LAST != 0 {
+            let Some(Req::Get { buf, .. }) = self.reqs.remove(&h.id) else { unreachable!() };
+            self.complete(h.id, Ok(Completion::Got(buf)));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Queue {
+    Ctrl,
+    Msg,
+    Bulk,
+}

@@ -1,0 +1,444 @@
+//! Single-producer, single-consumer byte ring for variable-length records.
+//!
+//! This is the intra-node data path: each connection between two ports on one node has
+//! two of these in a shared memfd segment, one per direction. The producer copies a
+//! record in, the consumer reads it in place and copies it once to where it belongs (a
+//! posted receive buffer, the system pool, an RMA region): two copies in all, which on
+//! these machines beats the kernel's single-copy CMA (see `docs/architecture.md`).
+//!
+//! Layout: `head` (bytes published, written only by the producer) and `tail` (bytes
+//! consumed, written only by the consumer) are monotonically increasing `u64`s, each on
+//! its own 128-byte line so that the two sides never write the same cache line. A record
+//! is an 8-byte prefix (payload length) followed by the payload, padded to 8 bytes. A
+//! record never wraps: if it does not fit before the end of the buffer the producer
+//! writes a wrap marker and starts again at offset 0. Records are at most half the
+//! capacity, so an empty ring always accepts one.
+//!
+//! Ordering: the producer writes the bytes, then publishes `head` with `Release`; the
+//! consumer loads `head` with `Acquire` before reading them. Symmetrically for `tail`, so
+//! the producer never overwrites bytes the consumer is still reading. Each side caches
+//! the other's index and reloads it only when the cached value says "full" or "empty",
+//! which keeps the shared lines quiet on the fast path.
+//!
+//! Under `--cfg loom` the same code runs on heap memory with per-byte
+//! `loom::cell::UnsafeCell`s, so loom checks that every byte read happens after it was
+//! written (`ring_loom` test).
+
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Length prefix of a record, in bytes.
+pub const PREFIX: usize = 8;
+const WRAP: u32 = u32::MAX;
+
+/// A value alone on its cache lines (128 bytes: adjacent-line prefetch pairs lines).
+#[repr(C, align(128))]
+pub struct Padded<T>(pub T);
+
+/// The two indices of one ring. Lives in shared memory.
+#[repr(C)]
+pub struct RingControl {
+    head: Padded<AtomicU64>,
+    tail: Padded<AtomicU64>,
+}
+
+impl RingControl {
+    /// An empty ring's indices.
+    pub fn new() -> Self {
+        RingControl { head: Padded(AtomicU64::new(0)), tail: Padded(AtomicU64::new(0)) }
+    }
+}
+
+impl Default for RingControl {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Rounds a record of `payload` bytes up to its size in the ring.
+pub fn record_size(payload: usize) -> usize {
+    (PREFIX + payload + 7) & !7
+}
+
+/// The largest payload a ring of `capacity` bytes accepts in one record.
+pub fn max_payload(capacity: usize) -> usize {
+    capacity / 2 - PREFIX
+}
+
+#[cfg(not(loom))]
+mod storage {
+    /// Raw view of the ring's data bytes in shared memory.
+    #[derive(Clone, Copy)]
+    pub struct Storage {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    // SAFETY: the storage is a view into memory shared with another process; access is
+    // coordinated by the ring protocol (the producer writes only bytes the consumer has
+    // released and vice versa), not by Rust ownership.
+    unsafe impl Send for Storage {}
+
+    impl Storage {
+        /// # Safety
+        /// `ptr..ptr+len` must stay mapped and writable for the lifetime of the ring, and
+        /// be used by at most one producer and one consumer following the ring protocol.
+        pub unsafe fn new(ptr: *mut u8, len: usize) -> Self {
+            Storage { ptr, len }
+        }
+
+        pub fn write(&self, off: usize, src: &[u8]) {
+            assert!(off + src.len() <= self.len);
+            // SAFETY: bounds checked above; the ring protocol guarantees the consumer is
+            // not reading this range (it lies between tail+capacity and head).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.add(off), src.len()) }
+        }
+
+        pub fn read_u32(&self, off: usize) -> u32 {
+            let mut b = [0u8; 4];
+            self.with_slice(off, 4, |s| b.copy_from_slice(s));
+            u32::from_le_bytes(b)
+        }
+
+        pub fn with_slice<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+            assert!(off + len <= self.len);
+            // SAFETY: bounds checked; the range was published by the producer (head
+            // loaded with Acquire) and is not rewritten until the consumer advances tail.
+            f(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
+        }
+    }
+}
+
+#[cfg(loom)]
+mod storage {
+    use loom::cell::UnsafeCell;
+    use std::sync::Arc;
+
+    /// Loom model of the data bytes: one tracked cell per byte.
+    #[derive(Clone)]
+    pub struct Storage {
+        cells: Arc<Vec<UnsafeCell<u8>>>,
+    }
+
+    impl Storage {
+        pub fn new_heap(len: usize) -> Self {
+            Storage { cells: Arc::new((0..len).map(|_| UnsafeCell::new(0)).collect()) }
+        }
+
+        pub fn write(&self, off: usize, src: &[u8]) {
+            for (i, b) in src.iter().enumerate() {
+                // SAFETY: loom checks this access for races.
+                self.cells[off + i].with_mut(|p| unsafe { *p = *b });
+            }
+        }
+
+        pub fn read_u32(&self, off: usize) -> u32 {
+            let mut b = [0u8; 4];
+            self.with_slice(off, 4, |s| b.copy_from_slice(s));
+            u32::from_le_bytes(b)
+        }
+
+        pub fn with_slice<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+            // SAFETY: loom checks this access for races.
+            let v: Vec<u8> = (off..off + len).map(|i| self.cells[i].with(|p| unsafe { *p })).collect();
+            f(&v)
+        }
+    }
+}
+
+pub use storage::Storage;
+
+/// Shared handle to the indices; in shared memory a raw pointer, under loom an `Arc`.
+#[cfg(not(loom))]
+#[derive(Clone, Copy)]
+pub struct ControlRef(*const RingControl);
+#[cfg(not(loom))]
+// SAFETY: RingControl holds only atomics; the pointer targets a mapping that outlives
+// the ring (the connection keeps the mapping alive).
+unsafe impl Send for ControlRef {}
+#[cfg(not(loom))]
+impl ControlRef {
+    /// # Safety
+    /// `p` must point to an initialised `RingControl` that outlives every use.
+    pub unsafe fn new(p: *const RingControl) -> Self {
+        ControlRef(p)
+    }
+    fn get(&self) -> &RingControl {
+        // SAFETY: guaranteed by the constructor's contract.
+        unsafe { &*self.0 }
+    }
+}
+
+#[cfg(loom)]
+#[derive(Clone)]
+pub struct ControlRef(std::sync::Arc<RingControl>);
+#[cfg(loom)]
+impl ControlRef {
+    pub fn new_heap() -> Self {
+        ControlRef(std::sync::Arc::new(RingControl::new()))
+    }
+    fn get(&self) -> &RingControl {
+        &self.0
+    }
+}
+
+/// Writing end of a ring.
+pub struct Producer {
+    ctl: ControlRef,
+    data: Storage,
+    cap: u64,
+    head: u64,
+    cached_tail: u64,
+}
+
+/// Reading end of a ring.
+pub struct Consumer {
+    ctl: ControlRef,
+    data: Storage,
+    cap: u64,
+    tail: u64,
+    cached_head: u64,
+}
+
+/// Creates both ends over indices and storage of `capacity` bytes (a multiple of 8).
+/// The indices must be fresh (both zero) or belong to a ring used with the same capacity.
+pub fn split(ctl: ControlRef, data: Storage, capacity: usize) -> (Producer, Consumer) {
+    let p = producer(ctl.clone(), data.clone(), capacity);
+    let c = consumer(ctl, data, capacity);
+    (p, c)
+}
+
+/// The producer end alone (each process maps one end of each ring).
+pub fn producer(ctl: ControlRef, data: Storage, capacity: usize) -> Producer {
+    assert!(capacity % 8 == 0 && capacity >= 64);
+    let head = ctl.get().head.0.load(Ordering::Relaxed);
+    let tail = ctl.get().tail.0.load(Ordering::Acquire);
+    Producer { ctl, data, cap: capacity as u64, head, cached_tail: tail }
+}
+
+/// The consumer end alone.
+pub fn consumer(ctl: ControlRef, data: Storage, capacity: usize) -> Consumer {
+    assert!(capacity % 8 == 0 && capacity >= 64);
+    let tail = ctl.get().tail.0.load(Ordering::Relaxed);
+    let head = ctl.get().head.0.load(Ordering::Acquire);
+    Consumer { ctl, data, cap: capacity as u64, tail, cached_head: head }
+}
+
+impl Producer {
+    /// Appends one record made of `parts` concatenated. Returns `false` (and writes
+    /// nothing) if the ring lacks room; the caller retries after the consumer advances.
+    ///
+    /// # Panics
+    /// If the record is larger than [`max_payload`] of the capacity.
+    pub fn try_push(&mut self, parts: &[&[u8]]) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        assert!(len <= max_payload(self.cap as usize), "record of {len} bytes exceeds ring limit");
+        let rec = record_size(len) as u64;
+        let pos = self.head % self.cap;
+        let to_end = self.cap - pos;
+        let need = if rec <= to_end { rec } else { to_end + rec };
+        if self.head + need - self.cached_tail > self.cap {
+            self.cached_tail = self.ctl.get().tail.0.load(Ordering::Acquire);
+            if self.head + need - self.cached_tail > self.cap {
+                return false;
+            }
+        }
+        let mut at = pos;
+        if rec > to_end {
+            self.data.write(pos as usize, &WRAP.to_le_bytes());
+            at = 0;
+        }
+        self.data.write(at as usize, &(len as u32).to_le_bytes());
+        let mut off = at as usize + PREFIX;
+        for p in parts {
+            self.data.write(off, p);
+            off += p.len();
+        }
+        self.head += need;
+        self.ctl.get().head.0.store(self.head, Ordering::Release);
+        true
+    }
+
+    /// Whether a record of `payload` bytes would fit now.
+    pub fn fits(&mut self, payload: usize) -> bool {
+        let rec = record_size(payload) as u64;
+        let pos = self.head % self.cap;
+        let to_end = self.cap - pos;
+        let need = if rec <= to_end { rec } else { to_end + rec };
+        if self.head + need - self.cached_tail <= self.cap {
+            return true;
+        }
+        self.cached_tail = self.ctl.get().tail.0.load(Ordering::Acquire);
+        self.head + need - self.cached_tail <= self.cap
+    }
+
+    /// True when the consumer has read everything published.
+    pub fn is_drained(&self) -> bool {
+        self.ctl.get().tail.0.load(Ordering::Acquire) == self.head
+    }
+}
+
+impl Consumer {
+    /// Reads the oldest record in place with `f` and releases it. `None` if empty.
+    pub fn pop_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let (at, len) = self.front()?;
+        let r = self.data.with_slice(at + PREFIX, len, f);
+        self.release(at, len);
+        Some(r)
+    }
+
+    /// Like [`Consumer::pop_with`], but `f` may decline the record (return `None`), in
+    /// which case it stays at the front of the ring (back-pressure: the receiver has no
+    /// room for it yet).
+    pub fn try_pop_with<R>(&mut self, f: impl FnOnce(&[u8]) -> Option<R>) -> Option<R> {
+        let (at, len) = self.front()?;
+        let r = self.data.with_slice(at + PREFIX, len, f)?;
+        self.release(at, len);
+        Some(r)
+    }
+
+    /// True if a record is waiting.
+    pub fn has_data(&mut self) -> bool {
+        if self.tail != self.cached_head {
+            return true;
+        }
+        self.cached_head = self.ctl.get().head.0.load(Ordering::Acquire);
+        self.tail != self.cached_head
+    }
+
+    fn front(&mut self) -> Option<(usize, usize)> {
+        if !self.has_data() {
+            return None;
+        }
+        let mut pos = self.tail % self.cap;
+        let mut len = self.data.read_u32(pos as usize);
+        if len == WRAP {
+            self.tail += self.cap - pos;
+            pos = 0;
+            len = self.data.read_u32(0);
+        }
+        Some((pos as usize, len as usize))
+    }
+
+    fn release(&mut self, _at: usize, len: usize) {
+        self.tail += record_size(len) as u64;
+        self.ctl.get().tail.0.store(self.tail, Ordering::Release);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn heap_ring(cap: usize) -> (Box<RingControl>, Vec<u64>, Producer, Consumer) {
+        let ctl = Box::new(RingControl::new());
+        let mut mem = vec![0u64; cap / 8];
+        // SAFETY: ctl and mem outlive the ring ends in each test (returned alongside).
+        let (p, c) = unsafe {
+            split(ControlRef::new(&*ctl), Storage::new(mem.as_mut_ptr() as *mut u8, cap), cap)
+        };
+        (ctl, mem, p, c)
+    }
+
+    #[test]
+    fn fifo_with_wraparound_and_backpressure() {
+        let (_c, _m, mut p, mut c) = heap_ring(256);
+        let mut expect = std::collections::VecDeque::new();
+        let mut next = 0u32;
+        for round in 0..500 {
+            // Push until full with records of varying length.
+            loop {
+                let len = (next as usize * 7 + round) % 100;
+                let body = vec![next as u8; len];
+                if !p.try_push(&[&next.to_le_bytes(), &body]) {
+                    break;
+                }
+                expect.push_back((next, len));
+                next += 1;
+            }
+            // Drain some.
+            for _ in 0..(round % 4 + 1) {
+                if let Some((id, len)) = expect.pop_front() {
+                    let got = c.pop_with(|r| r.to_vec()).unwrap();
+                    assert_eq!(&got[..4], &id.to_le_bytes());
+                    assert_eq!(got.len(), 4 + len);
+                    assert!(got[4..].iter().all(|&b| b == id as u8));
+                }
+            }
+        }
+        while let Some((id, _)) = expect.pop_front() {
+            assert_eq!(c.pop_with(|r| r[..4].to_vec()).unwrap(), id.to_le_bytes());
+        }
+        assert!(c.pop_with(|_| ()).is_none());
+        assert!(p.is_drained());
+    }
+
+    #[test]
+    fn declined_record_stays_at_front() {
+        let (_c, _m, mut p, mut c) = heap_ring(256);
+        assert!(p.try_push(&[b"abc"]));
+        assert_eq!(c.try_pop_with(|_| None::<()>), None);
+        assert_eq!(c.pop_with(|r| r.to_vec()).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn threads_stream_a_million_bytes_in_order() {
+        let ctl = Box::leak(Box::new(RingControl::new()));
+        let mem: &'static mut [u64] = Box::leak(vec![0u64; 1024 / 8].into_boxed_slice());
+        // SAFETY: leaked allocations live for the rest of the process.
+        let (mut p, mut c) = unsafe { split(ControlRef::new(ctl), Storage::new(mem.as_mut_ptr() as *mut u8, 1024), 1024) };
+        let t = std::thread::spawn(move || {
+            let mut i = 0u64;
+            while i < 100_000 {
+                if p.try_push(&[&i.to_le_bytes()]) {
+                    i += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut want = 0u64;
+        while want < 100_000 {
+            if let Some(v) = c.pop_with(|r| u64::from_le_bytes(r.try_into().unwrap())) {
+                assert_eq!(v, want);
+                want += 1;
+            }
+        }
+        t.join().unwrap();
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+
+    /// Three records through a 64-byte ring (so the third wraps) while the consumer reads
+    /// concurrently: every interleaving delivers both intact and in order, and loom finds
+    /// no unsynchronised byte access.
+    #[test]
+    fn ring_loom() {
+        loom::model(|| {
+            let ctl = ControlRef::new_heap();
+            let data = Storage::new_heap(64);
+            let (mut p, mut c) = split(ctl, data, 64);
+            let t = loom::thread::spawn(move || {
+                for v in [0x11u8, 0x22, 0x33] {
+                    while !p.try_push(&[&[v; 20]]) {
+                        loom::thread::yield_now();
+                    }
+                }
+            });
+            let mut got = Vec::new();
+            while got.len() < 3 {
+                match c.pop_with(|r| r.to_vec()) {
+                    Some(r) => got.push(r),
+                    None => loom::thread::yield_now(),
+                }
+            }
+            t.join().unwrap();
+            assert_eq!(got, vec![vec![0x11; 20], vec![0x22; 20], vec![0x33; 20]]);
+        });
+    }
+}
