@@ -21,7 +21,12 @@ pub mod frame;
 pub mod proto;
 pub mod reliable;
 pub mod ring;
+pub mod port;
+pub mod shm;
+pub mod tcp;
+pub mod testkit;
 
 pub use error::NetError;
 pub use frame::{Addr, Channel};
+pub use port::{Port, PortConfig, PortStats, Progress};
 pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};

@@ -1,1 +1,283 @@
-fn main() {}
+//! gepsea-netpeer: a small program that opens one gepsea-net port and plays a role
+//! against a peer. The integration tests and `gepsea bench net` run it as the "other
+//! process" (or the other node, inside a network namespace).
+//!
+//! It prints `READY` once its port is open, and `OK ...` when its role succeeded; any
+//! failure is reported on stderr with a non-zero exit.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::{Parser, Subcommand};
+use gepsea_net::testkit::{fingerprint, first_mismatch, pattern};
+use gepsea_net::{Addr, Completion, Event, Port, PortConfig, Progress};
+
+#[derive(Parser)]
+#[command(about = "Open one gepsea-net port and play a test or benchmark role against a peer")]
+struct Cli {
+    /// Namespace isolating this run's ports from others on the machine.
+    #[arg(long, default_value = "netpeer")]
+    ns: String,
+    /// This port's node id.
+    #[arg(long)]
+    node: u32,
+    /// This port's port id.
+    #[arg(long)]
+    port: u32,
+    /// TCP address to listen on (for peers on other nodes), e.g. 10.0.0.1:0.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Shared directory where ports publish and look up TCP addresses.
+    #[arg(long)]
+    directory: Option<PathBuf>,
+    /// Progress only inside library calls (no event thread).
+    #[arg(long)]
+    inline: bool,
+    #[command(subcommand)]
+    role: Role,
+}
+
+fn parse_addr(s: &str) -> Result<Addr, String> {
+    let (n, p) = s.split_once(':').ok_or("expected NODE:PORT")?;
+    Ok(Addr::new(n.parse().map_err(|_| "bad node")?, p.parse().map_err(|_| "bad port")?))
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// Send every size to the peer and receive every size from it, at once; verify.
+    Exchange {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        /// Comma-separated message sizes in bytes.
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Use the system channel (sizes must not exceed the eager threshold).
+        #[arg(long)]
+        system: bool,
+    },
+    /// Send COUNT messages of varying size with tags 0..COUNT, pausing now and then so
+    /// that the stream lasts a while; print SENT n every 500 messages.
+    StreamSend {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long)]
+        count: u64,
+        #[arg(long, default_value_t = 200)]
+        pause_every: u64,
+    },
+    /// Receive COUNT messages from the peer and check they arrive once each, in order.
+    StreamRecv {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long)]
+        count: u64,
+    },
+    /// Expose region 1 of LEN bytes, report RMA events when the peer says done (tag 99).
+    RmaTarget {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long)]
+        len: usize,
+    },
+    /// Put into and get from the peer's region 1 (served by `rma-target`), including
+    /// accesses out of bounds that must fail; check the owner saw exactly the valid ones.
+    RmaOrigin {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long)]
+        len: usize,
+    },
+    /// Answer every message with the same bytes and tag, COUNT times.
+    Echo {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long)]
+        count: u64,
+        #[arg(long, default_value_t = 64 << 20)]
+        max: usize,
+    },
+    /// Overlap benchmark sender: for each size, wait for the receiver's go (tag 1), then
+    /// send SIZE bytes (tag 2); ROUNDS times.
+    OverlapSend {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        #[arg(long)]
+        rounds: u32,
+    },
+}
+
+/// Size of message `i` of a stream: 1 B to 64 KiB, crossing the eager threshold.
+pub fn stream_size(i: u64) -> usize {
+    [1usize, 100, 4096, 16 * 1024, 20_000, 64 * 1024][(i % 6) as usize] + (i as usize % 7)
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let mut cfg = PortConfig::new(&cli.ns, Addr::new(cli.node, cli.port));
+    cfg.listen = cli.listen;
+    cfg.directory = cli.directory.clone();
+    cfg.reconnect_timeout = Duration::from_secs(30);
+    if cli.inline {
+        cfg.progress = Progress::Inline;
+    }
+    let port = Port::open(cfg).context("opening port")?;
+    println!("READY");
+    let me = port.addr();
+    let seed = |from: Addr, tag: u64| ((from.node as u64) << 40) ^ ((from.port as u64) << 20) ^ tag;
+    match cli.role {
+        Role::Exchange { peer, sizes, system } => {
+            let recvs: Vec<_> = if system { vec![] } else { sizes.iter().enumerate().map(|(i, &s)| port.irecv(Some(peer), Some(i as u64), s)).collect() };
+            let sends: Vec<_> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| {
+                    let data = pattern(seed(me, i as u64), s);
+                    if system { port.send_system(peer, i as u64, data) } else { port.isend(peer, i as u64, data) }
+                })
+                .collect();
+            let mut bytes = 0;
+            if system {
+                let mut seen = vec![false; sizes.len()];
+                for _ in 0..sizes.len() {
+                    let m = port.recv_system(Duration::from_secs(60))?;
+                    let i = m.tag as usize;
+                    ensure!(m.src == peer && i < sizes.len() && !seen[i], "unexpected system message {} from {}", m.tag, m.src);
+                    seen[i] = true;
+                    ensure!(m.data.len() == sizes[i], "message {i}: {} bytes, expected {}", m.data.len(), sizes[i]);
+                    if let Some(at) = first_mismatch(seed(peer, m.tag), &m.data) {
+                        bail!("message {i} differs at byte {at}");
+                    }
+                    bytes += m.data.len();
+                }
+            }
+            for (i, r) in recvs.into_iter().enumerate() {
+                let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
+                ensure!(m.data.len() == sizes[i], "message {i}: {} bytes, expected {}", m.data.len(), sizes[i]);
+                if let Some(at) = first_mismatch(seed(peer, i as u64), &m.data) {
+                    bail!("message {i} ({} bytes) differs at byte {at}", sizes[i]);
+                }
+                bytes += m.data.len();
+            }
+            for s in sends {
+                port.wait(s)?;
+            }
+            println!("OK exchanged {} messages, {bytes} bytes verified", sizes.len());
+        }
+        Role::StreamSend { peer, count, pause_every } => {
+            let mut reqs = Vec::new();
+            for i in 0..count {
+                reqs.push(port.isend(peer, i, pattern(seed(me, i), stream_size(i))));
+                if (i + 1) % pause_every == 0 {
+                    for r in reqs.drain(..) {
+                        port.wait(r)?;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                if (i + 1) % 500 == 0 {
+                    println!("SENT {}", i + 1);
+                }
+            }
+            for r in reqs {
+                port.wait(r)?;
+            }
+            // Wait for the receiver's confirmation so that our output is delivered.
+            let m = port.recv(Some(peer), Some(u64::MAX), 64)?;
+            let st = port.stats();
+            println!(
+                "OK sent {count}; receiver says {}; connections established {} lost {} replayed {}",
+                String::from_utf8_lossy(&m.data),
+                st.connections_established,
+                st.connections_lost,
+                st.frames_replayed
+            );
+        }
+        Role::StreamRecv { peer, count } => {
+            for i in 0..count {
+                let m = port.recv(Some(peer), None, 1 << 20)?;
+                ensure!(m.tag == i, "out of order: got message {} where {i} was due", m.tag);
+                ensure!(m.data.len() == stream_size(i), "message {i}: wrong length {}", m.data.len());
+                if let Some(at) = first_mismatch(seed(peer, i), &m.data) {
+                    bail!("message {i} differs at byte {at}");
+                }
+            }
+            // Nothing more may arrive: a duplicate would show up here.
+            let extra = port.irecv(Some(peer), None, 1 << 20);
+            match port.wait_timeout(extra, Duration::from_millis(500)) {
+                Err(gepsea_net::NetError::Timeout(_)) => {
+                    port.cancel(extra);
+                }
+                other => bail!("extra message after {count}: {other:?}"),
+            }
+            let st = port.stats();
+            port.send(peer, u64::MAX, format!("{count} in order"))?;
+            println!("OK received {count} in order; duplicates dropped {}", st.duplicates_dropped);
+        }
+        Role::RmaTarget { peer, len } => {
+            port.enable_events();
+            port.expose(1, len)?;
+            port.send_system(peer, 0, &b"ready"[..]);
+            port.recv(Some(peer), Some(99), 16)?;
+            let (mut puts, mut gets) = (0u64, 0u64);
+            while let Some(e) = port.next_event() {
+                match e {
+                    Event::RemotePut { from, .. } if from == peer => puts += 1,
+                    Event::RemoteGet { from, .. } if from == peer => gets += 1,
+                    _ => {}
+                }
+            }
+            let checksum = port.with_region(1, |r| fingerprint(r))?;
+            port.send(peer, 100, format!("{puts} {gets} {checksum}"))?;
+            println!("OK puts {puts} gets {gets}");
+        }
+        Role::RmaOrigin { peer, len } => {
+            let ready = port.recv_system(Duration::from_secs(60))?;
+            ensure!(ready.src == peer && ready.data == b"ready", "expected ready from {peer}");
+            let mut expect = pattern(1, len);
+            port.wait(port.put(peer, 1, 0, expect.clone()))?;
+            let small = pattern(2, 100);
+            port.wait(port.put(peer, 1, 5, small.clone()))?;
+            expect[5..105].copy_from_slice(&small);
+            let Completion::Got(all) = port.wait(port.get(peer, 1, 0, len))? else { bail!("get returned no data") };
+            ensure!(all.len() == len, "get returned {} bytes", all.len());
+            if let Some(at) = all.iter().zip(&expect).position(|(a, b)| a != b) {
+                bail!("region differs from what was put at byte {at}");
+            }
+            let Completion::Got(tail) = port.wait(port.get(peer, 1, len as u64 - 10, 10))? else { bail!("no data") };
+            ensure!(tail == expect[len - 10..], "tail get differs");
+            let oob_put = port.wait(port.put(peer, 1, len as u64 - 5, vec![0u8; 10]));
+            ensure!(matches!(oob_put, Err(gepsea_net::NetError::RegionAccess { .. })), "out-of-bounds put: {oob_put:?}");
+            let oob_get = port.wait(port.get(peer, 1, len as u64, 1));
+            ensure!(matches!(oob_get, Err(gepsea_net::NetError::RegionAccess { .. })), "out-of-bounds get: {oob_get:?}");
+            let missing = port.wait(port.get(peer, 2, 0, 1));
+            ensure!(matches!(missing, Err(gepsea_net::NetError::RegionAccess { .. })), "get from missing region: {missing:?}");
+            port.send(peer, 99, &b"done"[..])?;
+            let report = port.recv(Some(peer), Some(100), 64)?;
+            let want = format!("2 2 {}", fingerprint(&expect));
+            ensure!(report.data == want.as_bytes(), "owner reports {:?}, expected {want:?}", String::from_utf8_lossy(&report.data));
+            println!("OK rma {len} bytes; owner saw 2 puts, 2 gets, identical contents");
+        }
+        Role::Echo { peer, count, max } => {
+            for _ in 0..count {
+                let m = port.recv(Some(peer), None, max)?;
+                port.send(peer, m.tag, m.data)?;
+            }
+            println!("OK echoed {count}");
+        }
+        Role::OverlapSend { peer, sizes, rounds } => {
+            for &s in &sizes {
+                let data = bytes::Bytes::from(vec![7u8; s]);
+                for _ in 0..rounds {
+                    port.recv(Some(peer), Some(1), 16)?;
+                    port.send(peer, 2, data.clone())?;
+                }
+            }
+            println!("OK");
+        }
+    }
+    Ok(())
+}
+

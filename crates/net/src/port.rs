@@ -1,0 +1,1319 @@
+//! [`Port`]: one process's endpoint, and the event loop that drives its transports.
+//!
+//! All state lives in one `State` behind a mutex: the sans-IO [`Proto`], the shared
+//! memory connections, the TCP connections and links. Two kinds of thread make
+//! progress on it:
+//!
+//! - The **event thread** ([`Progress::Thread`], the default) sleeps in `epoll` (through
+//!   mio) on every descriptor the port owns — listeners, TCP sockets, the shared-memory
+//!   doorbells — and wakes only when the kernel reports something. It completes posted
+//!   receives, answers rendezvous requests and RMA while the application computes and
+//!   never calls the library. Idle, it sleeps: no core is burnt.
+//! - The **application thread**, inside `isend`/`test`/`wait`, pushes its own sends
+//!   straight into the ring or socket (no hand-off, so no wake-up on the send path), and
+//!   in `wait` spins for a bounded time (`spin`, default 50 µs) polling the rings before
+//!   it sleeps on a condition variable. While it spins it marks the port awake so that
+//!   shared-memory peers skip the doorbell.
+//!
+//! [`Progress::Inline`] drops the event thread: progress happens only inside library
+//! calls, and `wait` polls the descriptors itself. That is the classic MPI progress
+//! engine, kept as the baseline the overlap benchmark measures against.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use tracing::{debug, warn};
+
+use crate::error::NetError;
+use crate::frame::{Addr, Channel, Frame, Header, Kind, HEADER_LEN};
+use crate::proto::{Completion, Event, Message, OutFrame, Proto, ProtoConfig, ReqId};
+use crate::reliable::Admit;
+use crate::shm::{Bell, ShmConn};
+use crate::tcp::{ConnState, Link, TcpConn};
+
+/// How communication makes progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// A dedicated event thread progresses on OS events (the default).
+    #[default]
+    Thread,
+    /// Progress only inside library calls (baseline for comparison).
+    Inline,
+}
+
+/// How to open a port.
+#[derive(Clone, Debug)]
+pub struct PortConfig {
+    /// This port's address.
+    pub addr: Addr,
+    /// Isolates unrelated runs on one machine: ports only find peers of the same
+    /// namespace.
+    pub namespace: String,
+    /// Where this node's Unix sockets live (default `$TMPDIR/gepsea-<namespace>/node-<n>`).
+    pub runtime_dir: Option<PathBuf>,
+    /// TCP address to listen on for peers on other nodes (none: no inter-node traffic
+    /// towards this port, though it can still connect out).
+    pub listen: Option<SocketAddr>,
+    /// Shared directory where every listening port publishes its TCP address, and
+    /// where peers' addresses are looked up.
+    pub directory: Option<PathBuf>,
+    /// Static addresses of remote ports (checked before `directory`).
+    pub routes: HashMap<Addr, SocketAddr>,
+    pub progress: Progress,
+    pub proto: ProtoConfig,
+    /// Bytes in each direction's shared-memory ring.
+    pub ring_bytes: usize,
+    /// Largest frame payload accepted from the network.
+    pub max_frame: usize,
+    /// How long `wait` spins before sleeping.
+    pub spin: Duration,
+    /// How long a broken link is retried before its peer is declared failed.
+    pub reconnect_timeout: Duration,
+    /// How long dropping the port waits for queued output to be delivered.
+    pub linger: Duration,
+}
+
+impl PortConfig {
+    /// Defaults for `addr` in `namespace`.
+    pub fn new(namespace: &str, addr: Addr) -> Self {
+        PortConfig {
+            addr,
+            namespace: namespace.to_string(),
+            runtime_dir: None,
+            listen: None,
+            directory: None,
+            routes: HashMap::new(),
+            progress: Progress::Thread,
+            proto: ProtoConfig::default(),
+            ring_bytes: 4 << 20,
+            max_frame: 1 << 20,
+            spin: Duration::from_micros(50),
+            reconnect_timeout: Duration::from_secs(10),
+            linger: Duration::from_secs(5),
+        }
+    }
+
+    fn runtime_dir(&self) -> PathBuf {
+        self.runtime_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("gepsea-{}", self.namespace)).join(format!("node-{}", self.addr.node))
+        })
+    }
+}
+
+/// Counters describing what the transports did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames refused as malformed (bad magic, version, checksum, length).
+    pub frames_rejected: u64,
+    /// TCP connections dropped (by error, by the peer, or by us after a bad frame).
+    pub connections_lost: u64,
+    /// TCP connections established (first ones and reconnects).
+    pub connections_established: u64,
+    /// Frames sent again after a reconnect.
+    pub frames_replayed: u64,
+    /// Received frames discarded as already delivered.
+    pub duplicates_dropped: u64,
+    /// Doorbells rung towards sleeping shared-memory peers.
+    pub doorbells: u64,
+    /// The most recent transport errors, newest last (at most 16).
+    pub recent_errors: Vec<String>,
+}
+
+const WAKER: Token = Token(0);
+const UNIX_LISTENER: Token = Token(1);
+const TCP_LISTENER: Token = Token(2);
+const FIRST_CONN: usize = 16;
+
+fn bell_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4)
+}
+fn shm_sock_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4 + 1)
+}
+fn tcp_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4 + 2)
+}
+
+struct State {
+    proto: Proto,
+    me: Addr,
+    incarnation: u64,
+    cfg: PortConfig,
+    registry: Registry,
+    unix_listener: mio::net::UnixListener,
+    tcp_listener: Option<mio::net::TcpListener>,
+    shm: HashMap<usize, ShmConn>,
+    shm_send: HashMap<Addr, usize>,
+    tcp: HashMap<usize, TcpConn>,
+    links: HashMap<Addr, Link>,
+    next_id: usize,
+    awake: u32,
+    waiters: u32,
+    app_bell: Bell,
+    app_bell_set: bool,
+    stats: PortStats,
+    closing: bool,
+    /// A timer was armed outside the event thread: wake it so it recomputes its timeout.
+    kick: bool,
+    /// Local peers whose socket was not there yet: (first failure, next attempt).
+    shm_retry: HashMap<Addr, (Instant, Instant)>,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    cv: Condvar,
+    poll: Mutex<Poll>,
+    waker: Waker,
+    shutdown: AtomicBool,
+    sock_path: PathBuf,
+    dir_entry: Option<PathBuf>,
+    spin: Duration,
+    progress: Progress,
+    linger: Duration,
+}
+
+/// A process's communication endpoint. Cheap to share between threads (`&Port` is
+/// `Sync`); dropping it delivers queued output (up to `linger`) and stops the event
+/// thread.
+pub struct Port {
+    sh: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    addr: Addr,
+}
+
+/// Where a peer's TCP address is published in a shared directory.
+pub fn directory_entry(dir: &Path, addr: Addr) -> PathBuf {
+    dir.join(format!("{}-{}.addr", addr.node, addr.port))
+}
+
+impl Port {
+    /// Opens the port: binds its Unix socket (and TCP listener), publishes its address,
+    /// starts the event thread.
+    pub fn open(cfg: PortConfig) -> Result<Port, NetError> {
+        let me = cfg.addr;
+        let dir = cfg.runtime_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| NetError::io(format!("creating runtime directory {}", dir.display()), e))?;
+        let sock_path = dir.join(format!("port-{}.sock", me.port));
+        let unix_listener = bind_unix(&sock_path, me)?;
+        let tcp_listener = match cfg.listen {
+            Some(a) => Some(mio::net::TcpListener::bind(a).map_err(|e| NetError::io(format!("listening on {a}"), e))?),
+            None => None,
+        };
+        let mut dir_entry = None;
+        if let (Some(d), Some(l)) = (&cfg.directory, &tcp_listener) {
+            let local = l.local_addr().map_err(|e| NetError::io("listener address", e))?;
+            std::fs::create_dir_all(d).map_err(|e| NetError::io(format!("creating directory {}", d.display()), e))?;
+            let entry = directory_entry(d, me);
+            let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, local.to_string()).map_err(|e| NetError::io(format!("writing {}", tmp.display()), e))?;
+            std::fs::rename(&tmp, &entry).map_err(|e| NetError::io(format!("publishing {}", entry.display()), e))?;
+            dir_entry = Some(entry);
+        }
+        let poll = Poll::new().map_err(|e| NetError::io("epoll", e))?;
+        let registry = poll.registry().try_clone().map_err(|e| NetError::io("epoll", e))?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("waker", e))?;
+        let mut unix_listener = unix_listener;
+        registry.register(&mut unix_listener, UNIX_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
+        let mut tcp_listener = tcp_listener;
+        if let Some(l) = tcp_listener.as_mut() {
+            registry.register(l, TCP_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
+        }
+        let incarnation = {
+            let mut b = [0u8; 8];
+            let _ = getrandom(&mut b);
+            u64::from_le_bytes(b) | 1
+        };
+        let spin = cfg.spin;
+        let progress = cfg.progress;
+        let linger = cfg.linger;
+        let st = State {
+            proto: Proto::new(me, cfg.proto.clone()),
+            me,
+            incarnation,
+            cfg,
+            registry,
+            unix_listener,
+            tcp_listener,
+            shm: HashMap::new(),
+            shm_send: HashMap::new(),
+            tcp: HashMap::new(),
+            links: HashMap::new(),
+            next_id: 0,
+            awake: 0,
+            waiters: 0,
+            app_bell: Bell::new()?,
+            app_bell_set: false,
+            stats: PortStats::default(),
+            closing: false,
+            kick: false,
+            shm_retry: HashMap::new(),
+        };
+        let sh = Arc::new(Shared {
+            st: Mutex::new(st),
+            cv: Condvar::new(),
+            poll: Mutex::new(poll),
+            waker,
+            shutdown: AtomicBool::new(false),
+            sock_path,
+            dir_entry,
+            spin,
+            progress,
+            linger,
+        });
+        let thread = if progress == Progress::Thread {
+            let sh2 = sh.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("gepsea-net {me}"))
+                    .spawn(move || event_thread(sh2))
+                    .map_err(|e| NetError::io("spawning event thread", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Port { sh, thread, addr: me })
+    }
+
+    /// This port's address.
+    pub fn addr(&self) -> Addr {
+        self.addr
+    }
+
+    /// The TCP address the port listens on, if any.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.sh.st.lock().tcp_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Adds or replaces the TCP address of a remote port.
+    pub fn add_route(&self, peer: Addr, addr: SocketAddr) {
+        self.sh.st.lock().cfg.routes.insert(peer, addr);
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut st = self.sh.st.lock();
+        let r = f(&mut st);
+        st.flush_all();
+        st.update_app_bell();
+        self.kick_if_needed(&mut st);
+        r
+    }
+
+    fn kick_if_needed(&self, st: &mut State) {
+        if st.kick {
+            st.kick = false;
+            let _ = self.sh.waker.wake();
+        }
+    }
+
+    /// Starts a tagged send of `data` to `dst` on the normal channel (eager up to the
+    /// threshold, rendezvous above).
+    pub fn isend(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
+        let data = data.into();
+        self.with(|st| st.proto.isend(dst, tag, data))
+    }
+
+    /// Posts a receive for up to `capacity` bytes from `src` (`None`: any) with `tag`
+    /// (`None`: any).
+    pub fn irecv(&self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> ReqId {
+        self.with(|st| st.proto.irecv(src, tag, capacity))
+    }
+
+    /// Sends a small message into `dst`'s system-channel pool.
+    pub fn send_system(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
+        let data = data.into();
+        self.with(|st| st.proto.send_system(dst, tag, data))
+    }
+
+    /// Takes a message from the system pool, if one is there.
+    pub fn try_recv_system(&self) -> Option<Message> {
+        self.with(|st| {
+            st.progress();
+            st.proto.recv_system()
+        })
+    }
+
+    /// Waits up to `timeout` for a system-channel message.
+    pub fn recv_system(&self, timeout: Duration) -> Result<Message, NetError> {
+        let deadline = Instant::now() + timeout;
+        self.wait_until(deadline, |st| st.proto.recv_system()).ok_or(NetError::Timeout(timeout))
+    }
+
+    /// Exposes a zeroed region of `len` bytes under `region` for remote put/get.
+    pub fn expose(&self, region: u64, len: usize) -> Result<(), NetError> {
+        self.with(|st| st.proto.expose(region, len))
+    }
+
+    /// Reads or writes a local region.
+    pub fn with_region<R>(&self, region: u64, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, NetError> {
+        self.with(|st| st.proto.region(region).map(|r| f(r)))
+    }
+
+    /// Writes `data` at `offset` of `dst`'s region.
+    pub fn put(&self, dst: Addr, region: u64, offset: u64, data: impl Into<Bytes>) -> ReqId {
+        let data = data.into();
+        self.with(|st| st.proto.put(dst, region, offset, data))
+    }
+
+    /// Reads `len` bytes at `offset` of `dst`'s region.
+    pub fn get(&self, dst: Addr, region: u64, offset: u64, len: usize) -> ReqId {
+        self.with(|st| st.proto.get(dst, region, offset, len))
+    }
+
+    /// Makes progress once and returns the request's result if it has finished (the
+    /// result is handed out once).
+    pub fn test(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
+        self.with(|st| {
+            st.progress();
+            st.proto.take(req)
+        })
+    }
+
+    /// Waits for a request to finish.
+    pub fn wait(&self, req: ReqId) -> Result<Completion, NetError> {
+        self.wait_timeout(req, Duration::from_secs(365 * 24 * 3600))
+    }
+
+    /// Waits up to `timeout`; on timeout the request keeps running.
+    pub fn wait_timeout(&self, req: ReqId, timeout: Duration) -> Result<Completion, NetError> {
+        if !self.sh.st.lock().proto.is_known(req) {
+            return Err(NetError::UnknownRequest(req));
+        }
+        let deadline = Instant::now() + timeout;
+        self.wait_until(deadline, |st| st.proto.take(req)).unwrap_or(Err(NetError::Timeout(timeout)))
+    }
+
+    /// Waits until one of `reqs` finishes; returns its index and result.
+    pub fn wait_any(&self, reqs: &[ReqId]) -> (usize, Result<Completion, NetError>) {
+        let deadline = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+        self.wait_until(deadline, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))
+            .expect("wait_any without deadline")
+    }
+
+    /// Cancels a posted receive that has not matched.
+    pub fn cancel(&self, req: ReqId) -> bool {
+        self.with(|st| st.proto.cancel(req))
+    }
+
+    /// Blocking send.
+    pub fn send(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> Result<(), NetError> {
+        let r = self.isend(dst, tag, data);
+        self.wait(r).map(|_| ())
+    }
+
+    /// Blocking receive.
+    pub fn recv(&self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> Result<Message, NetError> {
+        let r = self.irecv(src, tag, capacity);
+        match self.wait(r)? {
+            Completion::Received(m) => Ok(m),
+            other => unreachable!("receive completed as {other:?}"),
+        }
+    }
+
+    /// Turns on the event queue and returns a descriptor that is readable while events
+    /// are pending, for use in the application's own `poll`/`epoll`.
+    pub fn enable_events(&self) -> RawFd {
+        self.with(|st| {
+            st.proto.enable_events();
+            st.app_bell.raw()
+        })
+    }
+
+    /// The oldest pending event.
+    pub fn next_event(&self) -> Option<Event> {
+        self.with(|st| {
+            st.progress();
+            st.proto.next_event()
+        })
+    }
+
+    /// Transport counters.
+    pub fn stats(&self) -> PortStats {
+        self.sh.st.lock().stats.clone()
+    }
+
+    /// Protocol counters.
+    pub fn proto_stats(&self) -> crate::proto::ProtoStats {
+        self.sh.st.lock().proto.stats.clone()
+    }
+
+    /// Fault injection for tests and operators: abruptly shuts down every TCP
+    /// connection of this port (as a network failure would); links reconnect and replay.
+    pub fn reset_connections(&self) {
+        let st = self.sh.st.lock();
+        for c in st.tcp.values() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        drop(st);
+        let _ = self.sh.waker.wake();
+    }
+
+    /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
+    /// event thread (or, inline, our own poll) makes progress.
+    fn wait_until<R>(&self, deadline: Instant, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
+        let mut st = self.sh.st.lock();
+        st.set_awake(true);
+        let spin_until = Instant::now() + self.sh.spin;
+        loop {
+            st.progress();
+            self.kick_if_needed(&mut st);
+            if let Some(r) = done(&mut st) {
+                st.set_awake(false);
+                st.flush_all();
+                st.update_app_bell();
+                return Some(r);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                st.set_awake(false);
+                return None;
+            }
+            if now < spin_until {
+                MutexGuard::unlocked(&mut st, || {
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                });
+                continue;
+            }
+            if st.set_awake(false) {
+                // Data slipped in while we declared sleep: go round again.
+                st.set_awake(true);
+                continue;
+            }
+            let slice = deadline.min(now + Duration::from_millis(100));
+            match self.sh.progress {
+                Progress::Thread => {
+                    st.waiters += 1;
+                    self.sh.cv.wait_until(&mut st, slice);
+                    st.waiters -= 1;
+                }
+                Progress::Inline => {
+                    MutexGuard::unlocked(&mut st, || poll_once(&self.sh, Some(slice - now)));
+                }
+            }
+            st.set_awake(true);
+        }
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // Deliver what is queued (like MPI_Finalize), bounded by `linger`.
+        let deadline = Instant::now() + self.sh.linger;
+        let _ = self.wait_until(deadline, |st| {
+            st.closing = true;
+            if st.output_settled() {
+                Some(())
+            } else {
+                None
+            }
+        });
+        self.sh.shutdown.store(true, Ordering::SeqCst);
+        let _ = self.sh.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.sh.sock_path);
+        if let Some(e) = &self.sh.dir_entry {
+            let _ = std::fs::remove_file(e);
+        }
+    }
+}
+
+fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+/// Binds the port's Unix socket, replacing a stale one left by a dead process but never
+/// stealing the address of a live port.
+fn bind_unix(path: &Path, me: Addr) -> Result<mio::net::UnixListener, NetError> {
+    match mio::net::UnixListener::bind(path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(NetError::Io {
+                    context: format!("opening port {me}"),
+                    message: format!("address in use: another live process owns {}", path.display()),
+                });
+            }
+            std::fs::remove_file(path).map_err(|e| NetError::io(format!("removing stale socket {}", path.display()), e))?;
+            mio::net::UnixListener::bind(path).map_err(|e| NetError::io(format!("binding {}", path.display()), e))
+        }
+        Err(e) => Err(NetError::io(format!("binding {}", path.display()), e)),
+    }
+}
+
+fn event_thread(sh: Arc<Shared>) {
+    let mut events = Events::with_capacity(256);
+    let mut timeout: Option<Duration> = None;
+    loop {
+        {
+            let mut poll = sh.poll.lock();
+            if let Err(e) = poll.poll(&mut events, timeout) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    warn!("epoll failed: {e}");
+                }
+            }
+        }
+        if sh.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut st = sh.st.lock();
+        st.set_awake(true);
+        for ev in events.iter() {
+            st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+        }
+        st.progress();
+        st.timers();
+        while st.set_awake(false) {
+            st.set_awake(true);
+            st.progress();
+        }
+        st.update_app_bell();
+        st.kick = false;
+        if st.waiters > 0 {
+            sh.cv.notify_all();
+        }
+        timeout = st.next_timer().map(|t| t.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// Inline progress: poll the descriptors once (the caller does not hold the state lock).
+fn poll_once(sh: &Shared, timeout: Option<Duration>) {
+    let mut events = Events::with_capacity(256);
+    let timeout = {
+        let st = sh.st.lock();
+        match (st.next_timer(), timeout) {
+            (Some(t), Some(d)) => Some(t.saturating_duration_since(Instant::now()).min(d)),
+            (Some(t), None) => Some(t.saturating_duration_since(Instant::now())),
+            (None, d) => d,
+        }
+    };
+    {
+        let mut poll = sh.poll.lock();
+        let _ = poll.poll(&mut events, timeout);
+    }
+    let mut st = sh.st.lock();
+    for ev in events.iter() {
+        st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+    }
+    st.timers();
+    st.progress();
+}
+
+impl State {
+    /// Counts a progressing thread in or out. Returns, when the last one leaves, whether
+    /// work arrived meanwhile (then the caller must not sleep).
+    fn set_awake(&mut self, awake: bool) -> bool {
+        if awake {
+            self.awake += 1;
+            if self.awake == 1 {
+                for c in self.shm.values() {
+                    c.set_awake(true);
+                }
+            }
+            false
+        } else {
+            self.awake -= 1;
+            if self.awake > 0 {
+                return false;
+            }
+            let mut pending = false;
+            for c in self.shm.values_mut() {
+                c.set_awake(false);
+                pending |= c.rx.has_data();
+            }
+            pending
+        }
+    }
+
+    fn log_error(&mut self, msg: String) {
+        warn!("{}: {msg}", self.me);
+        self.stats.recent_errors.push(msg);
+        if self.stats.recent_errors.len() > 16 {
+            self.stats.recent_errors.remove(0);
+        }
+    }
+
+    fn update_app_bell(&mut self) {
+        let pending = self.proto.events_pending() > 0;
+        if pending && !self.app_bell_set {
+            self.app_bell.ring();
+            self.app_bell_set = true;
+        } else if !pending && self.app_bell_set {
+            self.app_bell.clear();
+            self.app_bell_set = false;
+        }
+    }
+
+    /// Drains every inbound ring and pushes every queued frame out.
+    fn progress(&mut self) {
+        let ids: Vec<usize> = self.shm.keys().copied().collect();
+        for id in ids {
+            self.drain_shm(id);
+        }
+        self.flush_all();
+    }
+
+    fn output_settled(&mut self) -> bool {
+        self.flush_all();
+        !self.proto.has_output()
+            && self.shm.values().all(|c| c.tx.is_drained())
+            && self.tcp.values().all(|c| c.queued() == 0)
+            && self.links.values().all(|l| l.send.unacked() == 0 || l.conn.is_none() && l.down_since.is_some_and(|t| t.elapsed() > self.cfg.reconnect_timeout))
+    }
+
+    fn handle_event(&mut self, token: Token, readable: bool, writable: bool) {
+        match token {
+            WAKER => {}
+            UNIX_LISTENER => self.accept_unix(),
+            TCP_LISTENER => self.accept_tcp(),
+            Token(t) if t >= FIRST_CONN => {
+                let id = (t - FIRST_CONN) / 4;
+                match (t - FIRST_CONN) % 4 {
+                    0 => {
+                        if let Some(c) = self.shm.get(&id) {
+                            c.my_bell.clear();
+                        }
+                        self.drain_shm(id);
+                        if let Some(p) = self.shm.get(&id).map(|c| c.peer) {
+                            self.flush(p);
+                        }
+                    }
+                    1 => self.check_shm_alive(id),
+                    2 => {
+                        if writable {
+                            self.tcp_writable(id);
+                        }
+                        if readable {
+                            self.tcp_readable(id);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    // ----- shared memory ----------------------------------------------------------
+
+    fn accept_unix(&mut self) {
+        loop {
+            match self.unix_listener.accept() {
+                Ok((s, _)) => {
+                    // SAFETY: converting an owned descriptor between wrapper types.
+                    let std_sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(s.into_raw_fd()) };
+                    let _ = std_sock.set_nonblocking(false);
+                    match ShmConn::accept(std_sock) {
+                        Ok(c) => {
+                            let peer = c.peer;
+                            self.proto.peer_recovered(peer);
+                            let id = self.add_shm(c);
+                            self.shm_send.entry(peer).or_insert(id);
+                            self.drain_shm(id);
+                        }
+                        Err(e) => self.log_error(format!("shared-memory handshake refused: {e}")),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    self.log_error(format!("accept on unix socket: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn add_shm(&mut self, mut c: ShmConn) -> usize {
+        let id = self.next_id;
+        self.next_id += 1;
+        c.set_awake(self.awake > 0);
+        let bell = c.my_bell.raw();
+        let _ = self.registry.register(&mut SourceFd(&bell), bell_token(id), Interest::READABLE);
+        let _ = self.registry.register(&mut c.sock, shm_sock_token(id), Interest::READABLE);
+        self.shm.insert(id, c);
+        id
+    }
+
+    fn connect_shm(&mut self, peer: Addr) -> Result<usize, NetError> {
+        let dir = self.cfg.runtime_dir();
+        let path = dir.join(format!("port-{}.sock", peer.port));
+        let sock = std::os::unix::net::UnixStream::connect(&path)
+            .map_err(|e| NetError::Unreachable { peer, reason: format!("{}: {e}", path.display()) })?;
+        let c = ShmConn::create(self.me, peer, sock, self.cfg.ring_bytes)?;
+        let id = self.add_shm(c);
+        self.shm_send.insert(peer, id);
+        Ok(id)
+    }
+
+    fn drain_shm(&mut self, id: usize) {
+        let State { shm, proto, cfg, .. } = self;
+        let Some(c) = shm.get_mut(&id) else { return };
+        let max = cfg.max_frame.max(cfg.proto.chunk);
+        let mut consumed = false;
+        let mut failure = None;
+        loop {
+            let expect = c.rx_seq + 1;
+            let r = c.rx.pop_with(|rec| -> Result<(), NetError> {
+                let h = Header::decode(rec, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
+                let payload = &rec[HEADER_LEN..];
+                h.check_payload(payload).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
+                if h.seq != expect {
+                    return Err(NetError::Protocol { peer: h.src, reason: format!("ring sequence {} where {expect} was due", h.seq) });
+                }
+                proto.on_frame(&h, payload)
+            });
+            match r {
+                None => break,
+                Some(res) => {
+                    consumed = true;
+                    c.rx_seq += 1;
+                    if let Err(e) = res {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if consumed {
+            c.notify_space();
+        }
+        if let Some(e) = failure {
+            let peer = c.peer;
+            self.log_error(format!("shared-memory connection with {peer}: {e}"));
+            self.drop_shm(id, &e.to_string());
+        }
+    }
+
+    fn check_shm_alive(&mut self, id: usize) {
+        let Some(c) = self.shm.get_mut(&id) else { return };
+        let mut b = [0u8; 64];
+        use std::io::Read;
+        match c.sock.read(&mut b) {
+            Ok(0) => {
+                // Peer exited: take what it left in the ring, then fail what remains.
+                self.drain_shm(id);
+                let peer = self.shm[&id].peer;
+                debug!("{}: shared-memory peer {peer} closed", self.me);
+                self.drop_shm(id, "process exited (shared-memory connection closed)");
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                self.drain_shm(id);
+                self.drop_shm(id, &format!("shared-memory socket error: {e}"));
+            }
+        }
+    }
+
+    fn drop_shm(&mut self, id: usize, reason: &str) {
+        if let Some(mut c) = self.shm.remove(&id) {
+            let bell = c.my_bell.raw();
+            let _ = self.registry.deregister(&mut SourceFd(&bell));
+            let _ = self.registry.deregister(&mut c.sock);
+            let peer = c.peer;
+            let others = self.shm.values().any(|o| o.peer == peer);
+            if self.shm_send.get(&peer) == Some(&id) {
+                self.shm_send.remove(&peer);
+            }
+            if !others {
+                self.proto.peer_failed(peer, reason);
+            } else if !self.shm_send.contains_key(&peer) {
+                if let Some((oid, _)) = self.shm.iter().find(|(_, o)| o.peer == peer) {
+                    self.shm_send.insert(peer, *oid);
+                }
+            }
+        }
+    }
+
+    // ----- output -----------------------------------------------------------------
+
+    fn flush_all(&mut self) {
+        for p in self.proto.dirty_peers() {
+            self.flush(p);
+        }
+    }
+
+    fn flush(&mut self, peer: Addr) {
+        if peer.node == self.me.node {
+            self.flush_shm(peer);
+        } else {
+            self.flush_tcp(peer);
+        }
+    }
+
+    fn flush_shm(&mut self, peer: Addr) {
+        let id = match self.shm_send.get(&peer) {
+            Some(&id) => id,
+            None => {
+                let now = Instant::now();
+                if self.shm_retry.get(&peer).is_some_and(|(_, next)| *next > now) {
+                    return;
+                }
+                match self.connect_shm(peer) {
+                    Ok(id) => {
+                        self.shm_retry.remove(&peer);
+                        id
+                    }
+                    Err(e) => {
+                        // Not started yet, or gone: retry for a while, like a TCP link.
+                        let (since, _) = *self.shm_retry.entry(peer).or_insert((now, now));
+                        if now.duration_since(since) > self.cfg.reconnect_timeout {
+                            self.shm_retry.remove(&peer);
+                            self.log_error(e.to_string());
+                            self.proto.peer_failed(peer, &e.to_string());
+                        } else {
+                            let wait = now.duration_since(since).clamp(Duration::from_millis(1), Duration::from_millis(100));
+                            self.shm_retry.insert(peer, (since, now + wait));
+                            self.kick = true;
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        let State { shm, proto, stats, .. } = self;
+        let c = shm.get_mut(&id).expect("send connection exists");
+        let mut pushed = false;
+        let mut hdr = [0u8; HEADER_LEN];
+        while let Some(mut out) = proto.pop_frame(peer) {
+            out.frame.header.seq = c.tx_seq + 1;
+            out.frame.header.encode(&out.frame.payload, false, &mut hdr);
+            if c.tx.try_push(&[&hdr, &out.frame.payload]) {
+                c.tx_seq += 1;
+                pushed = true;
+                proto.frame_sent(out.completes);
+            } else {
+                let len = out.frame.payload.len();
+                proto.unpop_frame(peer, out);
+                c.set_want_space(true);
+                if c.tx.fits(HEADER_LEN + len) {
+                    c.set_want_space(false);
+                    continue;
+                }
+                break;
+            }
+        }
+        if pushed {
+            if !proto.dirty_peers().contains(&peer) {
+                c.set_want_space(false);
+            }
+            if c.notify_data() {
+                stats.doorbells += 1;
+            }
+        }
+    }
+
+    fn flush_tcp(&mut self, peer: Addr) {
+        let link = self.links.entry(peer).or_default();
+        let cid = match link.conn {
+            Some(cid) => cid,
+            None => {
+                if link.retry_at.is_none_or(|t| t <= Instant::now()) {
+                    self.connect_tcp(peer);
+                }
+                return;
+            }
+        };
+        let State { tcp, proto, links, .. } = self;
+        let link = links.get_mut(&peer).unwrap();
+        let Some(c) = tcp.get_mut(&cid) else { return };
+        if c.state != ConnState::Established {
+            return;
+        }
+        while c.queued() < (8 << 20) {
+            let Some(out) = proto.pop_frame(peer) else { break };
+            let OutFrame { mut frame, completes } = out;
+            frame.header.ack = link.recv.take_ack();
+            link.ack_due = None;
+            let frame = link.send.stamp(frame);
+            c.queue(&frame);
+            proto.frame_sent(completes);
+        }
+        if let Err(e) = c.write_out() {
+            let msg = format!("write to {peer}: {e}");
+            self.conn_lost(cid, &msg);
+        }
+    }
+
+    // ----- TCP --------------------------------------------------------------------
+
+    fn resolve(&self, peer: Addr) -> Option<SocketAddr> {
+        if let Some(a) = self.cfg.routes.get(&peer) {
+            return Some(*a);
+        }
+        let d = self.cfg.directory.as_ref()?;
+        std::fs::read_to_string(directory_entry(d, peer)).ok()?.trim().parse().ok()
+    }
+
+    fn connect_tcp(&mut self, peer: Addr) {
+        let Some(addr) = self.resolve(peer) else {
+            // The peer may not have started yet: retry until the reconnect timeout.
+            self.link_down(peer, "no route: not in the routes table nor the directory");
+            return;
+        };
+        let stream = match mio::net::TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("connect to {peer} at {addr}: {e}");
+                self.link_down(peer, &msg);
+                return;
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
+        if let Err(e) = self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE) {
+            self.log_error(format!("register: {e}"));
+            return;
+        }
+        let link = self.links.entry(peer).or_default();
+        link.addr = Some(addr);
+        link.conn = Some(id);
+        let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
+        h.ack = link.recv.delivered();
+        h.tag = self.incarnation;
+        c.queue(&Frame::control(h));
+        self.tcp.insert(id, c);
+        // The connect may already be complete (loopback).
+        self.tcp_writable(id);
+    }
+
+    fn accept_tcp(&mut self) {
+        loop {
+            let Some(l) = self.tcp_listener.as_ref() else { return };
+            match l.accept() {
+                Ok((stream, _)) => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));
+                    if self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE).is_ok() {
+                        self.tcp.insert(id, c);
+                        self.tcp_readable(id);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    self.log_error(format!("accept on TCP listener: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn tcp_writable(&mut self, id: usize) {
+        let Some(c) = self.tcp.get_mut(&id) else { return };
+        if c.state == ConnState::Connecting {
+            match c.finish_connect() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    let msg = format!("connect to {}: {e}", c.peer.map(|p| p.to_string()).unwrap_or_default());
+                    self.conn_lost(id, &msg);
+                    return;
+                }
+            }
+        }
+        let c = self.tcp.get_mut(&id).unwrap();
+        if let Err(e) = c.write_out() {
+            self.conn_lost(id, &format!("write: {e}"));
+            return;
+        }
+        if let Some(p) = c.peer {
+            if c.state == ConnState::Established {
+                self.flush_tcp(p);
+            }
+        }
+    }
+
+    fn tcp_readable(&mut self, id: usize) {
+        loop {
+            let Some(c) = self.tcp.get_mut(&id) else { return };
+            let open = match c.read_in() {
+                Ok(open) => open,
+                Err(e) => {
+                    self.conn_lost(id, &format!("read: {e}"));
+                    return;
+                }
+            };
+            if !self.process_frames(id) {
+                return;
+            }
+            if !open {
+                self.conn_lost(id, "closed by peer");
+                return;
+            }
+            let Some(c) = self.tcp.get(&id) else { return };
+            if c.dec.buffered() < (4 << 20) {
+                break;
+            }
+        }
+        if let Some(p) = self.tcp.get(&id).and_then(|c| c.peer) {
+            self.after_input(p);
+        }
+    }
+
+    /// Schedules or sends acknowledgements after input from `peer`.
+    fn after_input(&mut self, peer: Addr) {
+        let Some(link) = self.links.get_mut(&peer) else { return };
+        let pending = link.recv.pending_ack();
+        if pending == 0 {
+            return;
+        }
+        if pending >= 32 {
+            self.send_ack(peer);
+        } else if link.ack_due.is_none() {
+            link.ack_due = Some(Instant::now() + Duration::from_millis(5));
+            self.kick = true;
+        }
+        self.flush_tcp(peer);
+    }
+
+    fn send_ack(&mut self, peer: Addr) {
+        let Some(link) = self.links.get_mut(&peer) else { return };
+        let Some(cid) = link.conn else { return };
+        let Some(c) = self.tcp.get_mut(&cid) else { return };
+        if c.state != ConnState::Established {
+            return;
+        }
+        let mut h = Header::new(Kind::Ack, Channel::Control, self.me, peer);
+        h.ack = link.recv.take_ack();
+        link.ack_due = None;
+        c.queue(&Frame::control(h));
+        if let Err(e) = c.write_out() {
+            self.conn_lost(cid, &format!("write: {e}"));
+        }
+    }
+
+    /// Decodes and handles buffered frames of connection `id`. Returns false if the
+    /// connection was dropped.
+    fn process_frames(&mut self, id: usize) -> bool {
+        loop {
+            let State { tcp, links, proto, stats, .. } = self;
+            let Some(c) = tcp.get_mut(&id) else { return false };
+            let state = c.state;
+            let conn_peer = c.peer;
+            let handshake: Header;
+            match c.dec.next_frame() {
+                Ok(None) => return true,
+                Err(e) => {
+                    stats.frames_rejected += 1;
+                    let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+                    let msg = NetError::Frame { from, error: e }.to_string();
+                    self.log_error(format!("{msg}; resetting the connection"));
+                    self.conn_lost(id, &msg);
+                    return false;
+                }
+                Ok(Some((h, payload))) => {
+                    if matches!(h.kind, Kind::Hello | Kind::HelloAck) {
+                        handshake = h;
+                    } else {
+                        let err = if state != ConnState::Established || conn_peer != Some(h.src) {
+                            Some(format!("{:?} frame from {} before handshake", h.kind, h.src))
+                        } else {
+                            let link = links.get_mut(&h.src).expect("established connection has a link");
+                            if let Err(e) = link.send.on_ack(h.ack) {
+                                Some(e.to_string())
+                            } else if h.kind.is_sequenced() {
+                                match link.recv.admit(h.seq) {
+                                    Ok(Admit::Deliver) => proto.on_frame(&h, payload).err().map(|e| e.to_string()),
+                                    Ok(Admit::Duplicate) => {
+                                        stats.duplicates_dropped += 1;
+                                        None
+                                    }
+                                    Err(e) => Some(e.to_string()),
+                                }
+                            } else {
+                                None
+                            }
+                        };
+                        if let Some(msg) = err {
+                            self.log_error(format!("protocol error on connection to {}: {msg}", h.src));
+                            self.conn_lost(id, &msg);
+                            return false;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if !self.handshake(id, &handshake) {
+                return false;
+            }
+        }
+    }
+
+    fn handshake(&mut self, id: usize, h: &Header) -> bool {
+        let peer = h.src;
+        if h.dst != self.me {
+            self.log_error(format!("handshake from {peer} addressed to {}, not {}", h.dst, self.me));
+            self.conn_lost(id, "misaddressed handshake");
+            return false;
+        }
+        let c = self.tcp.get(&id).unwrap();
+        match (h.kind, c.state) {
+            (Kind::Hello, ConnState::Accepted) => {
+                self.check_incarnation(peer, h.tag);
+                let link = self.links.entry(peer).or_default();
+                if let Some(existing) = link.conn.filter(|&e| e != id) {
+                    let ours_pending = self.tcp.get(&existing).is_some_and(|e| e.initiator && e.state != ConnState::Established);
+                    if ours_pending && self.me < peer {
+                        // Simultaneous connect: the lower address's connection wins.
+                        self.close_tcp(id);
+                        return false;
+                    }
+                    self.close_tcp(existing);
+                }
+                let link = self.links.get_mut(&peer).unwrap();
+                link.conn = Some(id);
+                let c = self.tcp.get_mut(&id).unwrap();
+                c.peer = Some(peer);
+                c.state = ConnState::Established;
+                let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+                a.ack = link.recv.delivered();
+                a.tag = self.incarnation;
+                c.queue(&Frame::control(a));
+                self.established(peer, id, h.ack)
+            }
+            (Kind::HelloAck, ConnState::HelloSent) if c.peer == Some(peer) => {
+                self.check_incarnation(peer, h.tag);
+                let c = self.tcp.get_mut(&id).unwrap();
+                c.state = ConnState::Established;
+                self.established(peer, id, h.ack)
+            }
+            (k, s) => {
+                self.log_error(format!("unexpected {k:?} from {peer} in state {s:?}"));
+                self.conn_lost(id, "handshake out of order");
+                false
+            }
+        }
+    }
+
+    /// A new incarnation of `peer` (it restarted): its old conversation is over.
+    fn check_incarnation(&mut self, peer: Addr, inc: u64) {
+        let link = self.links.entry(peer).or_default();
+        match link.incarnation {
+            Some(old) if old != inc => {
+                let conn = link.conn;
+                *link = Link::new();
+                link.conn = conn;
+                link.incarnation = Some(inc);
+                self.proto.peer_failed(peer, "peer restarted");
+                self.proto.peer_recovered(peer);
+            }
+            _ => link.incarnation = Some(inc),
+        }
+        self.proto.peer_recovered(peer);
+    }
+
+    fn established(&mut self, peer: Addr, id: usize, peer_has: u64) -> bool {
+        self.stats.connections_established += 1;
+        let link = self.links.get_mut(&peer).unwrap();
+        link.down_since = None;
+        link.retry_at = None;
+        link.backoff = Duration::ZERO;
+        let replay = match link.send.replay(peer_has) {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = e.to_string();
+                self.log_error(format!("handshake with {peer}: {msg}"));
+                self.conn_lost(id, &msg);
+                return false;
+            }
+        };
+        let c = self.tcp.get_mut(&id).unwrap();
+        self.stats.frames_replayed += replay.len() as u64;
+        for mut f in replay {
+            f.header.ack = link.recv.delivered();
+            c.queue(&f);
+        }
+        debug!("{}: link to {peer} established", self.me);
+        self.flush_tcp(peer);
+        self.tcp.contains_key(&id)
+    }
+
+    fn close_tcp(&mut self, id: usize) {
+        if let Some(mut c) = self.tcp.remove(&id) {
+            let _ = self.registry.deregister(&mut c.stream);
+        }
+    }
+
+    fn conn_lost(&mut self, id: usize, reason: &str) {
+        let Some(mut c) = self.tcp.remove(&id) else { return };
+        let _ = self.registry.deregister(&mut c.stream);
+        self.stats.connections_lost += 1;
+        debug!("{}: connection {id} lost: {reason}", self.me);
+        if let Some(peer) = c.peer {
+            if self.links.get(&peer).is_some_and(|l| l.conn == Some(id)) {
+                self.link_down(peer, reason);
+            }
+        }
+    }
+
+    fn link_down(&mut self, peer: Addr, reason: &str) {
+        let timeout = self.cfg.reconnect_timeout;
+        let link = self.links.entry(peer).or_default();
+        link.conn = None;
+        let now = Instant::now();
+        let since = *link.down_since.get_or_insert(now);
+        link.backoff = if link.backoff.is_zero() { Duration::from_millis(1) } else { (link.backoff * 2).min(Duration::from_millis(500)) };
+        link.retry_at = Some(now + link.backoff);
+        self.kick = true;
+        if now.duration_since(since) > timeout {
+            self.links.remove(&peer);
+            self.log_error(format!("giving up on {peer} after {timeout:?}: {reason}"));
+            self.proto.peer_failed(peer, reason);
+        }
+    }
+
+    fn timers(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Addr> = self.shm_retry.iter().filter(|(_, (_, next))| *next <= now).map(|(p, _)| *p).collect();
+        for p in due {
+            self.flush_shm(p);
+        }
+        let acks: Vec<Addr> = self.links.iter().filter(|(_, l)| l.ack_due.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        for p in acks {
+            self.send_ack(p);
+        }
+        let retry: Vec<Addr> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in retry {
+            let wants = self.links[&p].send.unacked() > 0 || self.proto.dirty_peers().contains(&p);
+            if wants {
+                self.connect_tcp(p);
+            } else if let Some(l) = self.links.get_mut(&p) {
+                l.retry_at = None;
+                l.down_since = None;
+            }
+        }
+    }
+
+    fn next_timer(&self) -> Option<Instant> {
+        let links = self.links.values().flat_map(|l| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }]).flatten();
+        links.chain(self.shm_retry.values().map(|(_, next)| *next)).min()
+    }
+}
+
+impl AsRawFd for Port {
+    /// The event descriptor (see [`Port::enable_events`]).
+    fn as_raw_fd(&self) -> RawFd {
+        self.sh.st.lock().app_bell.raw()
+    }
+}

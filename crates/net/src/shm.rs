@@ -1,0 +1,246 @@
+//! Shared-memory connections between two ports on one node.
+//!
+//! The side that sends first (the *initiator*) creates a memfd holding a [`ConnHeader`]
+//! and two rings (initiator → acceptor, acceptor → initiator), plus one eventfd
+//! "doorbell" per side, and hands all three descriptors to the acceptor over the
+//! acceptor's Unix socket (`SCM_RIGHTS`). The Unix socket then stays open only as a
+//! liveness signal: when a process dies, the kernel closes it and the peer sees EOF.
+//!
+//! Wake-ups cost ≈5.5 µs here against ≈0.1 µs for a spin (see `docs/architecture.md`),
+//! so a producer rings the peer's doorbell only when the peer has said it is asleep:
+//! `awake[side]` is 1 while some thread of that side is progressing (its event thread is
+//! running or its application spins in `wait`). The sleeper clears the word, fences,
+//! and re-checks its rings before sleeping; the producer publishes, fences, and reads
+//! the word (Dekker's pattern, both fences `SeqCst`), so a wake-up is never lost.
+//! `want_space[side]` likewise asks the consumer to ring when it frees ring space.
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{MmapMut, MmapOptions};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+
+use crate::error::NetError;
+use crate::frame::Addr;
+use crate::ring::{self, ControlRef, Consumer, Padded, Producer, RingControl, Storage};
+
+const SHM_MAGIC: u64 = u64::from_le_bytes(*b"GPSASHM1");
+const DATA_ALIGN: usize = 4096;
+
+/// Start of the shared segment.
+#[repr(C)]
+pub struct ConnHeader {
+    magic: Padded<AtomicU64>,
+    ring_bytes: Padded<AtomicU64>,
+    awake: [Padded<AtomicU32>; 2],
+    want_space: [Padded<AtomicU32>; 2],
+    rings: [RingControl; 2],
+}
+
+fn header_size() -> usize {
+    std::mem::size_of::<ConnHeader>().div_ceil(DATA_ALIGN) * DATA_ALIGN
+}
+
+fn segment_size(ring_bytes: usize) -> usize {
+    header_size() + 2 * ring_bytes
+}
+
+/// An eventfd used as a doorbell.
+pub struct Bell(OwnedFd);
+
+impl Bell {
+    /// A fresh, non-blocking doorbell.
+    pub fn new() -> Result<Self, NetError> {
+        // SAFETY: plain syscall; the result is checked before it is wrapped.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(NetError::io("eventfd", std::io::Error::last_os_error()));
+        }
+        // SAFETY: fd is a new descriptor we own.
+        Ok(Bell(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Wakes whoever polls this doorbell.
+    pub fn ring(&self) {
+        let _ = nix::unistd::write(self.0.as_fd(), &1u64.to_ne_bytes());
+    }
+
+    /// Clears pending rings (after a wake-up).
+    pub fn clear(&self) {
+        let mut b = [0u8; 8];
+        let _ = nix::unistd::read(self.0.as_raw_fd(), &mut b);
+    }
+
+    /// The descriptor, for registration with a poller.
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// One end of a shared-memory connection.
+pub struct ShmConn {
+    pub peer: Addr,
+    side: usize,
+    _map: MmapMut,
+    hdr: *const ConnHeader,
+    pub tx: Producer,
+    pub rx: Consumer,
+    /// Our doorbell: the peer rings it; our poller watches it.
+    pub my_bell: Bell,
+    peer_bell: Bell,
+    /// Liveness: EOF here means the peer process is gone.
+    pub sock: mio::net::UnixStream,
+    /// Sequence numbers per direction, checked on receipt.
+    pub tx_seq: u64,
+    pub rx_seq: u64,
+}
+
+// SAFETY: `hdr` points into `_map`, which the connection owns and which stays mapped
+// for its whole life; the header holds only atomics.
+unsafe impl Send for ShmConn {}
+
+impl ShmConn {
+    fn hdr(&self) -> &ConnHeader {
+        // SAFETY: see the `Send` impl: the mapping outlives `self`.
+        unsafe { &*self.hdr }
+    }
+
+    fn build(peer: Addr, side: usize, map: MmapMut, my_bell: Bell, peer_bell: Bell, sock: UnixStream) -> Result<Self, NetError> {
+        let base = map.as_ptr() as *mut u8;
+        let hdr = base as *const ConnHeader;
+        // SAFETY: the mapping is at least `segment_size` bytes (checked by callers),
+        // page-aligned, and initialised (zeroed by the kernel, then by `create`).
+        let h = unsafe { &*hdr };
+        if h.magic.0.load(Ordering::Acquire) != SHM_MAGIC {
+            return Err(NetError::Protocol { peer, reason: "shared segment has a bad magic".into() });
+        }
+        let rb = h.ring_bytes.0.load(Ordering::Acquire) as usize;
+        if map.len() < segment_size(rb) {
+            return Err(NetError::Protocol { peer, reason: "shared segment smaller than its rings".into() });
+        }
+        let data = |i: usize| {
+            // SAFETY: ring i's data lies inside the mapping (size checked above).
+            unsafe { Storage::new(base.add(header_size() + i * rb), rb) }
+        };
+        // Ring 0 carries initiator → acceptor.
+        let (out_ring, in_ring) = if side == 0 { (0, 1) } else { (1, 0) };
+        // SAFETY: the controls live in the header inside the mapping.
+        let tx = ring::producer(unsafe { ControlRef::new(&h.rings[out_ring]) }, data(out_ring), rb);
+        let rx = ring::consumer(unsafe { ControlRef::new(&h.rings[in_ring]) }, data(in_ring), rb);
+        sock.set_nonblocking(true).map_err(|e| NetError::io("unix socket", e))?;
+        Ok(ShmConn {
+            peer,
+            side,
+            _map: map,
+            hdr,
+            tx,
+            rx,
+            my_bell,
+            peer_bell,
+            sock: mio::net::UnixStream::from_std(sock),
+            tx_seq: 0,
+            rx_seq: 0,
+        })
+    }
+
+    /// Initiator: creates the segment and hands it to the peer over `sock`.
+    pub fn create(me: Addr, peer: Addr, mut sock: UnixStream, ring_bytes: usize) -> Result<Self, NetError> {
+        let name = c"gepsea-ring";
+        let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+            .map_err(|e| NetError::io("memfd_create", e.into()))?;
+        let file = File::from(fd);
+        let size = segment_size(ring_bytes);
+        file.set_len(size as u64).map_err(|e| NetError::io("sizing shared segment", e))?;
+        // SAFETY: the memfd is ours, sized above, and only mapped by us and the peer.
+        let map = unsafe { MmapOptions::new().len(size).map_mut(&file) }.map_err(|e| NetError::io("mmap", e))?;
+        {
+            // SAFETY: fresh zeroed mapping large enough for the header.
+            let h = unsafe { &*(map.as_ptr() as *const ConnHeader) };
+            h.ring_bytes.0.store(ring_bytes as u64, Ordering::Relaxed);
+            h.magic.0.store(SHM_MAGIC, Ordering::Release);
+        }
+        let mine = Bell::new()?;
+        let theirs = Bell::new()?;
+        let mut hello = [0u8; 16];
+        hello[0..4].copy_from_slice(&me.node.to_le_bytes());
+        hello[4..8].copy_from_slice(&me.port.to_le_bytes());
+        hello[8..16].copy_from_slice(&(size as u64).to_le_bytes());
+        let fds = [file.as_raw_fd(), theirs.raw(), mine.raw()];
+        sendmsg::<()>(sock.as_raw_fd(), &[IoSlice::new(&hello)], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None)
+            .map_err(|e| NetError::io(format!("handing shared segment to {peer}"), e.into()))?;
+        use std::io::Write;
+        sock.flush().ok();
+        Self::build(peer, 0, map, mine, theirs, sock)
+    }
+
+    /// Acceptor: receives the segment from a freshly accepted socket. Blocks briefly
+    /// for the handshake message (the initiator sends it right after connecting).
+    pub fn accept(sock: UnixStream) -> Result<Self, NetError> {
+        sock.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok();
+        let mut hello = [0u8; 16];
+        let mut cmsg = nix::cmsg_space!([RawFd; 3]);
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut hello)];
+            let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
+                .map_err(|e| NetError::io("receiving shared segment", e.into()))?;
+            let mut fds = Vec::new();
+            for c in msg.cmsgs().map_err(|e| NetError::io("control message", e.into()))? {
+                if let ControlMessageOwned::ScmRights(v) = c {
+                    fds.extend(v);
+                }
+            }
+            (msg.bytes, fds)
+        };
+        // SAFETY: descriptors received through SCM_RIGHTS are new and ours.
+        let mut owned: Vec<OwnedFd> = fds.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }).collect();
+        let unknown = Addr::new(u32::MAX, u32::MAX);
+        if n != 16 || owned.len() != 3 {
+            return Err(NetError::Protocol { peer: unknown, reason: format!("bad shared-memory handshake ({n} bytes, {} descriptors)", owned.len()) });
+        }
+        let peer = Addr::new(u32::from_le_bytes(hello[0..4].try_into().unwrap()), u32::from_le_bytes(hello[4..8].try_into().unwrap()));
+        let size = u64::from_le_bytes(hello[8..16].try_into().unwrap()) as usize;
+        let peer_bell = Bell(owned.pop().unwrap());
+        let my_bell = Bell(owned.pop().unwrap());
+        let file = File::from(owned.pop().unwrap());
+        let actual = file.metadata().map_err(|e| NetError::io("shared segment", e))?.len() as usize;
+        if actual != size || size < header_size() {
+            return Err(NetError::Protocol { peer, reason: format!("shared segment is {actual} bytes, handshake said {size}") });
+        }
+        // SAFETY: the memfd was sized by the initiator; we map exactly its size.
+        let map = unsafe { MmapOptions::new().len(size).map_mut(&file) }.map_err(|e| NetError::io("mmap", e))?;
+        sock.set_read_timeout(None).ok();
+        Self::build(peer, 1, map, my_bell, peer_bell, sock)
+    }
+
+    /// Declares whether our side has a thread that will notice new data by itself.
+    pub fn set_awake(&self, awake: bool) {
+        self.hdr().awake[self.side].0.store(awake as u32, Ordering::SeqCst);
+    }
+
+    /// After publishing into `tx`: ring the peer if it sleeps. Returns whether it rang.
+    pub fn notify_data(&self) -> bool {
+        fence(Ordering::SeqCst);
+        if self.hdr().awake[1 - self.side].0.load(Ordering::SeqCst) == 0 {
+            self.peer_bell.ring();
+            return true;
+        }
+        false
+    }
+
+    /// After consuming from `rx`: ring the peer if it waits for space and sleeps.
+    pub fn notify_space(&self) {
+        fence(Ordering::SeqCst);
+        let h = self.hdr();
+        if h.want_space[1 - self.side].0.load(Ordering::SeqCst) != 0 && h.awake[1 - self.side].0.load(Ordering::SeqCst) == 0 {
+            self.peer_bell.ring();
+        }
+    }
+
+    /// Records that we have output blocked on a full ring (or no longer do).
+    pub fn set_want_space(&self, want: bool) {
+        self.hdr().want_space[self.side].0.store(want as u32, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,178 @@
+//! TCP connections: framed, vectored writes, non-blocking reads into a frame decoder,
+//! and the per-peer [`Link`] that survives a connection being replaced.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+
+use crate::frame::{Addr, Frame, FrameDecoder, HEADER_LEN};
+use crate::reliable::{RecvWindow, SendWindow};
+
+/// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConnState {
+    /// We connected; the TCP handshake may still be running. `Hello` is queued.
+    Connecting,
+    /// We sent `Hello` and wait for `HelloAck`.
+    HelloSent,
+    /// Accepted; waiting for the peer's `Hello`.
+    Accepted,
+    /// Handshake done: sequenced frames may flow.
+    Established,
+}
+
+/// One TCP connection.
+pub struct TcpConn {
+    pub stream: mio::net::TcpStream,
+    pub peer: Option<Addr>,
+    pub initiator: bool,
+    pub state: ConnState,
+    pub dec: FrameDecoder,
+    wq: VecDeque<Bytes>,
+    wq_bytes: usize,
+}
+
+impl TcpConn {
+    /// Wraps a connected or connecting stream.
+    pub fn new(stream: mio::net::TcpStream, peer: Option<Addr>, initiator: bool, max_payload: usize) -> Self {
+        let _ = stream.set_nodelay(true);
+        TcpConn {
+            stream,
+            peer,
+            initiator,
+            state: if initiator { ConnState::Connecting } else { ConnState::Accepted },
+            dec: FrameDecoder::new(max_payload),
+            wq: VecDeque::new(),
+            wq_bytes: 0,
+        }
+    }
+
+    /// Encodes `f` (with payload CRC) and appends it to the write queue.
+    pub fn queue(&mut self, f: &Frame) {
+        let mut h = vec![0u8; HEADER_LEN];
+        f.header.encode(&f.payload, true, &mut h);
+        self.wq_bytes += HEADER_LEN + f.payload.len();
+        self.wq.push_back(Bytes::from(h));
+        if !f.payload.is_empty() {
+            self.wq.push_back(f.payload.clone());
+        }
+    }
+
+    /// Bytes queued and not yet accepted by the kernel.
+    pub fn queued(&self) -> usize {
+        self.wq_bytes
+    }
+
+    /// Discards unsent bytes (the connection is being abandoned; the link replays).
+    pub fn clear_queue(&mut self) {
+        self.wq.clear();
+        self.wq_bytes = 0;
+    }
+
+    /// Writes as much of the queue as the socket takes. `Ok(())` also when it would block.
+    pub fn write_out(&mut self) -> io::Result<()> {
+        if self.state == ConnState::Connecting {
+            return Ok(());
+        }
+        while !self.wq.is_empty() {
+            let slices: Vec<IoSlice<'_>> = self.wq.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            match self.stream.write_vectored(&slices) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection wrote zero bytes")),
+                Ok(mut n) => {
+                    self.wq_bytes -= n;
+                    while n > 0 {
+                        let front = self.wq.front_mut().unwrap();
+                        if n >= front.len() {
+                            n -= front.len();
+                            self.wq.pop_front();
+                        } else {
+                            front.advance(n);
+                            n = 0;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket has into the decoder. Returns `Ok(false)` on EOF.
+    pub fn read_in(&mut self) -> io::Result<bool> {
+        loop {
+            let spare = self.dec.spare();
+            match self.stream.read(spare) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    self.dec.filled(n);
+                    // Let the caller decode before the buffer grows without bound.
+                    if self.dec.buffered() >= 4 << 20 {
+                        return Ok(true);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Completes a non-blocking connect. `Ok(true)` once connected.
+    pub fn finish_connect(&mut self) -> io::Result<bool> {
+        if let Some(e) = self.stream.take_error()? {
+            return Err(e);
+        }
+        match self.stream.peer_addr() {
+            Ok(_) => {
+                self.state = ConnState::HelloSent;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Everything we know about one remote peer, independent of the current connection.
+pub struct Link {
+    pub send: SendWindow,
+    pub recv: RecvWindow,
+    /// The connection frames currently go out on.
+    pub conn: Option<usize>,
+    /// The peer's incarnation (random per port instance): a new value means the peer
+    /// restarted and the windows start over.
+    pub incarnation: Option<u64>,
+    pub down_since: Option<Instant>,
+    pub retry_at: Option<Instant>,
+    pub backoff: Duration,
+    pub ack_due: Option<Instant>,
+    pub addr: Option<SocketAddr>,
+}
+
+impl Link {
+    /// A link with nothing sent or received.
+    pub fn new() -> Self {
+        Link {
+            send: SendWindow::new(),
+            recv: RecvWindow::new(),
+            conn: None,
+            incarnation: None,
+            down_since: None,
+            retry_at: None,
+            backoff: Duration::ZERO,
+            ack_due: None,
+            addr: None,
+        }
+    }
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self::new()
+    }
+}

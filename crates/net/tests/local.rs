@@ -1,0 +1,149 @@
+//! Two processes on one node: every channel over shared memory, both directions at
+//! once, verified byte for byte; RMA; event-descriptor readiness; peer failure.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use gepsea_net::{Addr, Completion, Event, NetError, Port, PortConfig};
+
+fn peer_cmd(ns: &str, node: u32, port: u32, extra: &[&str]) -> Command {
+    let mut c = Command::new(netpeer());
+    c.args(["--ns", ns, "--node", &node.to_string(), "--port", &port.to_string()]).args(extra);
+    c
+}
+
+fn exchange_pair(extra_a: &[&str], extra_b: &[&str], role_args: &[&str]) -> (String, String) {
+    let ns = unique("loc");
+    let mut a_args = extra_a.to_vec();
+    a_args.extend(["exchange", "--peer", "0:2"]);
+    a_args.extend(role_args);
+    let mut b_args = extra_b.to_vec();
+    b_args.extend(["exchange", "--peer", "0:1"]);
+    b_args.extend(role_args);
+    let mut a = Proc::spawn("a", peer_cmd(&ns, 0, 1, &a_args));
+    let mut b = Proc::spawn("b", peer_cmd(&ns, 0, 2, &b_args));
+    let ra = a.finish_ok(Duration::from_secs(120));
+    let rb = b.finish_ok(Duration::from_secs(120));
+    (ra, rb)
+}
+
+#[test]
+fn normal_channel_1b_to_64mib_both_directions() {
+    let (a, b) = exchange_pair(&[], &[], &["--sizes", SIZES]);
+    let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
+    let want = format!("OK exchanged 13 messages, {total} bytes verified");
+    assert_eq!(a, want);
+    assert_eq!(b, want);
+}
+
+#[test]
+fn system_channel_beyond_the_credit_window() {
+    let sizes = system_sizes();
+    let total: usize = sizes.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
+    let (a, b) = exchange_pair(&[], &[], &["--system", "--sizes", &sizes]);
+    assert_eq!(a, format!("OK exchanged 300 messages, {total} bytes verified"));
+    assert_eq!(b, a);
+}
+
+#[test]
+fn inline_progress_against_event_thread() {
+    let (a, b) = exchange_pair(&["--inline"], &[], &["--sizes", "1,16385,1048576,4194304"]);
+    assert_eq!(a, b);
+    assert!(a.starts_with("OK exchanged 4 messages"));
+}
+
+#[test]
+fn rma_put_get_and_bounds() {
+    let ns = unique("rma");
+    let mut t = Proc::spawn("target", peer_cmd(&ns, 0, 2, &["rma-target", "--peer", "0:1", "--len", "3000000"]));
+    let mut o = Proc::spawn("origin", peer_cmd(&ns, 0, 1, &["rma-origin", "--peer", "0:2", "--len", "3000000"]));
+    assert_eq!(o.finish_ok(Duration::from_secs(60)), "OK rma 3000000 bytes; owner saw 2 puts, 2 gets, identical contents");
+    assert_eq!(t.finish_ok(Duration::from_secs(60)), "OK puts 2 gets 2");
+}
+
+fn poll_readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+#[test]
+fn event_descriptor_is_readable_exactly_while_events_are_pending() {
+    let ns = unique("evt");
+    let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    // Two echoes: the child must outlive the checks (its exit is itself an event).
+    let mut echo = Proc::spawn("echo", peer_cmd(&ns, 0, 2, &["echo", "--peer", "0:1", "--count", "2"]));
+    let fd = port.enable_events();
+    assert!(!poll_readable(fd, 0), "no events yet");
+    let r = port.irecv(Some(Addr::new(0, 2)), Some(5), 100);
+    let s = port.isend(Addr::new(0, 2), 5, &b"hello"[..]);
+    assert!(poll_readable(fd, 10_000), "completion must make the descriptor readable");
+    // Drain: both requests complete and each is reported once.
+    let mut completed = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while completed.len() < 2 && std::time::Instant::now() < deadline {
+        while let Some(e) = port.next_event() {
+            if let Event::Completed(id) = e {
+                completed.push(id);
+            }
+        }
+        poll_readable(fd, 100);
+    }
+    completed.sort();
+    let mut want = vec![r, s];
+    want.sort();
+    assert_eq!(completed, want);
+    assert!(!poll_readable(fd, 0), "descriptor must be quiet once the queue is empty");
+    let Completion::Received(m) = port.wait(r).unwrap() else { panic!() };
+    assert_eq!(m.data, b"hello");
+    port.send(Addr::new(0, 2), 6, &b"bye"[..]).unwrap();
+    assert_eq!(port.recv(Some(Addr::new(0, 2)), Some(6), 10).unwrap().data, b"bye");
+    echo.finish_ok(Duration::from_secs(10));
+    // The peer's exit is reported as an event too.
+    assert!(poll_readable(fd, 10_000));
+    let mut saw_failure = false;
+    while let Some(e) = port.next_event() {
+        saw_failure |= matches!(e, Event::PeerFailed { peer, .. } if peer == Addr::new(0, 2));
+    }
+    assert!(saw_failure);
+}
+
+#[test]
+fn killed_peer_fails_pending_requests() {
+    let ns = unique("die");
+    let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    let mut echo = Proc::spawn("echo", peer_cmd(&ns, 0, 2, &["echo", "--peer", "0:1", "--count", "100"]));
+    let peer = Addr::new(0, 2);
+    // One round trip proves the connection is up.
+    port.send(peer, 1, &b"x"[..]).unwrap();
+    assert_eq!(port.recv(Some(peer), Some(1), 10).unwrap().data, b"x");
+    let pending = port.irecv(Some(peer), Some(2), 10);
+    echo.kill();
+    match port.wait_timeout(pending, Duration::from_secs(10)) {
+        Err(NetError::PeerFailed { peer: p, .. }) => assert_eq!(p, peer),
+        other => panic!("expected PeerFailed, got {other:?}"),
+    }
+    // New requests to the dead peer fail at once instead of hanging.
+    assert!(matches!(port.wait(port.isend(peer, 3, &b"y"[..])), Err(NetError::PeerFailed { .. })));
+}
+
+#[test]
+fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
+    let ns = unique("dup");
+    let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    let e = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).err().expect("second open must fail");
+    assert!(e.to_string().contains("another live process"), "{e}");
+    drop(a);
+    // A socket file left behind by a dead process is not trusted: it is replaced.
+    let dir = std::env::temp_dir().join(format!("gepsea-{ns}")).join("node-0");
+    let stale = dir.join("port-3.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let p = Port::open(PortConfig::new(&ns, Addr::new(0, 3))).unwrap();
+    drop(p);
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}
