@@ -21,12 +21,16 @@ pub mod frame;
 pub mod proto;
 pub mod reliable;
 pub mod ring;
+#[cfg(not(loom))]
 pub mod port;
+#[cfg(not(loom))]
 pub mod shm;
+#[cfg(not(loom))]
 pub mod tcp;
 pub mod testkit;
 
 pub use error::NetError;
 pub use frame::{Addr, Channel};
+#[cfg(not(loom))]
 pub use port::{Port, PortConfig, PortStats, Progress};
 pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};

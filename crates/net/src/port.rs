@@ -40,7 +40,7 @@ use crate::frame::{Addr, Channel, Frame, Header, Kind, HEADER_LEN};
 use crate::proto::{Completion, Event, Message, OutFrame, Proto, ProtoConfig, ReqId};
 use crate::reliable::Admit;
 use crate::shm::{Bell, ShmConn};
-use crate::tcp::{ConnState, Link, TcpConn};
+use crate::tcp::{ConnState, Link, ReadOutcome, TcpConn};
 
 /// How communication makes progress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -1042,8 +1042,8 @@ impl State {
     fn tcp_readable(&mut self, id: usize) {
         loop {
             let Some(c) = self.tcp.get_mut(&id) else { return };
-            let open = match c.read_in() {
-                Ok(open) => open,
+            let outcome = match c.read_in() {
+                Ok(o) => o,
                 Err(e) => {
                     self.conn_lost(id, &format!("read: {e}"));
                     return;
@@ -1052,13 +1052,13 @@ impl State {
             if !self.process_frames(id) {
                 return;
             }
-            if !open {
-                self.conn_lost(id, "closed by peer");
-                return;
-            }
-            let Some(c) = self.tcp.get(&id) else { return };
-            if c.dec.buffered() < (4 << 20) {
-                break;
+            match outcome {
+                ReadOutcome::More => continue,
+                ReadOutcome::Drained => break,
+                ReadOutcome::Eof => {
+                    self.conn_lost(id, "closed by peer");
+                    return;
+                }
             }
         }
         if let Some(p) = self.tcp.get(&id).and_then(|c| c.peer) {

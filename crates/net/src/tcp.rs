@@ -24,6 +24,17 @@ pub enum ConnState {
     Established,
 }
 
+/// What a read pass found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadOutcome {
+    /// The socket has nothing more now.
+    Drained,
+    /// Stopped early with data possibly left in the socket: read again after decoding.
+    More,
+    /// The peer closed the connection.
+    Eof,
+}
+
 /// One TCP connection.
 pub struct TcpConn {
     pub stream: mio::net::TcpStream,
@@ -102,20 +113,21 @@ impl TcpConn {
         Ok(())
     }
 
-    /// Reads what the socket has into the decoder. Returns `Ok(false)` on EOF.
-    pub fn read_in(&mut self) -> io::Result<bool> {
+    /// Reads what the socket has into the decoder.
+    pub fn read_in(&mut self) -> io::Result<ReadOutcome> {
         loop {
             let spare = self.dec.spare();
             match self.stream.read(spare) {
-                Ok(0) => return Ok(false),
+                Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     self.dec.filled(n);
-                    // Let the caller decode before the buffer grows without bound.
+                    // Let the caller decode before the buffer grows without bound. The
+                    // socket is edge-triggered, so the caller must come back for the rest.
                     if self.dec.buffered() >= 4 << 20 {
-                        return Ok(true);
+                        return Ok(ReadOutcome::More);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Drained),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }

@@ -1,0 +1,144 @@
+//! Malformed input from the network: corrupted, truncated and oversized frames sent by a
+//! raw socket are refused with a clear error, nothing is delivered, the connection is
+//! reset, and the port keeps serving well-behaved peers.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::unique;
+use gepsea_net::frame::{Addr, Channel, Frame, Header, Kind, HEADER_LEN};
+use gepsea_net::{Completion, Port, PortConfig};
+
+const ROGUE: Addr = Addr::new(9, 9);
+
+fn listening_port(ns: &str, node: u32) -> Port {
+    let mut cfg = PortConfig::new(ns, Addr::new(node, 1));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    Port::open(cfg).unwrap()
+}
+
+fn hello(to: Addr) -> Vec<u8> {
+    let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
+    h.tag = 42;
+    Frame::control(h).to_bytes(true)
+}
+
+fn eager(to: Addr, seq: u64, tag: u64, body: &[u8]) -> Vec<u8> {
+    let mut h = Header::new(Kind::Eager, Channel::Normal, ROGUE, to);
+    h.seq = seq;
+    h.tag = tag;
+    Frame { header: h, payload: Bytes::copy_from_slice(body) }.to_bytes(true)
+}
+
+/// Sends `bytes`, then waits until the port closes the connection (or `expect_close`
+/// is false and the bytes were merely taken).
+fn send_raw(port: &Port, bytes: &[u8], expect_close: bool) {
+    let mut s = TcpStream::connect(port.listen_addr().unwrap()).unwrap();
+    s.write_all(bytes).unwrap();
+    if expect_close {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 4096];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return,
+                Ok(_) => continue, // the HelloAck
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return,
+                Err(e) => panic!("port did not reset the connection: {e}"),
+            }
+        }
+    }
+}
+
+fn wait_for(port: &Port, what: impl Fn(&gepsea_net::PortStats) -> bool) -> gepsea_net::PortStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = port.stats();
+        if what(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "condition not reached; stats {st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn garbage_bad_version_corrupted_and_oversized_frames_are_refused() {
+    let ns = unique("frm");
+    let port = listening_port(&ns, 1);
+    let me = port.addr();
+    let pending = port.irecv(None, None, 1 << 20);
+
+    // 1. Not gepsea at all.
+    send_raw(&port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".repeat(4).as_slice(), true);
+    let st = wait_for(&port, |s| s.frames_rejected == 1);
+    assert!(st.recent_errors.last().unwrap().contains("bad magic"), "{:?}", st.recent_errors);
+
+    // 2. A future wire version.
+    let mut v = hello(me);
+    v[4] = 2;
+    send_raw(&port, &v, true);
+    let st = wait_for(&port, |s| s.frames_rejected == 2);
+    assert!(st.recent_errors.last().unwrap().contains("unsupported wire version 2"), "{:?}", st.recent_errors);
+
+    // 3. A proper handshake, then a message whose payload was damaged in flight.
+    let mut bad = eager(me, 1, 5, b"payload that will be damaged");
+    bad[HEADER_LEN + 3] ^= 0x10;
+    send_raw(&port, &[hello(me), bad].concat(), true);
+    let st = wait_for(&port, |s| s.frames_rejected == 3);
+    assert!(st.recent_errors.last().unwrap().contains("payload checksum mismatch"), "{:?}", st.recent_errors);
+
+    // 4. A header announcing more than the frame limit.
+    let big = {
+        let h = Header::new(Kind::Eager, Channel::Normal, ROGUE, me);
+        let mut b = vec![0u8; HEADER_LEN];
+        h.encode(&vec![0u8; 2 << 20], true, &mut b);
+        b
+    };
+    send_raw(&port, &[hello(me), big].concat(), true);
+    let st = wait_for(&port, |s| s.frames_rejected == 4);
+    assert!(st.recent_errors.last().unwrap().contains("exceeds the limit"), "{:?}", st.recent_errors);
+
+    // 5. A truncated frame, then the sender vanishes: nothing to reject, nothing delivered.
+    let t = eager(me, 1, 5, &[1u8; 1000]);
+    send_raw(&port, &[hello(me), t[..600].to_vec()].concat(), false);
+    let st = wait_for(&port, |s| s.connections_lost >= 5);
+    assert_eq!(st.frames_rejected, 4);
+
+    // Nothing of the above was delivered.
+    assert!(port.test(pending).is_none(), "a malformed frame was delivered");
+
+    // 6. The port still serves a well-behaved peer over TCP.
+    let good = listening_port(&ns, 2);
+    good.add_route(me, port.listen_addr().unwrap());
+    good.send(me, 7, &b"still alive"[..]).unwrap();
+    match port.wait_timeout(pending, Duration::from_secs(10)).unwrap() {
+        Completion::Received(m) => {
+            assert_eq!(m.src, good.addr());
+            assert_eq!(m.data, b"still alive");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn well_formed_rogue_peer_delivers_exactly_once() {
+    // The positive control for the test above: the same hand-made frames, undamaged,
+    // are delivered, and a replayed duplicate is dropped.
+    let ns = unique("frm");
+    let port = listening_port(&ns, 1);
+    let me = port.addr();
+    let r = port.irecv(Some(ROGUE), Some(5), 100);
+    let frames = [hello(me), eager(me, 1, 5, b"one"), eager(me, 1, 5, b"one")].concat();
+    let mut s = TcpStream::connect(port.listen_addr().unwrap()).unwrap();
+    s.write_all(&frames).unwrap();
+    match port.wait_timeout(r, Duration::from_secs(10)).unwrap() {
+        Completion::Received(m) => assert_eq!(m.data, b"one"),
+        other => panic!("{other:?}"),
+    }
+    wait_for(&port, |st| st.duplicates_dropped == 1);
+    assert_eq!(port.stats().frames_rejected, 0);
+}
