@@ -172,9 +172,12 @@ impl Header {
         }
     }
 
-    /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes). `payload_crc`:
-    /// compute the payload checksum and set `FLAG_PAYLOAD_CRC`.
-    pub fn encode(&self, payload: &[u8], payload_crc: bool, out: &mut [u8]) {
+    /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes). `checked`: compute
+    /// the payload and header checksums (for the network). Unchecked headers (shared
+    /// memory, which the kernel protects) carry zero checksums and are read back with
+    /// [`Header::decode_trusted`]; [`Header::decode`] refuses them.
+    pub fn encode(&self, payload: &[u8], checked: bool, out: &mut [u8]) {
+        let payload_crc = checked;
         assert!(out.len() >= HEADER_LEN);
         let mut flags = self.flags & !FLAG_PAYLOAD_CRC;
         let crc = if payload_crc {
@@ -202,13 +205,23 @@ impl Header {
         o[72..76].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         o[76..80].copy_from_slice(&crc.to_le_bytes());
         o[80..84].copy_from_slice(&[0u8; 4]);
-        let hcrc = crc32c::crc32c(&o[..84]);
+        let hcrc = if checked { crc32c::crc32c(&o[..84]) } else { 0 };
         o[84..88].copy_from_slice(&hcrc.to_le_bytes());
+    }
+
+    /// Parses a header written by this process's peer into shared memory: no checksum,
+    /// but magic, version, kind, channel and length are still validated.
+    pub fn decode_trusted(b: &[u8], max_payload: usize) -> Result<Header, FrameError> {
+        Self::parse(b, max_payload, false)
     }
 
     /// Parses and validates a header (magic, version, kind, channel, header CRC, length
     /// limit). The payload is checked separately by [`Header::check_payload`].
     pub fn decode(b: &[u8], max_payload: usize) -> Result<Header, FrameError> {
+        Self::parse(b, max_payload, true)
+    }
+
+    fn parse(b: &[u8], max_payload: usize, checked: bool) -> Result<Header, FrameError> {
         if b.len() < HEADER_LEN {
             return Err(FrameError::Truncated { have: b.len(), need: HEADER_LEN });
         }
@@ -221,10 +234,12 @@ impl Header {
         if b[4] != VERSION {
             return Err(FrameError::BadVersion(b[4]));
         }
-        let want = u32at(84);
-        let got = crc32c::crc32c(&b[..84]);
-        if want != got {
-            return Err(FrameError::HeaderCrc { expected: want, actual: got });
+        if checked {
+            let want = u32at(84);
+            let got = crc32c::crc32c(&b[..84]);
+            if want != got {
+                return Err(FrameError::HeaderCrc { expected: want, actual: got });
+            }
         }
         let kind = Kind::from_u8(b[5]).ok_or(FrameError::BadKind(b[5]))?;
         let channel = Channel::from_u8(b[6]).ok_or(FrameError::BadChannel(b[6]))?;

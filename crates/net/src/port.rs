@@ -20,6 +20,8 @@
 //! engine, kept as the baseline the overlap benchmark measures against.
 
 use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
@@ -78,6 +80,11 @@ pub struct PortConfig {
     pub max_frame: usize,
     /// How long `wait` spins before sleeping.
     pub spin: Duration,
+    /// How long after a library call returns the port still counts as awake, so that
+    /// shared-memory peers skip the doorbell between back-to-back calls. The event
+    /// thread takes over when it expires; it bounds the delay before event-driven
+    /// progress starts once the application goes off to compute.
+    pub lease: Duration,
     /// How long a broken link is retried before its peer is declared failed.
     pub reconnect_timeout: Duration,
     /// How long dropping the port waits for queued output to be delivered.
@@ -99,6 +106,7 @@ impl PortConfig {
             ring_bytes: 4 << 20,
             max_frame: 1 << 20,
             spin: Duration::from_micros(50),
+            lease: Duration::from_micros(50),
             reconnect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(5),
         }
@@ -153,10 +161,16 @@ struct State {
     registry: Registry,
     unix_listener: mio::net::UnixListener,
     tcp_listener: Option<mio::net::TcpListener>,
-    shm: HashMap<usize, ShmConn>,
-    shm_send: HashMap<Addr, usize>,
-    tcp: HashMap<usize, TcpConn>,
-    links: HashMap<Addr, Link>,
+    shm: FxHashMap<usize, ShmConn>,
+    /// Keys of `shm`, kept alongside so the hot loop need not collect them.
+    shm_ids: Vec<usize>,
+    shm_send: FxHashMap<Addr, usize>,
+    tcp: FxHashMap<usize, TcpConn>,
+    links: FxHashMap<Addr, Link>,
+    /// Reusable buffer for the list of peers with output.
+    scratch: Vec<Addr>,
+    /// Reusable buffer for connection ids.
+    scratch_ids: Vec<usize>,
     next_id: usize,
     awake: u32,
     waiters: u32,
@@ -166,6 +180,10 @@ struct State {
     closing: bool,
     /// A timer was armed outside the event thread: wake it so it recomputes its timeout.
     kick: bool,
+    /// The awake lease left by the last `wait` (counted in `awake` while held).
+    lease: Option<Instant>,
+    /// When the event thread will wake by itself (None: only on events).
+    thread_wake_at: Option<Instant>,
     /// Local peers whose socket was not there yet: (first failure, next attempt).
     shm_retry: HashMap<Addr, (Instant, Instant)>,
 }
@@ -179,6 +197,7 @@ struct Shared {
     sock_path: PathBuf,
     dir_entry: Option<PathBuf>,
     spin: Duration,
+    lease: Duration,
     progress: Progress,
     linger: Duration,
 }
@@ -235,6 +254,7 @@ impl Port {
             u64::from_le_bytes(b) | 1
         };
         let spin = cfg.spin;
+        let lease = cfg.lease;
         let progress = cfg.progress;
         let linger = cfg.linger;
         let st = State {
@@ -245,10 +265,13 @@ impl Port {
             registry,
             unix_listener,
             tcp_listener,
-            shm: HashMap::new(),
-            shm_send: HashMap::new(),
-            tcp: HashMap::new(),
-            links: HashMap::new(),
+            shm: FxHashMap::default(),
+            shm_ids: Vec::new(),
+            shm_send: FxHashMap::default(),
+            tcp: FxHashMap::default(),
+            links: FxHashMap::default(),
+            scratch: Vec::new(),
+            scratch_ids: Vec::new(),
             next_id: 0,
             awake: 0,
             waiters: 0,
@@ -257,6 +280,8 @@ impl Port {
             stats: PortStats::default(),
             closing: false,
             kick: false,
+            lease: None,
+            thread_wake_at: None,
             shm_retry: HashMap::new(),
         };
         let sh = Arc::new(Shared {
@@ -268,6 +293,7 @@ impl Port {
             sock_path,
             dir_entry,
             spin,
+            lease,
             progress,
             linger,
         });
@@ -309,6 +335,23 @@ impl Port {
         r
     }
 
+    /// Keeps the port awake for `lease` after a call returns (see
+    /// [`PortConfig::lease`]); makes sure somebody expires the lease.
+    fn leave_awake(&self, st: &mut State) {
+        if self.sh.progress == Progress::Inline {
+            // No event thread: the lease lasts until the next call, which releases it
+            // before it sleeps.
+            st.lease = Some(Instant::now());
+            return;
+        }
+        let until = Instant::now() + self.sh.lease;
+        st.lease = Some(until);
+        if st.thread_wake_at.is_none_or(|t| t > until) {
+            st.thread_wake_at = Some(until);
+            let _ = self.sh.waker.wake();
+        }
+    }
+
     fn kick_if_needed(&self, st: &mut State) {
         if st.kick {
             st.kick = false;
@@ -327,6 +370,12 @@ impl Port {
     /// (`None`: any).
     pub fn irecv(&self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> ReqId {
         self.with(|st| st.proto.irecv(src, tag, capacity))
+    }
+
+    /// Like [`Port::irecv`], receiving into `buf` (capacity is the limit), so that
+    /// large buffers can be reused instead of faulted in afresh.
+    pub fn irecv_into(&self, src: Option<Addr>, tag: Option<u64>, buf: Vec<u8>) -> ReqId {
+        self.with(|st| st.proto.irecv_into(src, tag, buf))
     }
 
     /// Sends a small message into `dst`'s system-channel pool.
@@ -462,28 +511,45 @@ impl Port {
     /// event thread (or, inline, our own poll) makes progress.
     fn wait_until<R>(&self, deadline: Instant, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
         let mut st = self.sh.st.lock();
-        st.set_awake(true);
+        if st.lease.take().is_none() {
+            st.set_awake(true);
+        }
         let spin_until = Instant::now() + self.sh.spin;
         loop {
             st.progress();
             self.kick_if_needed(&mut st);
             if let Some(r) = done(&mut st) {
-                st.set_awake(false);
                 st.flush_all();
                 st.update_app_bell();
+                self.leave_awake(&mut st);
                 return Some(r);
             }
             let now = Instant::now();
             if now >= deadline {
-                st.set_awake(false);
+                self.leave_awake(&mut st);
                 return None;
             }
             if now < spin_until {
-                MutexGuard::unlocked(&mut st, || {
-                    for _ in 0..32 {
-                        std::hint::spin_loop();
+                // Spin without re-running the whole progress pass until there is
+                // something to do (one load per ring), releasing the lock briefly so
+                // that other threads of the process can get in.
+                let seen = st.proto.completions();
+                let mut n = 0u32;
+                loop {
+                    MutexGuard::unlocked(&mut st, std::hint::spin_loop);
+                    n = n.wrapping_add(1);
+                    if n % 16 == 0 {
+                        // A spinning waiter reads its TCP sockets itself: the reply is
+                        // handled here instead of waking the event thread and then us.
+                        st.poll_tcp();
+                        if Instant::now() >= spin_until {
+                            break;
+                        }
                     }
-                });
+                    if st.proto.completions() != seen || st.has_work() {
+                        break;
+                    }
+                }
                 continue;
             }
             if st.set_awake(false) {
@@ -577,6 +643,16 @@ fn event_thread(sh: Arc<Shared>) {
         }
         st.progress();
         st.timers();
+        let now = Instant::now();
+        if st.lease.is_some_and(|t| t <= now) {
+            // The application went quiet: stop claiming to be awake for it.
+            st.lease = None;
+            if st.set_awake(false) {
+                st.set_awake(true);
+                st.progress();
+                st.set_awake(false);
+            }
+        }
         while st.set_awake(false) {
             st.set_awake(true);
             st.progress();
@@ -586,7 +662,9 @@ fn event_thread(sh: Arc<Shared>) {
         if st.waiters > 0 {
             sh.cv.notify_all();
         }
-        timeout = st.next_timer().map(|t| t.saturating_duration_since(Instant::now()));
+        let wake = [st.next_timer(), st.lease].into_iter().flatten().min();
+        st.thread_wake_at = wake;
+        timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -660,11 +738,30 @@ impl State {
 
     /// Drains every inbound ring and pushes every queued frame out.
     fn progress(&mut self) {
-        let ids: Vec<usize> = self.shm.keys().copied().collect();
-        for id in ids {
-            self.drain_shm(id);
+        for i in 0..self.shm_ids.len() {
+            if let Some(&id) = self.shm_ids.get(i) {
+                self.drain_shm(id);
+            }
         }
         self.flush_all();
+    }
+
+    /// Non-blocking read of every established TCP connection (for spinning waiters).
+    fn poll_tcp(&mut self) {
+        if self.tcp.is_empty() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
+        for id in ids.drain(..) {
+            self.tcp_readable(id);
+        }
+        self.scratch_ids = ids;
+    }
+
+    /// Cheap check for the spin loop: anything in a ring or queued to send?
+    fn has_work(&mut self) -> bool {
+        self.proto.has_output() || self.shm.values_mut().any(|c| c.rx.has_data())
     }
 
     fn output_settled(&mut self) -> bool {
@@ -745,6 +842,7 @@ impl State {
         let _ = self.registry.register(&mut SourceFd(&bell), bell_token(id), Interest::READABLE);
         let _ = self.registry.register(&mut c.sock, shm_sock_token(id), Interest::READABLE);
         self.shm.insert(id, c);
+        self.shm_ids.push(id);
         id
     }
 
@@ -768,7 +866,7 @@ impl State {
         loop {
             let expect = c.rx_seq + 1;
             let r = c.rx.pop_with(|rec| -> Result<(), NetError> {
-                let h = Header::decode(rec, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
+                let h = Header::decode_trusted(rec, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
                 let payload = &rec[HEADER_LEN..];
                 h.check_payload(payload).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
                 if h.seq != expect {
@@ -821,6 +919,7 @@ impl State {
 
     fn drop_shm(&mut self, id: usize, reason: &str) {
         if let Some(mut c) = self.shm.remove(&id) {
+            self.shm_ids.retain(|&x| x != id);
             let bell = c.my_bell.raw();
             let _ = self.registry.deregister(&mut SourceFd(&bell));
             let _ = self.registry.deregister(&mut c.sock);
@@ -842,9 +941,15 @@ impl State {
     // ----- output -----------------------------------------------------------------
 
     fn flush_all(&mut self) {
-        for p in self.proto.dirty_peers() {
+        if !self.proto.has_output() {
+            return;
+        }
+        let mut peers = std::mem::take(&mut self.scratch);
+        self.proto.dirty_peers_into(&mut peers);
+        for p in peers.drain(..) {
             self.flush(p);
         }
+        self.scratch = peers;
     }
 
     fn flush(&mut self, peer: Addr) {
@@ -908,7 +1013,7 @@ impl State {
             }
         }
         if pushed {
-            if !proto.dirty_peers().contains(&peer) {
+            if !proto.is_dirty(peer) {
                 c.set_want_space(false);
             }
             if c.notify_data() {
@@ -1295,7 +1400,7 @@ impl State {
             .map(|(p, _)| *p)
             .collect();
         for p in retry {
-            let wants = self.links[&p].send.unacked() > 0 || self.proto.dirty_peers().contains(&p);
+            let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p);
             if wants {
                 self.connect_tcp(p);
             } else if let Some(l) = self.links.get_mut(&p) {

@@ -23,12 +23,15 @@
 //!   answered with `GetReply` pieces, all by the owner's progress engine without its
 //!   application taking part; both sides get completion events.
 //!
-//! Ordering: per destination, messages (eager and RTS) leave in the order they were
-//! issued, and a message waiting for credits holds back the ones behind it; control
-//! frames (CTS, credits, acks) and bulk pieces (rendezvous data, RMA) bypass that queue,
-//! so a full pool can never block the transfer the application is waiting for.
+//! Ordering: per destination and channel, messages (eager and RTS) leave in the order
+//! they were issued, and a message waiting for credits holds back the ones behind it.
+//! Each channel has its own credits and queue, and control frames (CTS, credits) and
+//! bulk pieces (rendezvous data, RMA) bypass both, so a full system pool can never
+//! block the normal-channel transfer the application is waiting for.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use bytes::Bytes;
 
@@ -124,12 +127,27 @@ impl Unexpected {
     }
 }
 
+/// Index of a channel's own credit pool and message queue.
+const SYS: usize = 0;
+const NORM: usize = 1;
+
+fn lane(c: Channel) -> usize {
+    if c == Channel::System {
+        SYS
+    } else {
+        NORM
+    }
+}
+
 #[derive(Default)]
 struct Peer {
-    credits: u32,
-    credits_owed: u32,
+    /// Eager credits per lane (system, normal): a stalled system channel never holds
+    /// back the normal channel, or an application waiting for a normal-channel message
+    /// while not draining its pool would deadlock.
+    credits: [u32; 2],
+    credits_owed: [u32; 2],
     ctrl: VecDeque<OutFrame>,
-    msgs: VecDeque<OutFrame>,
+    msgs: [VecDeque<OutFrame>; 2],
     bulk: VecDeque<OutFrame>,
     /// Pieces of a put that fell outside the region, by request id.
     failed_puts: HashSet<u64>,
@@ -163,6 +181,7 @@ pub struct Proto {
     dirty: HashSet<Addr>,
     next_req: ReqId,
     failed_peers: HashMap<Addr, String>,
+    completions: u64,
     pub stats: ProtoStats,
 }
 
@@ -173,19 +192,20 @@ impl Proto {
         Proto {
             me,
             cfg,
-            peers: HashMap::new(),
-            reqs: HashMap::new(),
-            done: HashMap::new(),
+            peers: HashMap::default(),
+            reqs: HashMap::default(),
+            done: HashMap::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             system_pool: VecDeque::new(),
-            incoming: HashMap::new(),
-            regions: HashMap::new(),
+            incoming: HashMap::default(),
+            regions: HashMap::default(),
             events: VecDeque::new(),
             events_enabled: false,
-            dirty: HashSet::new(),
+            dirty: HashSet::default(),
             next_req: 1,
-            failed_peers: HashMap::new(),
+            failed_peers: HashMap::default(),
+            completions: 0,
             stats: ProtoStats::default(),
         }
     }
@@ -202,7 +222,7 @@ impl Proto {
 
     fn peer(&mut self, a: Addr) -> &mut Peer {
         let credits = self.cfg.credits;
-        self.peers.entry(a).or_insert_with(|| Peer { credits, ..Default::default() })
+        self.peers.entry(a).or_insert_with(|| Peer { credits: [credits; 2], ..Default::default() })
     }
 
     fn new_req(&mut self, r: Req) -> ReqId {
@@ -216,7 +236,14 @@ impl Proto {
         Header::new(kind, channel, self.me, dst)
     }
 
+    /// Requests completed so far (lets a spinning waiter notice progress made by
+    /// another thread without re-running the protocol).
+    pub fn completions(&self) -> u64 {
+        self.completions
+    }
+
     fn complete(&mut self, id: ReqId, r: Result<Completion, NetError>) {
+        self.completions += 1;
         self.reqs.remove(&id);
         self.done.insert(id, r);
         if self.events_enabled {
@@ -234,7 +261,7 @@ impl Proto {
         let p = self.peer(dst);
         match q {
             Queue::Ctrl => p.ctrl.push_back(out),
-            Queue::Msg => p.msgs.push_back(out),
+            Queue::Msg => p.msgs[lane(out.frame.header.channel)].push_back(out),
             Queue::Bulk => p.bulk.push_back(out),
         }
         self.dirty.insert(dst);
@@ -289,7 +316,7 @@ impl Proto {
     /// Takes the oldest message from the system pool.
     pub fn recv_system(&mut self) -> Option<Message> {
         let m = self.system_pool.pop_front()?;
-        self.credit_returned(m.src);
+        self.credit_returned(m.src, SYS);
         Some(m)
     }
 
@@ -299,8 +326,16 @@ impl Proto {
     }
 
     /// Posts a receive for a message from `src` (any if `None`) with `tag` (any if
-    /// `None`), into a buffer of `capacity` bytes.
+    /// `None`), into a new buffer of `capacity` bytes.
     pub fn irecv(&mut self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> ReqId {
+        self.irecv_into(src, tag, Vec::with_capacity(capacity))
+    }
+
+    /// Like [`Proto::irecv`], receiving into `buf` (its capacity is the limit; its
+    /// contents are replaced). Reusing buffers avoids page faults on large messages.
+    pub fn irecv_into(&mut self, src: Option<Addr>, tag: Option<u64>, mut buf: Vec<u8>) -> ReqId {
+        buf.clear();
+        let capacity = buf.capacity();
         let matches = |u: &Unexpected| {
             let (s, t) = u.src_tag();
             src.is_none_or(|x| x == s) && tag.is_none_or(|x| x == t)
@@ -309,19 +344,20 @@ impl Proto {
             let u = self.unexpected.remove(pos).unwrap();
             match u {
                 Unexpected::Eager { src, tag, data } => {
-                    self.credit_returned(src);
+                    self.credit_returned(src, NORM);
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
                     let r = if data.len() > capacity {
                         Err(NetError::Truncated { len: data.len(), capacity })
                     } else {
-                        Ok(Completion::Received(Message { src, tag, data }))
+                        buf.extend_from_slice(&data);
+                        Ok(Completion::Received(Message { src, tag, data: buf }))
                     };
                     self.complete(id, r);
                     return id;
                 }
                 Unexpected::Rts { src, tag, msg, total } => {
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
-                    self.accept_rts(id, src, tag, msg, total, capacity);
+                    self.accept_rts(id, src, tag, msg, total, buf);
                     return id;
                 }
             }
@@ -332,7 +368,7 @@ impl Proto {
                 return self.fail_now(Req::RecvPosted { src, tag, buf: Vec::new() }, e);
             }
         }
-        let id = self.new_req(Req::RecvPosted { src, tag, buf: Vec::with_capacity(capacity) });
+        let id = self.new_req(Req::RecvPosted { src, tag, buf });
         self.posted.push_back(id);
         id
     }
@@ -435,9 +471,15 @@ impl Proto {
 
     // ----- transport side ---------------------------------------------------------
 
-    /// Peers with frames waiting to be sent (cleared as they are drained).
-    pub fn dirty_peers(&mut self) -> Vec<Addr> {
-        self.dirty.iter().copied().collect()
+    /// Peers with frames waiting to be sent (cleared as they are drained), appended to
+    /// `out` (a reusable buffer: this is on every message's path).
+    pub fn dirty_peers_into(&self, out: &mut Vec<Addr>) {
+        out.extend(self.dirty.iter().copied());
+    }
+
+    /// Whether frames are waiting for `peer`.
+    pub fn is_dirty(&self, peer: Addr) -> bool {
+        self.dirty.contains(&peer)
     }
 
     /// Whether anything is waiting to be sent to anybody.
@@ -449,23 +491,25 @@ impl Proto {
     /// allow), then bulk pieces. `None` when nothing can go now.
     pub fn pop_frame(&mut self, peer: Addr) -> Option<OutFrame> {
         let p = self.peers.get_mut(&peer)?;
-        let out = if let Some(f) = p.ctrl.pop_front() {
-            Some(f)
-        } else if let Some(front) = p.msgs.front() {
-            if front.frame.header.kind == Kind::Eager {
-                if p.credits > 0 {
-                    p.credits -= 1;
-                    p.msgs.pop_front()
+        let mut out = p.ctrl.pop_front();
+        for l in [NORM, SYS] {
+            if out.is_some() {
+                break;
+            }
+            if let Some(front) = p.msgs[l].front() {
+                if front.frame.header.kind != Kind::Eager {
+                    out = p.msgs[l].pop_front();
+                } else if p.credits[l] > 0 {
+                    p.credits[l] -= 1;
+                    out = p.msgs[l].pop_front();
                 } else {
                     self.stats.credit_stalls += 1;
-                    p.bulk.pop_front()
                 }
-            } else {
-                p.msgs.pop_front()
             }
-        } else {
-            p.bulk.pop_front()
-        };
+        }
+        if out.is_none() {
+            out = p.bulk.pop_front();
+        }
         if out.is_none() {
             self.dirty.remove(&peer);
         }
@@ -475,12 +519,13 @@ impl Proto {
     /// Puts back a frame the transport could not send yet (it goes out first next time).
     pub fn unpop_frame(&mut self, peer: Addr, out: OutFrame) {
         let p = self.peer(peer);
+        let l = lane(out.frame.header.channel);
         match out.frame.header.kind {
             Kind::Eager => {
-                p.credits += 1;
-                p.msgs.push_front(out);
+                p.credits[l] += 1;
+                p.msgs[l].push_front(out);
             }
-            Kind::Rts => p.msgs.push_front(out),
+            Kind::Rts => p.msgs[l].push_front(out),
             Kind::Cts | Kind::Credit | Kind::PutAck => p.ctrl.push_front(out),
             _ => p.bulk.push_front(out),
         }
@@ -518,7 +563,8 @@ impl Proto {
             (Kind::GetReq, _) => self.on_get_req(src, h),
             (Kind::GetReply, _) => self.on_get_reply(src, h, payload)?,
             (Kind::Credit, _) => {
-                self.peer(src).credits += h.total as u32;
+                let l = if h.tag == SYS as u64 { SYS } else { NORM };
+                self.peer(src).credits[l] += h.total as u32;
                 self.dirty.insert(src);
             }
             (k, c) => {
@@ -570,15 +616,16 @@ impl Proto {
         (0..len).step_by(self.cfg.chunk).map(|a| (a, (a + self.cfg.chunk).min(len))).collect()
     }
 
-    fn credit_returned(&mut self, src: Addr) {
+    fn credit_returned(&mut self, src: Addr, l: usize) {
         let half = (self.cfg.credits / 2).max(1);
         let me = self.me;
         let p = self.peer(src);
-        p.credits_owed += 1;
-        if p.credits_owed >= half {
+        p.credits_owed[l] += 1;
+        if p.credits_owed[l] >= half {
             let mut h = Header::new(Kind::Credit, Channel::Control, me, src);
-            h.total = p.credits_owed as u64;
-            p.credits_owed = 0;
+            h.tag = l as u64;
+            h.total = p.credits_owed[l] as u64;
+            p.credits_owed[l] = 0;
             p.ctrl.push_back(OutFrame { frame: Frame::control(h), completes: None });
             self.dirty.insert(src);
         }
@@ -595,7 +642,7 @@ impl Proto {
     fn on_eager(&mut self, src: Addr, tag: u64, payload: &[u8]) {
         match self.match_posted(src, tag) {
             Some(id) => {
-                self.credit_returned(src);
+                self.credit_returned(src, NORM);
                 let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
                 let r = if payload.len() > buf.capacity() {
                     Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
@@ -616,9 +663,8 @@ impl Proto {
     fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize) {
         match self.match_posted(src, tag) {
             Some(id) => {
-                let Some(Req::RecvPosted { buf, .. }) = self.reqs.get(&id) else { unreachable!() };
-                let cap = buf.capacity();
-                self.accept_rts(id, src, tag, msg, total, cap);
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+                self.accept_rts(id, src, tag, msg, total, buf);
             }
             None => {
                 self.stats.unexpected += 1;
@@ -629,9 +675,10 @@ impl Proto {
 
     /// Receive `id` takes rendezvous message `msg`: answer CTS, or fail on truncation
     /// (the sender still gets a CTS so it is not left hanging; the data is discarded).
-    fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, capacity: usize) {
+    fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, mut buf: Vec<u8>) {
+        let capacity = buf.capacity();
         let truncated = total > capacity;
-        let buf = if truncated { Vec::new() } else { vec![0; total] };
+        buf.clear();
         self.reqs.insert(id, Req::RecvData { src, tag, buf, total, got: 0 });
         self.incoming.insert((src, msg), id);
         if truncated {
@@ -687,7 +734,15 @@ impl Proto {
         if off + payload.len() > *total {
             return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
         }
-        buf[off..off + payload.len()].copy_from_slice(payload);
+        // Pieces arrive in order on one connection: append (no zero-fill of the buffer).
+        if off == buf.len() {
+            buf.extend_from_slice(payload);
+        } else {
+            if buf.len() < off + payload.len() {
+                buf.resize(off + payload.len(), 0);
+            }
+            buf[off..off + payload.len()].copy_from_slice(payload);
+        }
         *got += payload.len();
         if *got == *total {
             self.incoming.remove(&(src, h.id));

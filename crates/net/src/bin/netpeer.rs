@@ -89,7 +89,8 @@ enum Role {
         #[arg(long)]
         len: usize,
     },
-    /// Answer every message with the same bytes and tag, COUNT times.
+    /// Answer every message with the same bytes and tag, COUNT times (or until a
+    /// message tagged 1 saying "stop").
     Echo {
         #[arg(long, value_parser = parse_addr)]
         peer: Addr,
@@ -97,6 +98,37 @@ enum Role {
         count: u64,
         #[arg(long, default_value_t = 64 << 20)]
         max: usize,
+    },
+    /// Latency client: for each size, round trips against `echo`; prints
+    /// `LAT <size> <one-way microseconds>` (median of 7 batches of half round trips).
+    Pingpong {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Scales the number of round trips (1.0 = full run).
+        #[arg(long, default_value_t = 1.0)]
+        scale: f64,
+    },
+    /// Bandwidth source: for each size, stream BYTES with a window of 16 outstanding
+    /// sends to `sink`, wait for its acknowledgement; prints `BW <size> <GB/s>`.
+    Stream {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: usize,
+    },
+    /// Bandwidth sink: receives the streams of `stream` (same sizes and bytes) with 16
+    /// receives posted ahead, acknowledging each size.
+    Sink {
+        #[arg(long, value_parser = parse_addr)]
+        peer: Addr,
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        #[arg(long, default_value_t = 256 << 20)]
+        bytes: usize,
     },
     /// Overlap benchmark sender: for each size, wait for the receiver's go (tag 1), then
     /// send SIZE bytes (tag 2); ROUNDS times.
@@ -261,11 +293,91 @@ fn main() -> Result<()> {
             println!("OK rma {len} bytes; owner saw 2 puts, 2 gets, identical contents");
         }
         Role::Echo { peer, count, max } => {
-            for _ in 0..count {
-                let m = port.recv(Some(peer), None, max)?;
-                port.send(peer, m.tag, m.data)?;
+            // One buffer, received into and sent back from, as an MPI echo would.
+            let mut buf = Vec::with_capacity(max);
+            let mut n = 0;
+            while n < count {
+                let r = port.irecv_into(Some(peer), None, std::mem::take(&mut buf));
+                let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
+                if m.tag == 1 && m.data == b"stop" {
+                    break;
+                }
+                let out = bytes::Bytes::from(m.data);
+                port.send(peer, m.tag, out.clone())?;
+                // Take the buffer back once the transport has let go of it.
+                buf = match out.try_into_mut() {
+                    Ok(b) => b.into(),
+                    Err(_) => Vec::with_capacity(max),
+                };
+                n += 1;
             }
-            println!("OK echoed {count}");
+            println!("OK echoed {n}");
+        }
+        Role::Pingpong { peer, sizes, scale } => {
+            for &s in &sizes {
+                let iters = (((4 << 20) / (s + 1024)).clamp(50, 20_000) as f64 * scale).max(10.0) as usize;
+                let data = bytes::Bytes::from(vec![1u8; s]);
+                let mut batches = Vec::new();
+                let mut buf = Vec::with_capacity(s);
+                for b in 0..8 {
+                    let t = std::time::Instant::now();
+                    for _ in 0..iters {
+                        let r = port.irecv_into(Some(peer), Some(0), std::mem::take(&mut buf));
+                        port.send(peer, 0, data.clone())?;
+                        let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
+                        buf = m.data;
+                    }
+                    if b > 0 {
+                        batches.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64 / 2.0);
+                    }
+                }
+                batches.sort_by(|a, b| a.partial_cmp(b).unwrap());
+                println!("LAT {s} {:.3}", batches[batches.len() / 2]);
+            }
+            port.send(peer, 1, &b"stop"[..])?;
+            eprintln!("doorbells rung: {}", port.stats().doorbells);
+            println!("OK");
+        }
+        Role::Stream { peer, sizes, bytes: total } => {
+            for &s in &sizes {
+                let n = (total / s).max(16);
+                let data = bytes::Bytes::from(vec![3u8; s]);
+                let t = std::time::Instant::now();
+                let mut window = std::collections::VecDeque::new();
+                for _ in 0..n {
+                    if window.len() == 16 {
+                        port.wait(window.pop_front().unwrap())?;
+                    }
+                    window.push_back(port.isend(peer, 0, data.clone()));
+                }
+                for r in window {
+                    port.wait(r)?;
+                }
+                port.recv(Some(peer), Some(9), 16)?;
+                let secs = t.elapsed().as_secs_f64();
+                println!("BW {s} {:.3}", (n * s) as f64 / secs / 1e9);
+            }
+            println!("OK");
+        }
+        Role::Sink { peer, sizes, bytes: total } => {
+            for &s in &sizes {
+                let n = (total / s).max(16);
+                let mut window = std::collections::VecDeque::new();
+                let mut posted = 0;
+                while posted < n.min(16) {
+                    window.push_back(port.irecv(Some(peer), Some(0), s));
+                    posted += 1;
+                }
+                for _ in 0..n {
+                    let Completion::Received(m) = port.wait(window.pop_front().unwrap())? else { bail!("not a receive") };
+                    if posted < n {
+                        window.push_back(port.irecv_into(Some(peer), Some(0), m.data));
+                        posted += 1;
+                    }
+                }
+                port.send(peer, 9, &b"ack"[..])?;
+            }
+            println!("OK");
         }
         Role::OverlapSend { peer, sizes, rounds } => {
             for &s in &sizes {

@@ -1,0 +1,48 @@
+# gepsea: the README's commands. `make test` is what CI runs (.ci/run).
+CARGO ?= cargo
+SHELL := /bin/bash
+OUT := bench/out
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: all setup build test test-unit test-loom bench bench-net demo clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --workspace
+
+# Every test: unit, property, loom, multi-process and multi-namespace.
+test: setup test-unit test-loom
+
+test-unit:
+	$(CARGO) test --workspace --no-fail-fast
+
+# The shared-memory ring under the loom model checker (its own target dir: loom
+# needs a different build of the whole crate).
+test-loom:
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p gepsea-net --lib --release ring_loom
+
+$(OUT)/mpi_pingpong: bench/mpi_pingpong.c | $(OUT)
+	mpicc -O2 -o $@ $<
+
+$(OUT)/tcp_pingpong: bench/tcp_pingpong.c | $(OUT)
+	cc -O2 -o $@ $<
+
+$(OUT):
+	mkdir -p $(OUT)
+
+bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
+	./target/release/gepsea bench net --refs $(OUT) --json $(OUT)/net.json
+
+bench: bench-net
+
+# For now the demo is the network benchmark in its quick form.
+demo: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
+	./target/release/gepsea bench net --quick --refs $(OUT) --json $(OUT)/net-demo.json
+
+clean:
+	$(CARGO) clean
+	rm -rf $(OUT)

@@ -1,0 +1,76 @@
+/* Reference for `gepsea bench net`: OpenMPI ping-pong latency and streaming bandwidth
+ * between two ranks, measured the same way as gepsea's (half round trip, median of 7
+ * batches; bandwidth with a window of 16 outstanding sends, acknowledged per size).
+ * Prints `LAT <size> <us>` and `BW <size> <GB/s>` lines. */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    double scale = argc > 1 ? atof(argv[1]) : 1.0;
+    size_t lat_sizes[] = {8, 1024, 65536, 1048576};
+    size_t bw_sizes[] = {65536, 1048576, 4194304};
+    size_t total = argc > 2 ? strtoull(argv[2], 0, 10) : (256u << 20);
+    char *buf = malloc(4u << 20), *rbuf = malloc(4u << 20);
+    memset(buf, 1, 4u << 20);
+    memset(rbuf, 0, 4u << 20);
+    for (int k = 0; k < 4; k++) {
+        size_t s = lat_sizes[k];
+        long iters = (long)((4u << 20) / (s + 1024));
+        if (iters < 50) iters = 50;
+        if (iters > 20000) iters = 20000;
+        iters = (long)(iters * scale);
+        if (iters < 10) iters = 10;
+        double b[8];
+        for (int r = 0; r < 8; r++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t = MPI_Wtime();
+            for (long i = 0; i < iters; i++) {
+                if (rank == 0) {
+                    MPI_Send(buf, (int)s, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+                    MPI_Recv(rbuf, (int)s, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                } else {
+                    MPI_Recv(rbuf, (int)s, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    MPI_Send(buf, (int)s, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+                }
+            }
+            b[r] = (MPI_Wtime() - t) * 1e6 / iters / 2;
+        }
+        qsort(b + 1, 7, sizeof(double), cmp);
+        if (rank == 0) printf("LAT %zu %.3f\n", s, b[1 + 3]);
+    }
+    for (int k = 0; k < 3; k++) {
+        size_t s = bw_sizes[k];
+        long n = (long)(total / s);
+        if (n < 16) n = 16;
+        MPI_Request req[16];
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t = MPI_Wtime();
+        for (long i = 0; i < n; i += 16) {
+            int w = (int)(n - i < 16 ? n - i : 16);
+            for (int j = 0; j < w; j++) {
+                if (rank == 0) MPI_Isend(buf, (int)s, MPI_BYTE, 1, 0, MPI_COMM_WORLD, &req[j]);
+                else MPI_Irecv(rbuf, (int)s, MPI_BYTE, 0, 0, MPI_COMM_WORLD, &req[j]);
+            }
+            MPI_Waitall(w, req, MPI_STATUSES_IGNORE);
+        }
+        char ack = 0;
+        if (rank == 0) MPI_Recv(&ack, 1, MPI_BYTE, 1, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        else MPI_Send(&ack, 1, MPI_BYTE, 0, 9, MPI_COMM_WORLD);
+        double secs = MPI_Wtime() - t;
+        if (rank == 0) printf("BW %zu %.3f\n", s, (double)(n * s) / secs / 1e9);
+    }
+    free(buf);
+    free(rbuf);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,463 @@
+//! `gepsea bench net`: gepsea-net against its references, measured in one run.
+//!
+//! Every figure is a pair of processes: `gepsea-netpeer` roles for gepsea (shared
+//! memory, TCP on loopback, TCP across a veth pair between two namespaces), the
+//! OpenMPI ping-pong (`bench/mpi_pingpong.c`) over shared memory and TCP, and a raw TCP
+//! ping-pong (`bench/tcp_pingpong.c`). A cache-line ping-pong probe is taken before and
+//! after, because these machines switch between a fast and a slow cross-core regime
+//! and only figures from the same regime compare. Then the overlap experiment of the
+//! event-driven MPI paper: post a receive, compute, wait — event thread vs inline.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gepsea_net::{Addr, Completion, Port, PortConfig, Progress};
+use serde_json::json;
+
+/// Options of `gepsea bench net`.
+#[derive(clap::Args, Debug)]
+pub struct NetArgs {
+    /// Directory holding the built reference programs (mpi_pingpong, tcp_pingpong).
+    #[arg(long, default_value = "bench/out")]
+    pub refs: PathBuf,
+    /// Write the results as JSON here (written to a temporary file, then renamed).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Fewer iterations and smaller streams (a demo, not a measurement).
+    #[arg(long)]
+    pub quick: bool,
+    /// Skip the veth (network namespace) cases even when running as root.
+    #[arg(long)]
+    pub no_netns: bool,
+}
+
+type Series = BTreeMap<String, BTreeMap<usize, f64>>;
+
+struct Kill(Vec<Child>);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let p = me.with_file_name(name);
+    if !p.exists() {
+        bail!("{} not found next to {} (build the workspace: make build)", name, me.display());
+    }
+    Ok(p)
+}
+
+/// Runs `cmd` to completion and parses its `LAT`/`BW` lines.
+fn collect(mut cmd: Command, what: &str) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    let out = cmd.stderr(Stdio::piped()).output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let (mut lat, mut bw) = (BTreeMap::new(), BTreeMap::new());
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() == 3 {
+            let (size, v) = (f[1].parse::<usize>(), f[2].parse::<f64>());
+            if let (Ok(size), Ok(v)) = (size, v) {
+                match f[0] {
+                    "LAT" => {
+                        lat.insert(size, v);
+                    }
+                    "BW" => {
+                        bw.insert(size, v);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok((lat, bw))
+}
+
+fn spawn_ready(mut cmd: Command, what: &str) -> Result<Child> {
+    let mut c = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().with_context(|| format!("starting {what}"))?;
+    let mut line = String::new();
+    BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line)?;
+    if !line.starts_with("READY") {
+        let _ = c.kill();
+        bail!("{what} did not start: {line:?}");
+    }
+    Ok(c)
+}
+
+/// Cache-line round trip between two threads pinned to CPUs 0 and 1, in µs.
+fn probe() -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    fn pin(cpu: usize) {
+        // SAFETY: plain affinity call on the current thread with a valid cpu set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    let flag = Arc::new(AtomicU64::new(0));
+    let f2 = flag.clone();
+    const N: u64 = 200_000;
+    let t = std::thread::spawn(move || {
+        pin(1);
+        for i in 0..N {
+            while f2.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            f2.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    pin(0);
+    let start = Instant::now();
+    for i in 0..N {
+        flag.store(2 * i + 1, Ordering::Release);
+        while flag.load(Ordering::Acquire) != 2 * i + 2 {
+            std::hint::spin_loop();
+        }
+    }
+    let us = start.elapsed().as_secs_f64() * 1e6 / N as f64;
+    t.join().unwrap();
+    // SAFETY: as above; give the main thread both CPUs back.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        libc::CPU_SET(1, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    us
+}
+
+struct Netns {
+    ns: [String; 2],
+    ip: [String; 2],
+}
+
+impl Netns {
+    fn new() -> Result<Netns> {
+        let tag = std::process::id();
+        let ns = [format!("gbna{tag}"), format!("gbnb{tag}")];
+        let ip = ["10.231.7.1".to_string(), "10.231.7.2".to_string()];
+        let run = |args: &[&str]| -> Result<()> {
+            let st = Command::new(args[0]).args(&args[1..]).status()?;
+            if !st.success() {
+                bail!("{args:?} failed");
+            }
+            Ok(())
+        };
+        let n = Netns { ns, ip };
+        run(&["ip", "netns", "add", &n.ns[0]])?;
+        run(&["ip", "netns", "add", &n.ns[1]])?;
+        let (va, vb) = (format!("gbva{tag}"), format!("gbvb{tag}"));
+        let (va, vb) = (&va[..va.len().min(15)], &vb[..vb.len().min(15)]);
+        run(&["ip", "link", "add", va, "netns", &n.ns[0], "type", "veth", "peer", "name", vb, "netns", &n.ns[1]])?;
+        for (i, dev) in [va, vb].iter().enumerate() {
+            run(&["ip", "-n", &n.ns[i], "addr", "add", &format!("{}/24", n.ip[i]), "dev", dev])?;
+            run(&["ip", "-n", &n.ns[i], "link", "set", dev, "up"])?;
+            run(&["ip", "-n", &n.ns[i], "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+
+    fn cmd(&self, i: usize, program: &Path) -> Command {
+        let mut c = Command::new("ip");
+        c.arg("netns").arg("exec").arg(&self.ns[i]).arg(program);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// How two gepsea processes reach each other in one measured case.
+enum Where<'a> {
+    Shm,
+    Loopback,
+    Veth(&'a Netns),
+}
+
+fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    let dir = std::env::temp_dir().join(format!("{ns}-dir"));
+    std::fs::create_dir_all(&dir)?;
+    let scale = if quick { "0.05" } else { "1" };
+    let bytes = if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() };
+    let base = |i: usize, node: u32| -> Command {
+        let mut c = match place {
+            Where::Veth(n) => n.cmd(i, netpeer),
+            _ => Command::new(netpeer),
+        };
+        c.args(["--ns", ns, "--node", &node.to_string(), "--port", &(i + 1).to_string()]);
+        match place {
+            Where::Shm => {}
+            Where::Loopback => {
+                c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
+            }
+            Where::Veth(n) => {
+                c.args(["--listen", &format!("{}:0", n.ip[i]), "--directory"]).arg(&dir);
+            }
+        }
+        c
+    };
+    let (na, nb) = match place {
+        Where::Shm => (0, 0),
+        _ => (1, 2),
+    };
+    let peer_of_a = format!("{nb}:2");
+    let peer_of_b = format!("{na}:1");
+    let mut echo = base(1, nb);
+    echo.args(["echo", "--peer", &peer_of_b, "--count", "1000000000", "--max", "4194304"]);
+    let guard = Kill(vec![spawn_ready(echo, "echo")?]);
+    let mut ping = base(0, na);
+    ping.args(["pingpong", "--peer", &peer_of_a, "--sizes", "8,1024,65536,1048576", "--scale", scale]);
+    let (lat, _) = collect(ping, "pingpong")?;
+    drop(guard);
+    let sizes = "65536,1048576,4194304";
+    let mut sink = base(1, nb);
+    sink.args(["sink", "--peer", &peer_of_b, "--sizes", sizes, "--bytes", &bytes]);
+    let guard = Kill(vec![spawn_ready(sink, "sink")?]);
+    let mut stream = base(0, na);
+    stream.args(["stream", "--peer", &peer_of_a, "--sizes", sizes, "--bytes", &bytes]);
+    let (_, bw) = collect(stream, "stream")?;
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((lat, bw))
+}
+
+fn mpi_case(refs: &Path, btl: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.args(["-np", "2", "--mca", "btl", btl, "--bind-to", "core"]);
+    if btl.contains("tcp") {
+        c.args(["--mca", "btl_tcp_if_include", "lo"]);
+    }
+    c.arg(refs.join("mpi_pingpong"));
+    c.arg(if quick { "0.05" } else { "1" });
+    c.arg(if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() });
+    collect(c, &format!("mpi_pingpong ({btl})"))
+}
+
+fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    let prog = refs.join("tcp_pingpong");
+    let scale = if quick { "0.05" } else { "1" };
+    let port = (40000 + std::process::id() % 20000).to_string();
+    let (mut server, mut client, host) = match place {
+        Where::Veth(n) => (n.cmd(1, &prog), n.cmd(0, &prog), n.ip[1].clone()),
+        _ => (Command::new(&prog), Command::new(&prog), "127.0.0.1".to_string()),
+    };
+    server.args(["server", &host, &port, scale]);
+    let guard = Kill(vec![spawn_ready(server, "tcp_pingpong server")?]);
+    client.args(["client", &host, &port, scale]);
+    let r = collect(client, "tcp_pingpong client");
+    drop(guard);
+    r
+}
+
+/// Overlap: receiver posts irecv(S), computes C, waits. Returns (wait µs, total µs).
+fn overlap(netpeer: &Path, progress: Progress, sizes: &[usize], computes: &[Duration], rounds: usize) -> Result<BTreeMap<(usize, u128), (f64, f64)>> {
+    let ns = format!("gbo{}{}", std::process::id(), progress == Progress::Inline);
+    let mut cfg = PortConfig::new(&ns, Addr::new(0, 1));
+    cfg.progress = progress;
+    let port = Port::open(cfg)?;
+    let peer = Addr::new(0, 2);
+    let sizes_arg = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let mut c = Command::new(netpeer);
+    c.args(["--ns", &ns, "--node", "0", "--port", "2", "overlap-send", "--peer", "0:1", "--sizes", &sizes_arg]);
+    c.args(["--rounds", &(rounds * computes.len()).to_string()]);
+    let _guard = Kill(vec![spawn_ready(c, "overlap sender")?]);
+    let mut out = BTreeMap::new();
+    let mut buf = Vec::with_capacity(*sizes.iter().max().unwrap());
+    for &s in sizes {
+        for &compute in computes {
+            let (mut waits, mut totals) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                let r = port.irecv_into(Some(peer), Some(2), std::mem::take(&mut buf));
+                let t0 = Instant::now();
+                port.send(peer, 1, &b"go"[..])?;
+                // Compute without calling the library.
+                let end = Instant::now() + compute;
+                let mut x = 0u64;
+                while Instant::now() < end {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                std::hint::black_box(x);
+                let t1 = Instant::now();
+                let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
+                let t2 = Instant::now();
+                if m.data.len() != s {
+                    bail!("overlap: received {} bytes, expected {s}", m.data.len());
+                }
+                buf = m.data;
+                waits.push((t2 - t1).as_secs_f64() * 1e6);
+                totals.push((t2 - t0).as_secs_f64() * 1e6);
+            }
+            waits.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            totals.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            out.insert((s, compute.as_micros()), (waits[rounds / 2], totals[rounds / 2]));
+        }
+    }
+    Ok(out)
+}
+
+fn fmt_size(s: usize) -> String {
+    if s >= 1 << 20 {
+        format!("{} MiB", s >> 20)
+    } else if s >= 1024 {
+        format!("{} KiB", s >> 10)
+    } else {
+        format!("{s} B")
+    }
+}
+
+/// Runs the whole benchmark.
+pub fn run(args: &NetArgs) -> Result<()> {
+    let netpeer = sibling("gepsea-netpeer")?;
+    for r in ["mpi_pingpong", "tcp_pingpong"] {
+        if !args.refs.join(r).exists() {
+            bail!("reference program {} missing: build it with `make bench` (needs mpicc from libopenmpi-dev)", args.refs.join(r).display());
+        }
+    }
+    let host = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_default();
+    eprintln!("machine: {} cores, {host}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    let probe_before = probe();
+    eprintln!("cache-line round trip before: {probe_before:.3} µs");
+    let quick = args.quick;
+    let mut lat: Series = BTreeMap::new();
+    let mut bw: Series = BTreeMap::new();
+    let mut add = |name: &str, r: (BTreeMap<usize, f64>, BTreeMap<usize, f64>)| {
+        lat.insert(name.to_string(), r.0);
+        bw.insert(name.to_string(), r.1);
+    };
+    let ns = format!("gbn{}", std::process::id());
+    eprintln!("measuring gepsea over shared memory ...");
+    add("gepsea shm", gepsea_case(&netpeer, &Where::Shm, &ns, quick)?);
+    eprintln!("measuring OpenMPI over shared memory ...");
+    add("OpenMPI shm", mpi_case(&args.refs, "self,vader", quick)?);
+    eprintln!("measuring gepsea over TCP loopback ...");
+    add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
+    eprintln!("measuring raw TCP loopback ...");
+    add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
+    eprintln!("measuring OpenMPI over TCP loopback ...");
+    add("OpenMPI tcp lo", mpi_case(&args.refs, "self,tcp", quick)?);
+    // SAFETY: trivial libc call.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && !args.no_netns {
+        let n = Netns::new().context("creating two network namespaces")?;
+        eprintln!("measuring gepsea across a veth pair ...");
+        add("gepsea veth", gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v"), quick)?);
+        eprintln!("measuring raw TCP across a veth pair ...");
+        add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
+    } else {
+        eprintln!("skipping the veth cases (need root)");
+    }
+    eprintln!("measuring overlap (event thread vs inline) ...");
+    let sizes = [64 << 10, 1 << 20, 4 << 20];
+    let computes = [Duration::from_millis(1), Duration::from_millis(10)];
+    let rounds = if quick { 3 } else { 15 };
+    let ov_thread = overlap(&netpeer, Progress::Thread, &sizes, &computes, rounds)?;
+    let ov_inline = overlap(&netpeer, Progress::Inline, &sizes, &computes, rounds)?;
+    let probe_after = probe();
+
+    // ----- report -----
+    let names: Vec<&String> = lat.keys().collect();
+    println!("\nOne-way latency, µs (median of 7 batches; half round trip)");
+    print!("{:>16}", "size");
+    for n in &names {
+        print!("{:>16}", n);
+    }
+    println!();
+    for s in [8usize, 1024, 65536, 1 << 20] {
+        print!("{:>16}", fmt_size(s));
+        for n in &names {
+            print!("{:>16}", lat[*n].get(&s).map(|v| format!("{v:.3}")).unwrap_or("-".into()));
+        }
+        println!();
+    }
+    println!("\nStreaming bandwidth, GB/s (10^9 B/s)");
+    print!("{:>16}", "size");
+    for n in &names {
+        print!("{:>16}", n);
+    }
+    println!();
+    for s in [65536usize, 1 << 20, 4 << 20] {
+        print!("{:>16}", fmt_size(s));
+        for n in &names {
+            print!("{:>16}", bw[*n].get(&s).map(|v| format!("{v:.2}")).unwrap_or("-".into()));
+        }
+        println!();
+    }
+    let ratio = |a: Option<&f64>, b: Option<&f64>| match (a, b) {
+        (Some(a), Some(b)) if *b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let g = |t: &Series, n: &str, s: usize| t.get(n).and_then(|m| m.get(&s)).copied();
+    let r_shm_lat = ratio(g(&lat, "gepsea shm", 8).as_ref(), g(&lat, "OpenMPI shm", 8).as_ref());
+    let r_shm_bw = ratio(g(&bw, "gepsea shm", 1 << 20).as_ref(), g(&bw, "OpenMPI shm", 1 << 20).as_ref());
+    let r_tcp_lat = ratio(g(&lat, "gepsea tcp lo", 8).as_ref(), g(&lat, "raw tcp lo", 8).as_ref());
+    let r_veth_lat = ratio(g(&lat, "gepsea veth", 8).as_ref(), g(&lat, "raw tcp veth", 8).as_ref());
+    println!("\nOverlap: post irecv(S), compute C, wait; medians of {rounds} rounds, µs");
+    println!("{:>10}{:>8}{:>14}{:>14}{:>14}{:>14}{:>10}", "S", "C", "wait thread", "wait inline", "total thread", "total inline", "ratio");
+    let mut overlap_ok = true;
+    let mut ov_json = Vec::new();
+    for ((s, c), (wt, tt)) in &ov_thread {
+        let (wi, ti) = ov_inline[&(*s, *c)];
+        let r = wt / wi.max(1e-9);
+        // Target applies when C >= 2x the transfer time (inline wait = transfer time).
+        if (*c as f64) >= 2.0 * wi {
+            overlap_ok &= r <= 0.10;
+        }
+        println!("{:>10}{:>6}ms{:>14.1}{:>14.1}{:>14.1}{:>14.1}{:>10.3}", fmt_size(*s), c / 1000, wt, wi, tt, ti, r);
+        ov_json.push(json!({"size": s, "compute_us": c, "wait_thread_us": wt, "wait_inline_us": wi, "total_thread_us": tt, "total_inline_us": ti, "wait_ratio": r}));
+    }
+    println!("\nRatios from this run (targets in brackets):");
+    let show = |label: &str, r: Option<f64>, target: &str| match r {
+        Some(r) => println!("  {label:<44} {r:>7.3}   [{target}]"),
+        None => println!("  {label:<44} {:>7}   [{target}]", "n/a"),
+    };
+    show("shm 8 B latency / OpenMPI shm", r_shm_lat, "<= 1.2");
+    show("shm 1 MiB bandwidth / OpenMPI shm", r_shm_bw, ">= 0.9");
+    show("TCP loopback 8 B latency / raw TCP", r_tcp_lat, "<= 1.15");
+    show("TCP veth 8 B latency / raw TCP veth", r_veth_lat, "<= 1.15");
+    println!("  overlap wait thread/inline where C >= 2x transfer: {}   [<= 0.10]", if overlap_ok { "met" } else { "NOT met" });
+    println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "model": host},
+            "probe_us": {"before": probe_before, "after": probe_after},
+            "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json,
+            "ratios": {"shm_lat_8B_vs_openmpi": r_shm_lat, "shm_bw_1MiB_vs_openmpi": r_shm_bw,
+                       "tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
+            "quick": quick,
+        });
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d).ok();
+        }
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
+        std::fs::rename(&tmp, path)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
