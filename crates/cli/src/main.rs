@@ -1,8 +1,11 @@
 //! The `gepsea` command: every user-facing subcommand. Thin by design: each
 //! subcommand parses its arguments and calls into a library crate or a driver module.
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use gepsea_blast::{db, search};
 
 mod bench_net;
 
@@ -15,11 +18,99 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// BLAST databases split into fragments.
+    Db {
+        #[command(subcommand)]
+        what: DbCmd,
+    },
+    /// Parallel BLAST whose output is identical to one serial BLAST+ run.
+    Search(SearchArgs),
     /// Benchmarks, each reporting ratios against a reference measured in the same run.
     Bench {
         #[command(subcommand)]
         what: Bench,
     },
+    /// (internal) A search worker process, started by `gepsea search`.
+    #[command(hide = true)]
+    Worker(WorkerArgs),
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Split a FASTA database into fragments balanced by residues and build them.
+    Format(FormatArgs),
+}
+
+#[derive(Args)]
+struct FormatArgs {
+    /// FASTA database (plain or .gz).
+    #[arg(long)]
+    input: PathBuf,
+    /// Number of fragments.
+    #[arg(long)]
+    fragments: usize,
+    /// Output directory (refused if not empty, unless --force).
+    #[arg(long)]
+    out: PathBuf,
+    /// prot or nucl (default: guessed from the sequences).
+    #[arg(long)]
+    dbtype: Option<gepsea_blast::fasta::MolType>,
+    /// Database title, as makeblastdb -title (default: the name).
+    #[arg(long)]
+    title: Option<String>,
+    /// Database name, the -db a serial run would use (default: input file name without extensions).
+    #[arg(long)]
+    name: Option<String>,
+    /// Replace a non-empty output directory.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+struct SearchArgs {
+    /// Database directory made by `gepsea db format`.
+    #[arg(long)]
+    db: PathBuf,
+    /// Query FASTA (plain or .gz).
+    #[arg(long)]
+    query: PathBuf,
+    /// Output file (written completely, then renamed into place).
+    #[arg(long)]
+    out: PathBuf,
+    /// Worker processes (default: number of cores).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// BLAST+ output format, e.g. 6, 7, 0, 5 or "6 qseqid sseqid evalue".
+    #[arg(long, default_value = "0")]
+    outfmt: String,
+    /// blastp or blastn (default: from the database type).
+    #[arg(long)]
+    program: Option<String>,
+    /// Query residues per batch (default: enough batches for two tasks per worker).
+    #[arg(long)]
+    batch_residues: Option<usize>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+    /// Options passed to BLAST+ unchanged, after `--` (e.g. -- -evalue 1e-5 -seg yes).
+    #[arg(last = true, allow_hyphen_values = true)]
+    blast_args: Vec<String>,
+}
+
+#[derive(Args)]
+struct WorkerArgs {
+    #[arg(long)]
+    ns: String,
+    #[arg(long)]
+    port: u32,
+    #[arg(long)]
+    program: String,
+    #[arg(long)]
+    db: PathBuf,
+    #[arg(long)]
+    scratch: PathBuf,
+    #[arg(last = true, allow_hyphen_values = true)]
+    blast_args: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -31,6 +122,49 @@ enum Bench {
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Db { what: DbCmd::Format(a) } => {
+            let o = db::FormatOptions { input: &a.input, fragments: a.fragments, out: &a.out, dbtype: a.dbtype, title: a.title, name: a.name, force: a.force };
+            let m = db::format(&o, |i, n| eprintln!("gepsea db format: fragment {i}/{n} built"))?;
+            println!(
+                "formatted {} ({} sequences, {} residues, {}) into {} fragments in {}",
+                m.name,
+                m.sequences,
+                m.residues,
+                m.dbtype.as_str(),
+                m.fragments.len(),
+                a.out.display()
+            );
+            Ok(())
+        }
+        Cmd::Search(a) => {
+            let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let opts = search::SearchOptions {
+                db: a.db,
+                query: a.query,
+                out: a.out,
+                workers,
+                outfmt: a.outfmt,
+                program: a.program,
+                batch_residues: a.batch_residues,
+                quiet: a.quiet,
+                blast_args: a.blast_args,
+                worker_exe: std::env::current_exe().context("locating the gepsea executable")?,
+            };
+            let s = search::run(&opts)?;
+            if !opts.quiet {
+                eprintln!(
+                    "gepsea search: {} queries, {} hits, {} tasks ({} queries re-searched whole), {:.2} s, output {}",
+                    s.queries,
+                    s.hits,
+                    s.tasks,
+                    s.whole_db_fallbacks,
+                    s.wall_seconds,
+                    s.output.display()
+                );
+            }
+            Ok(())
+        }
+        Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
     }
 }

@@ -1,0 +1,394 @@
+//! BLAST archives (`-outfmt 11`, ASN.1 text): the one output that carries full-precision
+//! e-values, so the one output fragments can be merged from exactly.
+//!
+//! Measured facts this rests on (see `docs/blast.md`): BLAST orders a query's hits by
+//! best e-value ascending (exact), then the raw score of the hit's first HSP descending,
+//! then the subject's position in the database descending. Fragments are contiguous
+//! slices of the database in order, so "later fragment first" breaks exact ties.
+//! `blast_formatter` on a merged archive reproduces `blastp -outfmt 6/7` byte for byte;
+//! for `-outfmt 0/5` only per-query statistics differ, which `report` restores.
+//!
+//! The parser is deliberately small: it understands the nesting of braces and quoted
+//! strings of ASN.1 text and the few fields it needs, and leaves every Seq-align's text
+//! untouched except the query's local id.
+
+use std::cmp::Ordering;
+
+/// A problem in an archive's text.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArchiveError {
+    #[error("archive has no `{0}` block")]
+    MissingBlock(String),
+    #[error("unbalanced braces in archive")]
+    Unbalanced,
+    #[error("alignment without {0}")]
+    MissingField(&'static str),
+}
+
+/// Locates `name {` at line start with `indent` spaces; returns (start of line, index
+/// just past the matching `}`).
+pub fn find_block(text: &str, name: &str, indent: usize) -> Result<(usize, usize), ArchiveError> {
+    let pat = format!("\n{}{} {{", " ".repeat(indent), name);
+    let at = text.find(&pat).ok_or_else(|| ArchiveError::MissingBlock(name.to_string()))?;
+    let open = at + pat.len();
+    let end = matching_brace(text, open)?;
+    Ok((at + 1, end))
+}
+
+/// Index just past the `}` closing the block whose body starts at `from` (depth 1).
+fn matching_brace(text: &str, from: usize) -> Result<usize, ArchiveError> {
+    let b = text.as_bytes();
+    let mut depth = 1;
+    let mut i = from;
+    let mut in_str = false;
+    while i < b.len() {
+        let c = b[i];
+        if in_str {
+            if c == b'"' {
+                if b.get(i + 1) == Some(&b'"') {
+                    i += 1;
+                } else {
+                    in_str = false;
+                }
+            }
+        } else if c == b'"' {
+            in_str = true;
+        } else if c == b'{' {
+            depth += 1;
+        } else if c == b'}' {
+            depth -= 1;
+            if depth == 0 {
+                return Ok(i + 1);
+            }
+        }
+        i += 1;
+    }
+    Err(ArchiveError::Unbalanced)
+}
+
+/// The top-level `{ ... }` elements inside the block body `text[from..to]`.
+fn elements(text: &str, from: usize, to: usize) -> Result<Vec<&str>, ArchiveError> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = from;
+    while i < to {
+        match b[i] {
+            b'{' => {
+                let end = matching_brace(text, i + 1)?;
+                out.push(&text[i..end]);
+                i = end;
+            }
+            b'}' => break,
+            _ => i += 1,
+        }
+    }
+    Ok(out)
+}
+
+/// An exact decimal `mantissa × 10^exponent` as ASN.1 text prints reals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Real {
+    pub mantissa: u64,
+    pub exponent: i32,
+}
+
+impl Real {
+    pub const ZERO: Real = Real { mantissa: 0, exponent: 0 };
+
+    fn digits(m: u64) -> i32 {
+        if m == 0 {
+            0
+        } else {
+            m.ilog10() as i32 + 1
+        }
+    }
+}
+
+impl Ord for Real {
+    fn cmp(&self, o: &Self) -> Ordering {
+        match (self.mantissa == 0, o.mantissa == 0) {
+            (true, true) => return Ordering::Equal,
+            (true, false) => return Ordering::Less,
+            (false, true) => return Ordering::Greater,
+            _ => {}
+        }
+        // Compare orders of magnitude, then the mantissas padded to equal length.
+        let (da, db) = (Self::digits(self.mantissa), Self::digits(o.mantissa));
+        let (ma, mb) = (da + self.exponent, db + o.exponent);
+        if ma != mb {
+            return ma.cmp(&mb);
+        }
+        let (mut a, mut b) = (self.mantissa as u128, o.mantissa as u128);
+        for _ in da..db {
+            a *= 10;
+        }
+        for _ in db..da {
+            b *= 10;
+        }
+        a.cmp(&b)
+    }
+}
+
+impl PartialOrd for Real {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+fn parse_real(s: &str) -> Option<Real> {
+    let s = s.trim_start();
+    if let Some(rest) = s.strip_prefix('{') {
+        let inner = &rest[..rest.find('}')?];
+        let mut it = inner.split(',').map(|x| x.trim());
+        let m: i128 = it.next()?.parse().ok()?;
+        let base: i32 = it.next()?.parse().ok()?;
+        let e: i32 = it.next()?.parse().ok()?;
+        if base != 10 || m < 0 {
+            return None;
+        }
+        // Normalise mantissas beyond u64 (never seen; BLAST prints 15 digits).
+        let (mut m, mut e) = (m, e);
+        while m > u64::MAX as i128 {
+            m /= 10;
+            e += 1;
+        }
+        Some(Real { mantissa: m as u64, exponent: e })
+    } else if s.starts_with('0') {
+        Some(Real::ZERO)
+    } else {
+        None
+    }
+}
+
+/// One HSP (Seq-align) of an archive.
+#[derive(Clone, Debug)]
+pub struct Hsp<'a> {
+    pub text: &'a str,
+    /// `n` of the query's local id `Query_n`.
+    pub query: usize,
+    /// The subject's id, as ASN.1 text (identifies the hit).
+    pub subject: &'a str,
+    pub evalue: Real,
+    pub score: i64,
+}
+
+fn score_field<'a>(el: &'a str, id: &str) -> Option<&'a str> {
+    let pat = format!("id str \"{id}\",");
+    let at = el.find(&pat)? + pat.len();
+    let rest = el[at..].trim_start();
+    rest.strip_prefix("value ")
+}
+
+fn parse_hsp(el: &str) -> Result<Hsp<'_>, ArchiveError> {
+    let ids = el.find("ids {").ok_or(ArchiveError::MissingField("ids"))?;
+    let q = el[ids..].find("local str \"Query_").ok_or(ArchiveError::MissingField("query id"))? + ids + "local str \"Query_".len();
+    let qend = el[q..].find('"').ok_or(ArchiveError::MissingField("query id"))? + q;
+    let query: usize = el[q..qend].parse().map_err(|_| ArchiveError::MissingField("query number"))?;
+    // The subject id runs from after the query id's comma to the end of the ids block.
+    let after_q = el[qend..].find(',').ok_or(ArchiveError::MissingField("subject id"))? + qend + 1;
+    let ids_end = matching_brace(el, ids + "ids {".len())? - 1;
+    let subject = el[after_q..ids_end].trim();
+    let evalue = score_field(el, "e_value").and_then(|v| v.strip_prefix("real")).and_then(parse_real).ok_or(ArchiveError::MissingField("e_value"))?;
+    let score = score_field(el, "score")
+        .and_then(|v| v.strip_prefix("int "))
+        .and_then(|v| v.split(|c: char| !c.is_ascii_digit() && c != '-').next())
+        .and_then(|v| v.parse().ok())
+        .ok_or(ArchiveError::MissingField("score"))?;
+    Ok(Hsp { text: el, query, subject, evalue, score })
+}
+
+/// All HSPs of an archive's results, in archive order. A file may hold several archive
+/// objects (BLAST+ splits many queries into internal batches; query numbers run on
+/// across them); an object without hits has no `alignments` block.
+pub fn hsps(text: &str) -> Result<Vec<Hsp<'_>>, ArchiveError> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut found = false;
+    while let Ok((rs, re)) = find_block(&text[at..], "results", 2) {
+        found = true;
+        let (results, results_end) = (at + rs, at + re);
+        if let Ok((s, e)) = find_block(&text[results..results_end], "alignments", 4) {
+            let (start, end) = (results + s, results + e);
+            let body = text[start..end].find('{').unwrap() + start + 1;
+            for el in elements(text, body, end)? {
+                out.push(parse_hsp(el)?);
+            }
+        }
+        at = results_end;
+    }
+    if !found {
+        return Err(ArchiveError::MissingBlock("results".into()));
+    }
+    Ok(out)
+}
+
+/// A hit: every HSP of one query against one subject, in BLAST's order.
+#[derive(Clone, Debug)]
+pub struct Hit<'a> {
+    pub hsps: Vec<&'a str>,
+    pub evalue: Real,
+    pub score: i64,
+    /// Fragment the hit came from (later fragments hold later OIDs).
+    pub fragment: usize,
+}
+
+/// Groups HSPs into hits per query (`result[q-1]`), for a batch of `nqueries`.
+pub fn hits_by_query<'a>(hsps: &[Hsp<'a>], fragment: usize, nqueries: usize) -> Vec<Vec<Hit<'a>>> {
+    let mut out: Vec<Vec<Hit<'a>>> = vec![Vec::new(); nqueries];
+    let mut last: Option<(usize, &str)> = None;
+    for h in hsps {
+        let Some(list) = out.get_mut(h.query.wrapping_sub(1)) else { continue };
+        if last == Some((h.query, h.subject)) {
+            let hit = list.last_mut().unwrap();
+            hit.hsps.push(h.text);
+            hit.evalue = hit.evalue.min(h.evalue);
+        } else {
+            list.push(Hit { hsps: vec![h.text], evalue: h.evalue, score: h.score, fragment });
+        }
+        last = Some((h.query, h.subject));
+    }
+    out
+}
+
+/// BLAST's order of hits.
+pub fn hit_order(a: &Hit, b: &Hit) -> Ordering {
+    a.evalue.cmp(&b.evalue).then(b.score.cmp(&a.score)).then(b.fragment.cmp(&a.fragment))
+}
+
+/// Merges one query's hit lists from every fragment and keeps the best `k`.
+pub fn merge_query<'a>(lists: Vec<Vec<Hit<'a>>>, k: usize) -> Vec<Hit<'a>> {
+    let mut all: Vec<Hit<'a>> = lists.into_iter().flatten().collect();
+    all.sort_by(hit_order);
+    all.truncate(k);
+    all
+}
+
+/// Rewrites the query's local id `Query_<old>` of an HSP to `Query_<new>`.
+pub fn renumber(hsp: &str, new: usize) -> String {
+    let ids = hsp.find("ids {").unwrap_or(0);
+    let pat = "local str \"Query_";
+    match hsp[ids..].find(pat) {
+        Some(p) => {
+            let s = ids + p + pat.len();
+            let e = s + hsp[s..].find('"').unwrap_or(0);
+            format!("{}{new}{}", &hsp[..s], &hsp[e..])
+        }
+        None => hsp.to_string(),
+    }
+}
+
+/// Replaces (or inserts) the results' `alignments` block of `archive` with `hsps`, and
+/// names `database` as the subject database.
+pub fn with_alignments(archive: &str, hsps: &[String], from_db: &str, database: &str) -> Result<String, ArchiveError> {
+    let body = if hsps.is_empty() {
+        "    alignments {\n    }".to_string()
+    } else {
+        format!("    alignments {{\n      {}\n    }}", hsps.join(",\n      "))
+    };
+    let (results, results_end) = find_block(archive, "results", 2)?;
+    let mut out = match find_block(&archive[results..results_end], "alignments", 4) {
+        // The block starts at its line (indentation included): splice the new one in.
+        Ok((s, e)) => format!("{}{}{}", &archive[..results + s], body, &archive[results + e..]),
+        Err(_) => {
+            let open = results + archive[results..].find('{').unwrap() + 1;
+            format!("{}\n{},{}", &archive[..open], body, &archive[open..])
+        }
+    };
+    let from = format!("subject database \"{from_db}\"");
+    if !out.contains(&from) {
+        return Err(ArchiveError::MissingBlock(from));
+    }
+    out = out.replacen(&from, &format!("subject database \"{database}\""), 1);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(m: u64, e: i32) -> Real {
+        Real { mantissa: m, exponent: e }
+    }
+
+    #[test]
+    fn reals_compare_exactly() {
+        assert!(r(197073276011232, -52) < r(2, -37));
+        assert!(r(1, 2) == r(1, 2));
+        assert_eq!(r(1, 2).cmp(&r(100, 0)), Ordering::Equal);
+        assert!(r(123456789012345, -20) < r(123456789012346, -20));
+        assert!(r(9, -5) < r(1, -4));
+        assert!(Real::ZERO < r(1, -300));
+        assert_eq!(parse_real(" { 197073276011232, 10, -52 }"), Some(r(197073276011232, -52)));
+        assert_eq!(parse_real(" 0,"), Some(Real::ZERO));
+    }
+
+    const ARCHIVE: &str = r#"Blast4-archive ::= {
+  request {
+    body queue-search {
+      subject database "stats",
+      queries bioseq-set { seq-set { seq { id { local str "Query_1" }, descr { title "a ""quoted"" } brace" } } } }
+    }
+  },
+  results {
+    alignments {
+      {
+        score {
+          { id str "score", value int 50 },
+          { id str "e_value", value real { 5, 10, -3 } }
+        },
+        segs denseg { ids { local str "Query_1", gi 11 }, starts { 0, 0 } }
+      },
+      {
+        score {
+          { id str "score", value int 40 },
+          { id str "e_value", value real { 7, 10, -3 } }
+        },
+        segs denseg { ids { local str "Query_1", gi 11 }, starts { 5, 5 } }
+      },
+      {
+        score {
+          { id str "score", value int 60 },
+          { id str "e_value", value real { 1, 10, -3 } }
+        },
+        segs denseg { ids { local str "Query_2", gi 12 }, starts { 0, 0 } }
+      }
+    },
+    masks {
+    }
+  }
+}
+"#;
+
+    #[test]
+    fn parses_hsps_groups_hits_and_renumbers() {
+        let h = hsps(ARCHIVE).unwrap();
+        assert_eq!(h.len(), 3);
+        assert_eq!((h[0].query, h[0].subject, h[0].score), (1, "gi 11", 50));
+        assert_eq!(h[1].evalue, r(7, -3));
+        let hits = hits_by_query(&h, 0, 2);
+        assert_eq!(hits[0].len(), 1, "two HSPs of one subject are one hit");
+        assert_eq!(hits[0][0].hsps.len(), 2);
+        assert_eq!(hits[0][0].evalue, r(5, -3));
+        assert_eq!(hits[1][0].score, 60);
+        assert!(renumber(h[2].text, 42).contains("local str \"Query_42\", gi 12"));
+    }
+
+    #[test]
+    fn merge_orders_by_evalue_score_then_later_fragment() {
+        let mk = |ev: u64, score: i64, fragment: usize| Hit { hsps: vec![], evalue: r(ev, -10), score, fragment };
+        let merged = merge_query(vec![vec![mk(1, 50, 0), mk(3, 40, 0)], vec![mk(1, 50, 1), mk(1, 60, 1), mk(2, 10, 1)]], 4);
+        let got: Vec<(u64, i64, usize)> = merged.iter().map(|h| (h.evalue.mantissa, h.score, h.fragment)).collect();
+        assert_eq!(got, vec![(1, 60, 1), (1, 50, 1), (1, 50, 0), (2, 10, 1)]);
+    }
+
+    #[test]
+    fn alignments_are_replaced_and_database_renamed() {
+        let out = with_alignments(ARCHIVE, &["{ x }".to_string()], "stats", "whole").unwrap();
+        assert!(out.contains("subject database \"whole\""));
+        assert!(out.contains("    alignments {\n      { x }\n    },\n    masks"), "{out}");
+        let h = hsps(&out);
+        assert!(h.is_err(), "the placeholder is not an HSP");
+        let none = with_alignments(ARCHIVE, &[], "stats", "whole").unwrap();
+        assert!(hsps(&none).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,161 @@
+//! Turning merged hits into the exact report serial BLAST+ would have written.
+//!
+//! 1. A *statistics run* searches all queries against `stats` — a one-sequence database
+//!    aliased to the whole database's size — with the user's options and `-outfmt 11`.
+//!    Its archive holds the request exactly as a serial run's would (all queries,
+//!    numbered globally; every option) at the cost of a few milliseconds per query.
+//! 2. Its `alignments` are replaced by the merged hits and its database by the
+//!    whole-database alias; `blast_formatter` prints the report. For `-outfmt 6/7`
+//!    that is byte-identical to serial BLAST.
+//! 3. An archive keeps Karlin blocks and search space only once per batch, so for
+//!    `-outfmt 0` and `5` a second statistics run prints the same format directly and
+//!    its per-query statistics (pairwise footer / XML `Iteration_stat`) replace the
+//!    formatter's, query by query.
+
+use std::path::{Path, PathBuf};
+
+use crate::archive::{self, ArchiveError};
+use crate::tools::{self, ToolError};
+
+/// Errors assembling the report.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error("archive: {0}")]
+    Archive(#[from] ArchiveError),
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("statistics blocks do not line up with the report ({report} in the report, {stats} from the statistics run)")]
+    StatsMismatch { report: usize, stats: usize },
+}
+
+/// BLAST+ reads its query batch size (in letters) from `BATCH_SIZE`.
+const ONE_BATCH: &[(&str, &str)] = &[("BATCH_SIZE", "2000000000")];
+
+/// Options of `blast_formatter` (the formatting subset of BLAST+ options).
+const FORMAT_OPTIONS: &[&str] = &["-num_descriptions", "-num_alignments", "-max_target_seqs", "-line_length", "-sorthits", "-sorthsps"];
+const FORMAT_FLAGS: &[&str] = &["-html", "-show_gis", "-parse_deflines"];
+
+/// Splits user options into those `blast_formatter` also needs.
+pub fn format_args(blast_args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < blast_args.len() {
+        let a = blast_args[i].as_str();
+        if FORMAT_FLAGS.contains(&a) {
+            out.push(a.to_string());
+        } else if FORMAT_OPTIONS.contains(&a) && i + 1 < blast_args.len() {
+            out.push(a.to_string());
+            out.push(blast_args[i + 1].clone());
+            i += 1;
+        }
+        i += 1;
+    }
+    out
+}
+
+/// The report's base format number (`"6 qseqid sseqid"` → 6).
+pub fn base_format(outfmt: &str) -> u32 {
+    outfmt.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Everything needed to write one report.
+pub struct Spec<'a> {
+    pub program: &'a str,
+    pub db_dir: &'a Path,
+    pub db_name: &'a str,
+    pub queries: &'a Path,
+    pub outfmt: &'a str,
+    pub blast_args: &'a [String],
+    pub scratch: &'a Path,
+}
+
+fn args<'b>(base: &'b [&'b str], extra: &'b [String]) -> Vec<&'b str> {
+    base.iter().copied().chain(extra.iter().map(|s| s.as_str())).collect()
+}
+
+/// Writes the report for `hsps` (merged, query ids global) to `out`.
+pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError> {
+    let q = spec.queries.to_string_lossy().to_string();
+    let stats_asn = spec.scratch.join("stats.asn");
+    let sa = stats_asn.to_string_lossy().to_string();
+    // One internal batch, so that the archive is one object holding every query (the
+    // formatter prints per-object headers, footers and query counts).
+    tools::run_env(spec.program, &args(&["-query", &q, "-db", "stats", "-outfmt", "11", "-out", &sa], spec.blast_args), Some(spec.db_dir), Some(spec.scratch), ONE_BATCH)?;
+    let text = std::fs::read_to_string(&stats_asn).map_err(|e| ReportError::Io { path: stats_asn.clone(), source: e })?;
+    let merged = archive::with_alignments(&text, hsps, "stats", spec.db_name)?;
+    let merged_path = spec.scratch.join("merged.asn");
+    std::fs::write(&merged_path, merged).map_err(|e| ReportError::Io { path: merged_path.clone(), source: e })?;
+    let mp = merged_path.to_string_lossy().to_string();
+    let o = out.to_string_lossy().to_string();
+    let fargs = format_args(spec.blast_args);
+    tools::run("blast_formatter", &args(&["-archive", &mp, "-outfmt", spec.outfmt, "-out", &o], &fargs), Some(spec.db_dir), Some(spec.scratch))?;
+    let (open, close) = match base_format(spec.outfmt) {
+        0 => ("\nLambda      K        H", "\nEffective search space used: "),
+        5 => ("<Iteration_stat>", "</Iteration_stat>"),
+        _ => return Ok(()),
+    };
+    let direct = spec.scratch.join("stats.direct");
+    let d = direct.to_string_lossy().to_string();
+    tools::run_env(spec.program, &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args), Some(spec.db_dir), Some(spec.scratch), ONE_BATCH)?;
+    let stats_text = std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?;
+    let report = std::fs::read_to_string(out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
+    let fixed = replace_blocks(&report, &stats_text, open, close)?;
+    std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
+    Ok(())
+}
+
+/// Byte ranges of the blocks from `open` to the end of the line holding `close`.
+fn blocks(text: &str, open: &str, close: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while let Some(s) = text[at..].find(open) {
+        let s = at + s;
+        let Some(c) = text[s..].find(close) else { break };
+        let c = s + c + close.len();
+        let e = text[c..].find('\n').map(|n| c + n).unwrap_or(text.len());
+        out.push((s, e));
+        at = e;
+    }
+    out
+}
+
+/// Replaces the i-th statistics block of `report` with the i-th of `stats`.
+pub fn replace_blocks(report: &str, stats: &str, open: &str, close: &str) -> Result<String, ReportError> {
+    let rb = blocks(report, open, close);
+    let sb = blocks(stats, open, close);
+    if rb.len() != sb.len() {
+        return Err(ReportError::StatsMismatch { report: rb.len(), stats: sb.len() });
+    }
+    let mut out = String::with_capacity(report.len() + 64 * rb.len());
+    let mut at = 0;
+    for ((rs, re), (ss, se)) in rb.iter().zip(&sb) {
+        out.push_str(&report[at..*rs]);
+        out.push_str(&stats[*ss..*se]);
+        at = *re;
+    }
+    out.push_str(&report[at..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_blocks_are_swapped_in_order() {
+        let report = "q1\nLambda      K        H\n 0.3 0.1\nEffective search space used: 1\nq2\nLambda      K        H\n 0.3 0.1\nEffective search space used: 1\nend\n";
+        let stats = "x\nLambda      K        H        a\n 0.3 0.1 0.7\nEffective search space used: 11\ny\nLambda      K        H        a\n 0.2 0.1 0.7\nEffective search space used: 22\n";
+        let out = replace_blocks(report, stats, "\nLambda      K        H", "\nEffective search space used: ").unwrap();
+        assert_eq!(out, "q1\nLambda      K        H        a\n 0.3 0.1 0.7\nEffective search space used: 11\nq2\nLambda      K        H        a\n 0.2 0.1 0.7\nEffective search space used: 22\nend\n");
+        assert!(matches!(replace_blocks(report, "none", "\nLambda", "\nEffective"), Err(ReportError::StatsMismatch { report: 2, stats: 0 })));
+    }
+
+    #[test]
+    fn formatter_gets_only_formatting_options() {
+        let a: Vec<String> = ["-evalue", "1e-5", "-num_alignments", "5", "-seg", "yes", "-html"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(format_args(&a), vec!["-num_alignments", "5", "-html"]);
+        assert_eq!(base_format("6 qseqid sseqid"), 6);
+    }
+}

@@ -1,0 +1,521 @@
+//! `gepsea search` in local mode: a master process, W worker processes, gepsea-net
+//! between them (shared memory on one node). This is the *no-agent baseline* — the
+//! architecture of mpiBLAST itself, where the master merges and writes everything.
+//!
+//! The master cuts the queries into batches by residues and creates one task per
+//! (batch, fragment); the [`Scheduler`] hands tasks to idle workers with fragment
+//! affinity. A worker runs BLAST+ with `-outfmt 11` on the fragment's whole-statistics
+//! alias and sends the archive back. When a batch's last fragment is in, its queries are
+//! merged; a query whose whole-database search might have overflowed BLAST's
+//! preliminary hit list (which no fragment merge can reproduce) is searched again on
+//! the whole database. Finally `report` writes the output, identical to serial BLAST+.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
+use serde::{Deserialize, Serialize};
+
+use crate::archive;
+use crate::db::{self, DbError, Manifest};
+use crate::fasta::{self, FastaError, MolType, Record};
+use crate::report::{self, ReportError};
+use crate::schedule::{AfterFailure, Scheduler, Target};
+use crate::tools::{self, ToolError};
+
+const MASTER: Addr = Addr::new(0, 0);
+const TAG_CTRL: u64 = 1;
+const TAG_DATA: u64 = 2;
+const TAG_TASK: u64 = 3;
+const TAG_SHUTDOWN: u64 = 4;
+
+/// Everything `gepsea search` was asked to do.
+#[derive(Clone, Debug)]
+pub struct SearchOptions {
+    pub db: PathBuf,
+    pub query: PathBuf,
+    pub out: PathBuf,
+    pub workers: usize,
+    pub outfmt: String,
+    pub program: Option<String>,
+    pub batch_residues: Option<usize>,
+    pub quiet: bool,
+    pub blast_args: Vec<String>,
+    /// The executable providing the hidden `worker` subcommand.
+    pub worker_exe: PathBuf,
+}
+
+/// What a finished search reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub queries: usize,
+    pub hits: usize,
+    pub tasks: usize,
+    pub whole_db_fallbacks: usize,
+    pub wall_seconds: f64,
+    /// Sum over tasks of the time workers spent inside BLAST+.
+    pub blast_seconds: f64,
+    /// Sum over workers of their lifetime (from start to shutdown).
+    pub worker_seconds: f64,
+    pub output: PathBuf,
+}
+
+/// Why a search failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Fasta(#[from] FastaError),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("communication: {0}")]
+    Net(#[from] NetError),
+    #[error("{query}: looks like {query_type} sequences but the database {db} holds {db_type} sequences")]
+    TypeMismatch { query: PathBuf, query_type: &'static str, db: PathBuf, db_type: &'static str },
+    #[error("--program {program} cannot search a {db_type} database (use {expected})")]
+    ProgramMismatch { program: String, db_type: &'static str, expected: &'static str },
+    #[error("cannot write the output {path}: {source}")]
+    Output { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Io(String),
+    #[error("task {task} ({what}) failed twice; BLAST+ said: {message}")]
+    TaskFailed { task: usize, what: String, message: String },
+    #[error("all workers died; the last one: {0}")]
+    NoWorkers(String),
+    #[error("archive of task {task}: {error}")]
+    BadArchive { task: usize, error: archive::ArchiveError },
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+enum Ctrl {
+    Hello,
+    Result { task: usize, len: usize, blast_seconds: f64 },
+    Failed { task: usize, message: String },
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+struct TaskMsg {
+    task: usize,
+    query_file: PathBuf,
+    database: String,
+}
+
+fn mol_name(t: MolType) -> &'static str {
+    match t {
+        MolType::Prot => "protein",
+        MolType::Nucl => "nucleotide",
+    }
+}
+
+/// Splits queries into contiguous batches of about `per_batch` residues.
+pub fn batches(queries: &[Record], per_batch: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut acc = 0;
+    for (i, q) in queries.iter().enumerate() {
+        if acc > 0 && acc + q.residues > per_batch {
+            out.push(start..i);
+            start = i;
+            acc = 0;
+        }
+        acc += q.residues;
+    }
+    out.push(start..queries.len());
+    out
+}
+
+/// BLAST's preliminary hit-list size for a final list of `k` (see `docs/blast.md`).
+pub fn preliminary_list(k: usize, composition_stats: bool) -> usize {
+    if composition_stats {
+        if k <= 500 {
+            1050
+        } else {
+            2 * k + 50
+        }
+    } else {
+        (2 * k).min(k + 50)
+    }
+}
+
+fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(|s| s.as_str())
+}
+
+/// The number of hits BLAST keeps per query for these options and format.
+pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
+    if let Some(v) = option_value(args, "-max_target_seqs").and_then(|v| v.parse().ok()) {
+        return v;
+    }
+    if report::base_format(outfmt) <= 4 {
+        let d: usize = option_value(args, "-num_descriptions").and_then(|v| v.parse().ok()).unwrap_or(500);
+        let a: usize = option_value(args, "-num_alignments").and_then(|v| v.parse().ok()).unwrap_or(250);
+        return d.max(a);
+    }
+    500
+}
+
+/// Removes the scratch directory and any temporary output, also on failure.
+struct Cleanup {
+    scratch: PathBuf,
+    tmp_out: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.scratch);
+        let _ = std::fs::remove_file(&self.tmp_out);
+    }
+}
+
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: usize,
+    last_decile: usize,
+    quiet: bool,
+}
+
+impl Progress {
+    fn new(total: usize, quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = indicatif::ProgressBar::new(total as u64);
+            b.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} queries  {elapsed} elapsed, ETA {eta}").unwrap());
+            b
+        });
+        Progress { bar, total, last_decile: 0, quiet }
+    }
+
+    fn set(&mut self, done: usize) {
+        if let Some(b) = &self.bar {
+            b.set_position(done as u64);
+        } else if !self.quiet && self.total > 0 {
+            let decile = done * 10 / self.total;
+            if decile > self.last_decile {
+                self.last_decile = decile;
+                eprintln!("gepsea search: {done}/{} queries ({}%)", self.total, decile * 10);
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Runs a whole search; the output appears at `opts.out` only if everything succeeded.
+pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
+    let started = Instant::now();
+    let manifest = db::open(&opts.db)?;
+    let queries = fasta::read(&opts.query)?;
+    let qtype = fasta::guess_moltype(&queries);
+    if qtype != manifest.dbtype {
+        return Err(SearchError::TypeMismatch { query: opts.query.clone(), query_type: mol_name(qtype), db: opts.db.clone(), db_type: mol_name(manifest.dbtype) });
+    }
+    let expected = if manifest.dbtype == MolType::Prot { "blastp" } else { "blastn" };
+    let program = opts.program.clone().unwrap_or_else(|| expected.to_string());
+    let fits = match manifest.dbtype {
+        MolType::Prot => ["blastp", "blastx"].contains(&program.as_str()),
+        MolType::Nucl => ["blastn", "tblastx", "tblastn"].contains(&program.as_str()),
+    };
+    if !fits || program != expected {
+        return Err(SearchError::ProgramMismatch { program, db_type: mol_name(manifest.dbtype), expected });
+    }
+    tools::version()?;
+    // Claim the output location first: an unwritable path fails now, not after the search.
+    let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // Absolute: BLAST+ tools run with the scratch directory as their working directory.
+    let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let tmp_out = out_dir.join(format!(".{}.gepsea-tmp{}", opts.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+    std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let scratch = std::env::temp_dir().join(format!("gepsea-search-{}", std::process::id()));
+    let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new() };
+    std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
+    let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
+
+    let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
+        let mut buf = Vec::new();
+        for r in recs {
+            r.write_to(&mut buf);
+        }
+        std::fs::write(path, buf).map_err(|e| SearchError::Io(format!("{}: {e}", path.display())))
+    };
+    let all_queries = scratch.join("queries.fasta");
+    write_fasta(&all_queries, &queries)?;
+
+    let workers = opts.workers.max(1);
+    let nfrag = manifest.fragments.len();
+    let total_res: usize = queries.iter().map(|q| q.residues).sum();
+    let per_batch = opts.batch_residues.unwrap_or_else(|| {
+        let nb = (2 * workers).div_ceil(nfrag).max(1);
+        total_res.div_ceil(nb).max(1)
+    });
+    let batch_ranges = batches(&queries, per_batch);
+    let mut sched = Scheduler::new();
+    let mut batch_files = Vec::new();
+    for (b, r) in batch_ranges.iter().enumerate() {
+        let f = scratch.join(format!("batch{b}.fasta"));
+        write_fasta(&f, &queries[r.clone()])?;
+        batch_files.push(f);
+        for frag in 0..nfrag {
+            sched.add(b, Target::Fragment(frag), r.clone().collect());
+        }
+    }
+
+    let ns = format!("search{}", std::process::id());
+    let port = Port::open(PortConfig::new(&ns, MASTER))?;
+    for w in 0..workers {
+        let mut c = Command::new(&opts.worker_exe);
+        c.args(["worker", "--ns", &ns, "--port", &(w + 1).to_string(), "--program", &program, "--db"])
+            .arg(&db_dir)
+            .arg("--scratch")
+            .arg(&scratch)
+            .arg("--")
+            .args(&opts.blast_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
+    }
+
+    let k = hitlist_size(&opts.blast_args, &opts.outfmt);
+    let cbs = program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));
+    let prelim = preliminary_list(k, cbs);
+
+    let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
+    let mut results: Vec<Option<Vec<String>>> = vec![None; queries.len()];
+    let mut hit_counts = vec![0usize; queries.len()];
+    let mut alive: Vec<bool> = vec![true; workers];
+    let mut idle: Vec<bool> = vec![false; workers];
+    let mut done_queries = 0usize;
+    let mut fallbacks = 0usize;
+    let mut blast_seconds = 0.0;
+    let mut last_death = String::new();
+    let mut progress = Progress::new(queries.len(), opts.quiet);
+    let mut ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
+
+    while !sched.all_done() {
+        // Hand out work.
+        for w in 0..workers {
+            if alive[w] && idle[w] {
+                let live = alive.iter().filter(|a| **a).count();
+                if let Some(t) = sched.assign(w, live) {
+                    let task = sched.task(t);
+                    let (query_file, database) = match &task.target {
+                        Target::Fragment(f) => (batch_files[task.batch].clone(), format!("{}.stats", manifest.fragments[*f].name)),
+                        Target::Whole => {
+                            let f = scratch.join(format!("whole{t}.fasta"));
+                            let recs: Vec<Record> = task.queries.iter().map(|&i| queries[i].clone()).collect();
+                            write_fasta(&f, &recs)?;
+                            (f, manifest.name.clone())
+                        }
+                    };
+                    let msg = serde_json::to_vec(&TaskMsg { task: t, query_file, database }).unwrap();
+                    port.send(Addr::new(0, w as u32 + 1), TAG_TASK, msg)?;
+                    idle[w] = false;
+                }
+            }
+        }
+        // Notice dead workers (killed, crashed): their task is handed out again.
+        for w in 0..workers {
+            if alive[w] {
+                if let Ok(Some(st)) = cleanup.children[w].try_wait() {
+                    alive[w] = false;
+                    last_death = format!("worker {} exited with {st}", w + 1);
+                    if let Some(t) = sched.worker_lost(w) {
+                        eprintln!("gepsea search: worker {} died ({st}); task {t} is reassigned", w + 1);
+                    }
+                }
+            }
+        }
+        if !alive.iter().any(|a| *a) {
+            return Err(SearchError::NoWorkers(last_death));
+        }
+        let m = match port.wait_timeout(ctrl, Duration::from_millis(50)) {
+            Err(NetError::Timeout(_)) => continue,
+            Err(NetError::PeerFailed { .. }) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(Completion::Received(m)) => m,
+            Ok(other) => return Err(SearchError::Io(format!("unexpected completion {other:?}"))),
+        };
+        ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
+        let w = m.src.port as usize - 1;
+        let msg: Ctrl = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad message from worker {}: {e}", w + 1)))?;
+        match msg {
+            Ctrl::Hello => idle[w] = true,
+            Ctrl::Failed { task, message } => {
+                idle[w] = true;
+                let what = describe(sched.task(task), &manifest);
+                match sched.failed(w) {
+                    Some((_, AfterFailure::Retry)) => eprintln!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1),
+                    _ => return Err(SearchError::TaskFailed { task, what, message }),
+                }
+            }
+            Ctrl::Result { task, len, blast_seconds: secs } => {
+                let data = match port.wait(port.irecv(Some(m.src), Some(TAG_DATA), len))? {
+                    Completion::Received(d) => d.data,
+                    other => return Err(SearchError::Io(format!("unexpected completion {other:?}"))),
+                };
+                idle[w] = true;
+                blast_seconds += secs;
+                sched.succeeded(w);
+                let text = String::from_utf8(data).map_err(|_| SearchError::Io(format!("task {task}: archive is not text")))?;
+                let t = sched.task(task).clone();
+                match t.target {
+                    Target::Whole => {
+                        let hsps = archive::hsps(&text).map_err(|error| SearchError::BadArchive { task, error })?;
+                        let hits = archive::hits_by_query(&hsps, 0, t.queries.len());
+                        for (local, list) in hits.into_iter().enumerate() {
+                            let g = t.queries[local];
+                            hit_counts[g] = list.len();
+                            results[g] = Some(list.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+                            done_queries += 1;
+                        }
+                    }
+                    Target::Fragment(f) => {
+                        archives[t.batch][f] = Some(text);
+                        if archives[t.batch].iter().all(|a| a.is_some()) {
+                            let range = batch_ranges[t.batch].clone();
+                            let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, &mut hit_counts, task)?;
+                            archives[t.batch] = vec![None; nfrag];
+                            done_queries += range.len() - risky.len();
+                            if !risky.is_empty() {
+                                fallbacks += risky.len();
+                                sched.add(t.batch, Target::Whole, risky);
+                            }
+                        }
+                    }
+                }
+                progress.set(done_queries);
+            }
+        }
+    }
+    progress.finish();
+    let hsps: Vec<String> = results.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
+    let spec = report::Spec {
+        program: &program,
+        db_dir: &db_dir,
+        db_name: &manifest.name,
+        queries: &all_queries,
+        outfmt: &opts.outfmt,
+        blast_args: &opts.blast_args,
+        scratch: &scratch,
+    };
+    report::write(&spec, &hsps, &tmp_out)?;
+    std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    // Stop the workers and account for their time.
+    let worker_started = started;
+    for w in 0..workers {
+        if alive[w] {
+            let _ = port.send(Addr::new(0, w as u32 + 1), TAG_SHUTDOWN, Vec::new());
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for c in cleanup.children.iter_mut() {
+        while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let worker_seconds = worker_started.elapsed().as_secs_f64() * alive.iter().filter(|a| **a).count() as f64;
+    Ok(Summary {
+        queries: queries.len(),
+        hits: hit_counts.iter().sum(),
+        tasks: sched.len(),
+        whole_db_fallbacks: fallbacks,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        blast_seconds,
+        worker_seconds,
+        output: opts.out.clone(),
+    })
+}
+
+fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
+    match t.target {
+        Target::Fragment(f) => format!("batch {} on fragment {}", t.batch, m.fragments[f].name),
+        Target::Whole => format!("{} queries on the whole database", t.queries.len()),
+    }
+}
+
+/// Merges one batch's fragment archives into per-query hit lists. Returns the global
+/// indices of queries that must be searched on the whole database instead.
+fn merge_batch(
+    archives: &[Option<String>],
+    range: std::ops::Range<usize>,
+    k: usize,
+    prelim: usize,
+    results: &mut [Option<Vec<String>>],
+    hit_counts: &mut [usize],
+    task: usize,
+) -> Result<Vec<usize>, SearchError> {
+    let nq = range.len();
+    let parsed: Vec<Vec<archive::Hsp>> = archives
+        .iter()
+        .map(|a| archive::hsps(a.as_deref().unwrap()).map_err(|error| SearchError::BadArchive { task, error }))
+        .collect::<Result<_, _>>()?;
+    let mut per_frag: Vec<Vec<Vec<archive::Hit>>> = parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
+    let mut risky = Vec::new();
+    for local in 0..nq {
+        let g = range.start + local;
+        let lists: Vec<Vec<archive::Hit>> = per_frag.iter_mut().map(|f| std::mem::take(&mut f[local])).collect();
+        if lists.len() > 1 {
+            // The whole-database run keeps `prelim` candidates before rescoring; if the
+            // fragments' survivors suggest more candidates than that, the merge may
+            // differ from what serial BLAST would print: search this query again whole.
+            let n: usize = lists.iter().map(|l| l.len()).sum();
+            if n * 4 >= prelim || lists.iter().any(|l| l.len() >= k) {
+                risky.push(g);
+                continue;
+            }
+        }
+        let merged = archive::merge_query(lists, k);
+        hit_counts[g] = merged.len();
+        results[g] = Some(merged.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+    }
+    Ok(risky)
+}
+
+/// The hidden `gepsea worker` process: searches whatever the master sends.
+pub fn worker(ns: &str, port_id: u32, program: &str, db_dir: &Path, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
+    let port = Port::open(PortConfig::new(ns, Addr::new(0, port_id)))?;
+    port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Hello).unwrap())?;
+    loop {
+        let m = match port.recv(Some(MASTER), None, 1 << 20) {
+            Ok(m) => m,
+            // The master is gone: nothing left to do.
+            Err(NetError::PeerFailed { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if m.tag == TAG_SHUTDOWN {
+            return Ok(());
+        }
+        let t: TaskMsg = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad task message: {e}")))?;
+        let q = t.query_file.to_string_lossy().to_string();
+        let mut args: Vec<&str> = vec!["-query", &q, "-db", &t.database, "-outfmt", "11"];
+        args.extend(blast_args.iter().map(|s| s.as_str()));
+        let started = Instant::now();
+        match tools::run(program, &args, Some(db_dir), Some(scratch)) {
+            Ok(out) => {
+                let secs = started.elapsed().as_secs_f64();
+                let header = Ctrl::Result { task: t.task, len: out.stdout.len(), blast_seconds: secs };
+                port.send(MASTER, TAG_CTRL, serde_json::to_vec(&header).unwrap())?;
+                port.send(MASTER, TAG_DATA, out.stdout)?;
+            }
+            Err(e) => {
+                let message = match e {
+                    ToolError::Failed { stderr, .. } => stderr,
+                    other => other.to_string(),
+                };
+                port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Failed { task: t.task, message }).unwrap())?;
+            }
+        }
+    }
+}
