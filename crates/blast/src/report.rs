@@ -26,6 +26,8 @@ pub enum ReportError {
     Archive(#[from] ArchiveError),
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error("not supported: {0}")]
+    Unsupported(String),
     #[error("statistics blocks do not line up with the report ({report} in the report, {stats} from the statistics run)")]
     StatsMismatch { report: usize, stats: usize },
 }
@@ -91,19 +93,92 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let o = out.to_string_lossy().to_string();
     let fargs = format_args(spec.blast_args);
     tools::run("blast_formatter", &args(&["-archive", &mp, "-outfmt", spec.outfmt, "-out", &o], &fargs), Some(spec.db_dir), Some(spec.scratch))?;
-    let (open, close) = match base_format(spec.outfmt) {
+    let fmt = base_format(spec.outfmt);
+    let (open, close) = match fmt {
         0 => ("\nLambda      K        H", "\nEffective search space used: "),
         5 => ("<Iteration_stat>", "</Iteration_stat>"),
         _ => return Ok(()),
     };
+    let masks = query_masks(&text);
     let direct = spec.scratch.join("stats.direct");
     let d = direct.to_string_lossy().to_string();
     tools::run_env(spec.program, &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args), Some(spec.db_dir), Some(spec.scratch), ONE_BATCH)?;
     let stats_text = std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?;
     let report = std::fs::read_to_string(out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
-    let fixed = replace_blocks(&report, &stats_text, open, close)?;
+    let mut fixed = replace_blocks(&report, &stats_text, open, close)?;
+    if !masks.is_empty() {
+        if fmt == 5 {
+            // Serial XML marks masked residues by a rule not yet reproduced; refuse rather
+            // than write a report that could differ from serial BLAST+.
+            return Err(ReportError::Unsupported("XML output (-outfmt 5) when query masking (SEG/DUST) masked residues; use -outfmt 0, 6 or 7, or turn masking off".into()));
+        }
+        fixed = mask_pairwise(&fixed, &masks);
+    }
     std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
     Ok(())
+}
+
+/// Masked query intervals (0-based, inclusive) by query number, from an archive's
+/// `masks` (e.g. SEG). `blast_formatter` ignores them when printing alignments, while
+/// serial BLAST+ shows masked query residues in lower case (pairwise) or as `X` (XML).
+pub fn query_masks(archive: &str) -> std::collections::HashMap<usize, Vec<(usize, usize)>> {
+    let mut out: std::collections::HashMap<usize, Vec<(usize, usize)>> = std::collections::HashMap::new();
+    let Ok((s, e)) = archive::find_block(archive, "masks", 4) else { return out };
+    let block = &archive[s..e];
+    let num = |t: &str, key: &str| -> Option<usize> {
+        let i = t.find(key)? + key.len();
+        t[i..].trim_start().split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    for piece in block.split("from ").skip(1) {
+        let from: Option<usize> = piece.split(|c: char| !c.is_ascii_digit()).next().and_then(|v| v.parse().ok());
+        let to = num(piece, "to ");
+        let q = num(piece, "local str \"Query_");
+        if let (Some(f), Some(t), Some(q)) = (from, to, q) {
+            out.entry(q).or_default().push((f, t));
+        }
+    }
+    out
+}
+
+fn masked(m: &[(usize, usize)], pos0: usize) -> bool {
+    m.iter().any(|&(f, t)| f <= pos0 && pos0 <= t)
+}
+
+/// Lower-cases masked residues on the `Query` lines of pairwise alignments.
+pub fn mask_pairwise(report: &str, masks: &std::collections::HashMap<usize, Vec<(usize, usize)>>) -> String {
+    let mut out = String::with_capacity(report.len());
+    let mut query = 0usize;
+    for line in report.split_inclusive('\n') {
+        if line.starts_with("Query= ") {
+            query += 1;
+        }
+        let m = masks.get(&query);
+        if let (Some(m), true) = (m, line.starts_with("Query  ")) {
+            let mut toks = line.split_whitespace();
+            let (_, start, seq) = (toks.next(), toks.next().and_then(|t| t.parse::<usize>().ok()), toks.next());
+            if let (Some(start), Some(seq)) = (start, seq) {
+                let at = line[7..].find(seq).map(|i| i + 7).unwrap_or(0);
+                let mut pos = start - 1;
+                let new: String = seq
+                    .chars()
+                    .map(|c| {
+                        if c == '-' {
+                            return c;
+                        }
+                        let r = if masked(m, pos) { c.to_ascii_lowercase() } else { c };
+                        pos += 1;
+                        r
+                    })
+                    .collect();
+                out.push_str(&line[..at]);
+                out.push_str(&new);
+                out.push_str(&line[at + seq.len()..]);
+                continue;
+            }
+        }
+        out.push_str(line);
+    }
+    out
 }
 
 /// Byte ranges of the blocks from `open` to the end of the line holding `close`.

@@ -1,0 +1,348 @@
+//! `gepsea db format` + `gepsea search` against serial NCBI BLAST+ on real data: the
+//! output must be byte-identical (pairwise output may differ only in its "Posted date"
+//! line), for every format, fragment count and worker count; and every user error must
+//! be reported clearly with a non-zero exit and no output file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
+const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
+const RRNA: &str = "/usr/share/microbiomeutil-data/RESOURCES/rRNA16S.gold.fasta";
+const TITLE: &str = "UniProt example 20000";
+
+fn gepsea() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gepsea"))
+}
+
+/// Shared, built once: plain FASTA files, the serial reference database, and gepsea
+/// databases with 1, 3 and 8 fragments. Removed when the test process exits.
+struct Fixture {
+    dir: PathBuf,
+}
+
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+
+extern "C" fn remove_fixture() {
+    if let Some(f) = FIXTURE.get() {
+        let _ = std::fs::remove_dir_all(&f.dir);
+    }
+}
+
+fn run_ok(mut c: Command) -> Output {
+    let out = c.output().expect("spawn");
+    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn fasta_head(gz_or_plain: &str, n: usize, skip: usize) -> String {
+    let text = if gz_or_plain.ends_with(".gz") {
+        String::from_utf8(run_ok({
+            let mut c = Command::new("zcat");
+            c.arg(gz_or_plain);
+            c
+        })
+        .stdout)
+        .unwrap()
+    } else {
+        std::fs::read_to_string(gz_or_plain).unwrap()
+    };
+    let mut out = String::new();
+    let mut count = 0usize;
+    for line in text.lines() {
+        if line.starts_with('>') {
+            count += 1;
+        }
+        if count > skip && count <= skip + n {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn fixture() -> &'static Fixture {
+    FIXTURE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gepsea-search-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("ref")).unwrap();
+        // SAFETY: registering a plain C callback that only removes a directory.
+        unsafe { libc::atexit(remove_fixture) };
+        std::fs::write(dir.join("DB.fasta"), fasta_head(DB_GZ, usize::MAX, 0)).unwrap();
+        std::fs::write(dir.join("q50.fasta"), fasta_head(QUERY_GZ, 50, 0)).unwrap();
+        std::fs::write(dir.join("q10.fasta"), fasta_head(QUERY_GZ, 10, 50)).unwrap();
+        let mut c = Command::new("makeblastdb");
+        c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", TITLE, "-out", "DB"]).current_dir(dir.join("ref"));
+        run_ok(c);
+        for f in [1, 3, 8] {
+            let mut c = gepsea();
+            c.args(["db", "format", "--input", DB_GZ, "--fragments", &f.to_string(), "--title", TITLE, "--out"]).arg(dir.join(format!("db{f}")));
+            run_ok(c);
+        }
+        Fixture { dir }
+    })
+}
+
+/// Serial BLAST+ over the reference database, as a user would run it.
+fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, extra: &[&str], out: &Path) {
+    let mut c = Command::new(program);
+    c.env("BLASTDB", refdir).args(["-db", db, "-outfmt", outfmt, "-num_threads", "2", "-query"]).arg(query).arg("-out").arg(out).args(extra);
+    run_ok(c);
+}
+
+fn search(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path) -> Output {
+    let mut c = gepsea();
+    c.args(["search", "--quiet", "--outfmt", outfmt, "--workers", &workers.to_string(), "--db"]).arg(db).arg("--query").arg(query).arg("--out").arg(out);
+    if !extra.is_empty() {
+        c.arg("--").args(extra);
+    }
+    run_ok(c)
+}
+
+/// Byte equality, except the "Posted date" line of pairwise output (the only allowed
+/// difference: the databases were built at different times).
+fn assert_same(got: &Path, want: &Path, what: &str) {
+    let read = |p: &Path| std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let (g, w) = (read(got), read(want));
+    if g == w {
+        return;
+    }
+    let strip = |b: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(b).split('\n').filter(|l| !l.starts_with("    Posted date:  ")).map(|s| s.to_string()).collect()
+    };
+    let (gl, wl) = (strip(&g), strip(&w));
+    if gl == wl {
+        return;
+    }
+    let i = gl.iter().zip(&wl).position(|(a, b)| a != b).unwrap_or(gl.len().min(wl.len()));
+    panic!(
+        "{what}: output differs from serial BLAST+ at line {} ({} vs {} lines)\n  gepsea: {:?}\n  serial: {:?}",
+        i + 1,
+        gl.len(),
+        wl.len(),
+        gl.get(i),
+        wl.get(i)
+    );
+}
+
+#[test]
+fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
+    let f = fixture();
+    let q = f.dir.join("q50.fasta");
+    for fmt in ["6", "7", "0", "5"] {
+        let want = f.dir.join(format!("serial.{fmt}"));
+        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
+        for frags in [1, 3, 8] {
+            for workers in [1, 2] {
+                let got = f.dir.join(format!("gepsea.{fmt}.{frags}.{workers}"));
+                search(&f.dir.join(format!("db{frags}")), &q, fmt, workers, &[], &got);
+                assert_same(&got, &want, &format!("outfmt {fmt}, {frags} fragments, {workers} workers"));
+                std::fs::remove_file(&got).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn blast_options_after_double_dash_keep_identity() {
+    let f = fixture();
+    let q = f.dir.join("q50.fasta");
+    let opts = ["-evalue", "1e-5", "-max_target_seqs", "50", "-comp_based_stats", "1", "-seg", "yes"];
+    for fmt in ["6", "0"] {
+        let want = f.dir.join(format!("serial-opts.{fmt}"));
+        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &opts, &want);
+        let got = f.dir.join(format!("gepsea-opts.{fmt}"));
+        search(&f.dir.join("db3"), &q, fmt, 2, &opts, &got);
+        assert_same(&got, &want, &format!("outfmt {fmt} with {opts:?}"));
+    }
+}
+
+#[test]
+fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
+    // At -evalue 1000 nearly every query has more candidates than BLAST's preliminary
+    // list holds; merging fragments would differ from serial BLAST (measured: 49 of 50
+    // queries). gepsea must detect this and still match.
+    let f = fixture();
+    let q = f.dir.join("q10.fasta");
+    let opts = ["-evalue", "1000"];
+    let want = f.dir.join("serial-e1000.6");
+    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &opts, &want);
+    let got = f.dir.join("gepsea-e1000.6");
+    let mut c = gepsea();
+    c.args(["search", "--outfmt", "6", "--workers", "2", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).arg("--").args(opts);
+    let out = run_ok(c);
+    assert_same(&got, &want, "outfmt 6 at -evalue 1000");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let n: usize = log.split(" queries re-searched whole").next().and_then(|s| s.rsplit('(').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no summary in {log}"));
+    assert!(n > 0, "expected whole-database fallbacks: {log}");
+}
+
+#[test]
+fn blastn_on_16s_rrna_is_identical() {
+    let dir = tempdir("blastn");
+    let db = dir.0.join("rrna.fasta");
+    std::fs::write(&db, fasta_head(RRNA, 2000, 0)).unwrap();
+    let q = dir.0.join("q.fasta");
+    std::fs::write(&q, fasta_head(RRNA, 8, 2000)).unwrap();
+    let mut c = Command::new("makeblastdb");
+    c.args(["-in", "../rrna.fasta", "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "rrna"]);
+    std::fs::create_dir_all(dir.0.join("ref")).unwrap();
+    c.current_dir(dir.0.join("ref"));
+    run_ok(c);
+    let mut c = gepsea();
+    c.args(["db", "format", "--fragments", "3", "--title", "16S gold", "--input"]).arg(&db).arg("--out").arg(dir.0.join("g"));
+    run_ok(c);
+    for fmt in ["6", "0"] {
+        let want = dir.0.join(format!("serial.{fmt}"));
+        serial("blastn", &dir.0.join("ref"), "rrna", &q, fmt, &[], &want);
+        let got = dir.0.join(format!("gepsea.{fmt}"));
+        search(&dir.0.join("g"), &q, fmt, 2, &[], &got);
+        assert_same(&got, &want, &format!("blastn outfmt {fmt}"));
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_run_does_not_change_the_output() {
+    let f = fixture();
+    let q = f.dir.join("q50.fasta");
+    let want = f.dir.join("serial-kill.6");
+    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &[], &want);
+    let got = f.dir.join("gepsea-kill.6");
+    let mut c = gepsea();
+    // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
+    c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got);
+    let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    // Find a worker (a child process of the search) and kill it once it is searching.
+    let master = child.id();
+    let mut killed = None;
+    for _ in 0..200 {
+        std::thread::sleep(Duration::from_millis(50));
+        let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
+        if let Some(pid) = kids.split_whitespace().next() {
+            let grandkids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+            if !grandkids.trim().is_empty() {
+                // The worker is running BLAST: kill it (and its BLAST process).
+                let _ = Command::new("kill").args(["-9", pid]).status();
+                let _ = Command::new("kill").args(["-9", grandkids.trim()]).status();
+                killed = Some(pid.to_string());
+                break;
+            }
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "search failed after a worker was killed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(killed.is_some(), "never found a worker to kill");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(log.contains("died") && log.contains("reassigned"), "the kill went unnoticed: {log}");
+    assert_same(&got, &want, "outfmt 6 with a killed worker");
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+fn tempdir(tag: &str) -> TempDir {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!("gepsea-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+/// Runs gepsea expecting failure: returns stderr, and checks no output was left.
+fn fails(args: &[&str], out: Option<&Path>) -> String {
+    let o = gepsea().args(args).output().unwrap();
+    assert!(!o.status.success(), "{args:?} should fail");
+    if let Some(p) = out {
+        assert!(!p.exists(), "{} was left behind", p.display());
+        let dir = p.parent().unwrap();
+        let leftovers: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("gepsea-tmp")).collect();
+        assert!(leftovers.is_empty(), "temporary output left: {leftovers:?}");
+    }
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn user_errors_are_clear_and_leave_nothing_behind() {
+    let f = fixture();
+    let d = tempdir("errors");
+    let p = |n: &str| d.0.join(n);
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let out = p("out.txt");
+    let db3 = s(&f.dir.join("db3"));
+    let q = s(&f.dir.join("q50.fasta"));
+    let search = |db: &str, q: &str| -> String { fails(&["search", "--quiet", "--db", db, "--query", q, "--out", &s(&out), "--outfmt", "6"], Some(&out)) };
+
+    // Missing files.
+    let e = search(&db3, &s(&p("nope.fa")));
+    assert!(e.contains("nope.fa") && e.contains("No such file"), "{e}");
+    let e = search(&s(&p("nodb")), &q);
+    assert!(e.contains("manifest.json") && e.contains("gepsea db format"), "{e}");
+    // Malformed FASTA, with the line.
+    std::fs::write(p("bad.fa"), ">q1\nMKV\n>q2\nMK7V\n").unwrap();
+    let e = search(&db3, &s(&p("bad.fa")));
+    assert!(e.contains("bad.fa:4: invalid character '7'"), "{e}");
+    // Empty query file.
+    std::fs::write(p("empty.fa"), "").unwrap();
+    assert!(search(&db3, &s(&p("empty.fa"))).contains("no sequences"));
+    // Duplicate ids.
+    std::fs::write(p("dup.fa"), ">q1\nMKV\n>q1\nMKL\n").unwrap();
+    assert!(search(&db3, &s(&p("dup.fa"))).contains("duplicate sequence identifier \"q1\" (first seen on line 1)"));
+    // Nucleotide queries against a protein database.
+    std::fs::write(p("dna.fa"), ">n1\nACGTACGTTGCAACGTAGCTAGCTAGCTGACTGATCGATCG\n").unwrap();
+    let e = search(&db3, &s(&p("dna.fa")));
+    assert!(e.contains("nucleotide sequences but the database") && e.contains("protein"), "{e}");
+    // A manifest whose checksums don't match: damage a copy of a fragment.
+    let copy = p("damaged");
+    run_ok({
+        let mut c = Command::new("cp");
+        c.arg("-r").arg(&f.dir.join("db3")).arg(&copy);
+        c
+    });
+    let target = std::fs::read_dir(&copy).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "psq")).unwrap();
+    let mut bytes = std::fs::read(&target).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&target, bytes).unwrap();
+    let e = search(&s(&copy), &q);
+    assert!(e.contains("checksum mismatch") && e.contains(".psq"), "{e}");
+    // Unwritable output path.
+    let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
+    assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
+    // A BLAST+ failure in every task: retried once, then BLAST's own message.
+    let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2", "--", "-evalue", "abc"]).output().unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("evalue"), "{e}");
+    assert!(!out.exists());
+    // db format: more fragments than sequences; non-empty directory.
+    std::fs::write(p("two.fa"), ">a\nMKV\n>b\nMKL\n").unwrap();
+    let e = fails(&["db", "format", "--input", &s(&p("two.fa")), "--fragments", "3", "--out", &s(&p("two"))], None);
+    assert!(e.contains("cannot split 2 sequences into 3 fragments"), "{e}");
+    assert!(!p("two").exists());
+    let e = fails(&["db", "format", "--input", &s(&p("two.fa")), "--fragments", "1", "--out", &db3], None);
+    assert!(e.contains("is not empty; pass --force"), "{e}");
+}
+
+#[test]
+fn blast_not_installed_is_reported() {
+    let f = fixture();
+    let d = tempdir("nopath");
+    let out = d.0.join("o.txt");
+    let o = gepsea()
+        .env("PATH", "/nonexistent")
+        .args(["search", "--quiet", "--db"])
+        .arg(f.dir.join("db3"))
+        .arg("--query")
+        .arg(f.dir.join("q50.fasta"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("blastp not found") && e.contains("ncbi-blast+"), "{e}");
+    assert!(!out.exists());
+}
