@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net demo clean
+.PHONY: all setup build test test-unit test-loom bench bench-net bench-search demo clean
 
 all: build
 
@@ -37,12 +37,20 @@ $(OUT):
 bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
 	./target/release/gepsea bench net --refs $(OUT) --json $(OUT)/net.json
 
-bench: bench-net
+bench-search: build | $(OUT)
+	./target/release/gepsea bench search --json $(OUT)/search.json
 
-# For now the demo is the network benchmark in its quick form.
-demo: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
-	./target/release/gepsea bench net --quick --refs $(OUT) --json $(OUT)/net-demo.json
+bench: bench-net bench-search
+
+# Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
+EXAMPLES := /usr/share/doc/mmseqs2/example-data
+DEMO := demo-out
+demo: build
+	mkdir -p $(DEMO)
+	zcat $(EXAMPLES)/QUERY.fasta.gz | awk '/^>/{n++} n<=100' > $(DEMO)/queries.fasta
+	./target/release/gepsea db format --input $(EXAMPLES)/DB.fasta.gz --fragments 4 --out $(DEMO)/db --force
+	./target/release/gepsea search --db $(DEMO)/db --query $(DEMO)/queries.fasta --out $(DEMO)/results.txt --workers 2 --outfmt 0
 
 clean:
 	$(CARGO) clean
-	rm -rf $(OUT)
+	rm -rf $(OUT) $(DEMO)

@@ -57,7 +57,7 @@ pub struct Summary {
     pub wall_seconds: f64,
     /// Sum over tasks of the time workers spent inside BLAST+.
     pub blast_seconds: f64,
-    /// Sum over workers of their lifetime (from start to shutdown).
+    /// Sum over workers of the time from their start (ready) to shutdown (or death).
     pub worker_seconds: f64,
     pub output: PathBuf,
 }
@@ -296,6 +296,9 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     let mut hit_counts = vec![0usize; queries.len()];
     let mut alive: Vec<bool> = vec![true; workers];
     let mut idle: Vec<bool> = vec![false; workers];
+    // Per worker: when it reported ready, and when it stopped (for time accounting).
+    let mut hello_at: Vec<Option<Instant>> = vec![None; workers];
+    let mut gone_at: Vec<Option<Instant>> = vec![None; workers];
     let mut done_queries = 0usize;
     let mut fallbacks = 0usize;
     let mut blast_seconds = 0.0;
@@ -330,6 +333,7 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
             if alive[w] {
                 if let Ok(Some(st)) = cleanup.children[w].try_wait() {
                     alive[w] = false;
+                    gone_at[w] = Some(Instant::now());
                     last_death = format!("worker {} exited with {st}", w + 1);
                     if let Some(t) = sched.worker_lost(w) {
                         eprintln!("gepsea search: worker {} died ({st}); task {t} is reassigned", w + 1);
@@ -351,7 +355,10 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         let w = m.src.port as usize - 1;
         let msg: Ctrl = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad message from worker {}: {e}", w + 1)))?;
         match msg {
-            Ctrl::Hello => idle[w] = true,
+            Ctrl::Hello => {
+                idle[w] = true;
+                hello_at[w] = Some(Instant::now());
+            }
             Ctrl::Failed { task, message } => {
                 idle[w] = true;
                 let what = describe(sched.task(task), &manifest);
@@ -389,8 +396,13 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
                             archives[t.batch] = vec![None; nfrag];
                             done_queries += range.len() - risky.len();
                             if !risky.is_empty() {
+                                // Spread the re-searches over the workers: they are the
+                                // heaviest queries and otherwise form a serial tail.
                                 fallbacks += risky.len();
-                                sched.add(t.batch, Target::Whole, risky);
+                                let per = risky.len().div_ceil(workers);
+                                for chunk in risky.chunks(per) {
+                                    sched.add(t.batch, Target::Whole, chunk.to_vec());
+                                }
                             }
                         }
                     }
@@ -400,6 +412,14 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         }
     }
     progress.finish();
+    // All searching is done: release the workers before the master writes the report.
+    let stop = Instant::now();
+    let worker_seconds: f64 = (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
+    for w in 0..workers {
+        if alive[w] {
+            let _ = port.send(Addr::new(0, w as u32 + 1), TAG_SHUTDOWN, Vec::new());
+        }
+    }
     let hsps: Vec<String> = results.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
     let spec = report::Spec {
         program: &program,
@@ -412,20 +432,12 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     };
     report::write(&spec, &hsps, &tmp_out)?;
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    // Stop the workers and account for their time.
-    let worker_started = started;
-    for w in 0..workers {
-        if alive[w] {
-            let _ = port.send(Addr::new(0, w as u32 + 1), TAG_SHUTDOWN, Vec::new());
-        }
-    }
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in cleanup.children.iter_mut() {
         while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    let worker_seconds = worker_started.elapsed().as_secs_f64() * alive.iter().filter(|a| **a).count() as f64;
     Ok(Summary {
         queries: queries.len(),
         hits: hit_counts.iter().sum(),

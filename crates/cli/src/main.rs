@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
 mod bench_net;
+mod bench_search;
 
 #[derive(Parser)]
 #[command(name = "gepsea", version, about = "gepsea: a software accelerator for parallel scientific applications")]
@@ -117,6 +118,8 @@ struct WorkerArgs {
 enum Bench {
     /// gepsea-net latency, bandwidth and overlap vs OpenMPI and raw TCP.
     Net(bench_net::NetArgs),
+    /// gepsea search against serial blastp -num_threads 2, alternated.
+    Search(bench_search::SearchBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -166,5 +169,6 @@ fn main() -> Result<()> {
         }
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
+        Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
     }
 }

@@ -594,6 +594,14 @@ impl Drop for Port {
         if let Some(e) = &self.sh.dir_entry {
             let _ = std::fs::remove_file(e);
         }
+        // Remove the node and namespace runtime directories once the last port is gone
+        // (remove_dir fails harmlessly while other ports still use them).
+        if let Some(node_dir) = self.sh.sock_path.parent() {
+            let _ = std::fs::remove_dir(node_dir);
+            if let Some(ns_dir) = node_dir.parent() {
+                let _ = std::fs::remove_dir(ns_dir);
+            }
+        }
     }
 }
 
