@@ -147,8 +147,10 @@ mod tests {
         assert_eq!(s.assign(1, 2), Some(1)); // batch 0 frag 1
         s.succeeded(0);
         s.succeeded(1);
-        assert_eq!(s.task(s.assign(1, 2).unwrap()).target, Target::Fragment(1), "worker 1 keeps fragment 1");
-        assert_eq!(s.task(s.assign(0, 2).unwrap()).target, Target::Fragment(0), "worker 0 keeps fragment 0");
+        let t1 = s.assign(1, 2).unwrap();
+        assert_eq!(s.task(t1).target, Target::Fragment(1), "worker 1 keeps fragment 1");
+        let t0 = s.assign(0, 2).unwrap();
+        assert_eq!(s.task(t0).target, Target::Fragment(0), "worker 0 keeps fragment 0");
     }
 
     #[test]
