@@ -164,6 +164,7 @@ struct Cleanup {
     scratch: PathBuf,
     tmp_out: PathBuf,
     children: Vec<Child>,
+    namespace: PathBuf,
 }
 
 impl Drop for Cleanup {
@@ -174,6 +175,8 @@ impl Drop for Cleanup {
         }
         let _ = std::fs::remove_dir_all(&self.scratch);
         let _ = std::fs::remove_file(&self.tmp_out);
+        // Killed workers leave their sockets behind; the namespace is ours alone.
+        let _ = std::fs::remove_dir_all(&self.namespace);
     }
 }
 
@@ -239,7 +242,8 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     let tmp_out = out_dir.join(format!(".{}.gepsea-tmp{}", opts.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let scratch = std::env::temp_dir().join(format!("gepsea-search-{}", std::process::id()));
-    let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new() };
+    let ns = format!("search{}", std::process::id());
+    let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: gepsea_net::namespace_dir(&ns) };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
     let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
 
@@ -272,7 +276,6 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         }
     }
 
-    let ns = format!("search{}", std::process::id());
     let port = Port::open(PortConfig::new(&ns, MASTER))?;
     for w in 0..workers {
         let mut c = Command::new(&opts.worker_exe);

@@ -32,5 +32,5 @@ pub mod testkit;
 pub use error::NetError;
 pub use frame::{Addr, Channel};
 #[cfg(not(loom))]
-pub use port::{Port, PortConfig, PortStats, Progress};
+pub use port::{namespace_dir, Port, PortConfig, PortStats, Progress};
 pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};

@@ -113,9 +113,7 @@ impl PortConfig {
     }
 
     fn runtime_dir(&self) -> PathBuf {
-        self.runtime_dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir().join(format!("gepsea-{}", self.namespace)).join(format!("node-{}", self.addr.node))
-        })
+        self.runtime_dir.clone().unwrap_or_else(|| namespace_dir(&self.namespace).join(format!("node-{}", self.addr.node)))
     }
 }
 
@@ -209,6 +207,13 @@ pub struct Port {
     sh: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
     addr: Addr,
+}
+
+/// The default runtime directory of a namespace (`$TMPDIR/gepsea-<namespace>`). Ports
+/// remove it when the last of them closes; whoever owns a namespace whose processes may
+/// have been killed (their sockets stay behind) removes it when done.
+pub fn namespace_dir(namespace: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gepsea-{namespace}"))
 }
 
 /// Where a peer's TCP address is published in a shared directory.

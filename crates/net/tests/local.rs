@@ -129,6 +129,9 @@ fn killed_peer_fails_pending_requests() {
     }
     // New requests to the dead peer fail at once instead of hanging.
     assert!(matches!(port.wait(port.isend(peer, 3, &b"y"[..])), Err(NetError::PeerFailed { .. })));
+    // The killed peer's socket stays behind: the test owns the namespace, so it cleans up.
+    drop(port);
+    std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns)).unwrap();
 }
 
 #[test]
@@ -140,10 +143,12 @@ fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
     drop(a);
     // A socket file left behind by a dead process is not trusted: it is replaced.
     let dir = std::env::temp_dir().join(format!("gepsea-{ns}")).join("node-0");
+    assert!(!dir.exists(), "the last port to close removes the runtime directory");
+    std::fs::create_dir_all(&dir).unwrap();
     let stale = dir.join("port-3.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());
     let p = Port::open(PortConfig::new(&ns, Addr::new(0, 3))).unwrap();
     drop(p);
-    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    assert!(!dir.parent().unwrap().exists());
 }
