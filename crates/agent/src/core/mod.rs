@@ -1,0 +1,19 @@
+//! Core components (GePSeA's bottom layer), each a sans-IO state machine.
+
+pub mod advert;
+pub mod board;
+pub mod locks;
+pub mod merge;
+
+/// A process served by an agent: (node, process id on that node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Client {
+    pub node: u32,
+    pub process: u32,
+}
+
+impl Client {
+    pub const fn new(node: u32, process: u32) -> Self {
+        Client { node, process }
+    }
+}
