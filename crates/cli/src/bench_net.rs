@@ -33,6 +33,9 @@ pub struct NetArgs {
     /// Skip the veth (network namespace) cases even when running as root.
     #[arg(long)]
     pub no_netns: bool,
+    /// Run only the overlap experiment.
+    #[arg(long)]
+    pub overlap_only: bool,
 }
 
 type Series = BTreeMap<String, BTreeMap<usize, f64>>;
@@ -351,6 +354,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
         bw.insert(name.to_string(), r.1);
     };
     let ns = format!("gbn{}", std::process::id());
+    if !args.overlap_only {
     eprintln!("measuring gepsea over shared memory ...");
     add("gepsea shm", gepsea_case(&netpeer, &Where::Shm, &ns, quick)?);
     eprintln!("measuring OpenMPI over shared memory ...");
@@ -371,6 +375,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
         add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
     } else {
         eprintln!("skipping the veth cases (need root)");
+    }
     }
     eprintln!("measuring overlap (event thread vs inline) ...");
     let sizes = [64 << 10, 1 << 20, 4 << 20];

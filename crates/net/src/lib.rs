@@ -27,6 +27,8 @@ pub mod port;
 pub mod shm;
 #[cfg(not(loom))]
 pub mod tcp;
+#[cfg(not(loom))]
+mod timer;
 pub mod testkit;
 
 pub use error::NetError;

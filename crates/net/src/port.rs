@@ -139,6 +139,7 @@ pub struct PortStats {
 const WAKER: Token = Token(0);
 const UNIX_LISTENER: Token = Token(1);
 const TCP_LISTENER: Token = Token(2);
+const TIMER: Token = Token(3);
 const FIRST_CONN: usize = 16;
 
 fn bell_token(id: usize) -> Token {
@@ -636,11 +637,22 @@ fn bind_unix(path: &Path, me: Addr) -> Result<mio::net::UnixListener, NetError> 
 
 fn event_thread(sh: Arc<Shared>) {
     let mut events = Events::with_capacity(256);
-    let mut timeout: Option<Duration> = None;
+    // Deadlines go through a timerfd: epoll's timeout only has millisecond resolution.
+    let timer = match crate::timer::Timer::new() {
+        Ok(t) => t,
+        Err(e) => {
+            warn!("event thread: {e}");
+            return;
+        }
+    };
+    if let Err(e) = sh.st.lock().registry.register(&mut SourceFd(&timer.raw()), TIMER, Interest::READABLE) {
+        warn!("event thread: registering the timer: {e}");
+        return;
+    }
     loop {
         {
             let mut poll = sh.poll.lock();
-            if let Err(e) = poll.poll(&mut events, timeout) {
+            if let Err(e) = poll.poll(&mut events, None) {
                 if e.kind() != io::ErrorKind::Interrupted {
                     warn!("epoll failed: {e}");
                 }
@@ -652,6 +664,10 @@ fn event_thread(sh: Arc<Shared>) {
         let mut st = sh.st.lock();
         st.set_awake(true);
         for ev in events.iter() {
+            if ev.token() == TIMER {
+                timer.clear();
+                continue;
+            }
             st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
         }
         st.progress();
@@ -677,7 +693,7 @@ fn event_thread(sh: Arc<Shared>) {
         }
         let wake = [st.next_timer(), st.lease].into_iter().flatten().min();
         st.thread_wake_at = wake;
-        timeout = wake.map(|t| t.saturating_duration_since(Instant::now()));
+        timer.arm(wake.map(|t| t.saturating_duration_since(Instant::now())));
     }
 }
 
