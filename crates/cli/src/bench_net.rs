@@ -141,56 +141,7 @@ fn probe() -> f64 {
     us
 }
 
-struct Netns {
-    ns: [String; 2],
-    ip: [String; 2],
-}
-
-impl Netns {
-    fn new() -> Result<Netns> {
-        let tag = std::process::id();
-        let ns = [format!("gbna{tag}"), format!("gbnb{tag}")];
-        let ip = ["10.231.7.1".to_string(), "10.231.7.2".to_string()];
-        let run = |args: &[&str]| -> Result<()> {
-            let st = Command::new(args[0]).args(&args[1..]).status()?;
-            if !st.success() {
-                bail!("{args:?} failed");
-            }
-            Ok(())
-        };
-        let n = Netns { ns, ip };
-        run(&["ip", "netns", "add", &n.ns[0]])?;
-        run(&["ip", "netns", "add", &n.ns[1]])?;
-        let (va, vb) = (format!("gbva{tag}"), format!("gbvb{tag}"));
-        let (va, vb) = (&va[..va.len().min(15)], &vb[..vb.len().min(15)]);
-        run(&["ip", "link", "add", va, "netns", &n.ns[0], "type", "veth", "peer", "name", vb, "netns", &n.ns[1]])?;
-        for (i, dev) in [va, vb].iter().enumerate() {
-            run(&["ip", "-n", &n.ns[i], "addr", "add", &format!("{}/24", n.ip[i]), "dev", dev])?;
-            run(&["ip", "-n", &n.ns[i], "link", "set", dev, "up"])?;
-            run(&["ip", "-n", &n.ns[i], "link", "set", "lo", "up"])?;
-        }
-        Ok(n)
-    }
-
-    fn cmd(&self, i: usize, program: &Path) -> Command {
-        let mut c = Command::new("ip");
-        c.arg("netns").arg("exec").arg(&self.ns[i]).arg(program);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
+type Netns = gepsea_net::testbed::NetnsPair;
 
 /// How two gepsea processes reach each other in one measured case.
 enum Where<'a> {
@@ -368,7 +319,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
     // SAFETY: trivial libc call.
     let root = unsafe { libc::geteuid() } == 0;
     if root && !args.no_netns {
-        let n = Netns::new().context("creating two network namespaces")?;
+        let n = Netns::new("gbn").context("creating two network namespaces")?;
         eprintln!("measuring gepsea across a veth pair ...");
         add("gepsea veth", gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v"), quick)?);
         eprintln!("measuring raw TCP across a veth pair ...");

@@ -29,6 +29,7 @@ pub mod shm;
 pub mod tcp;
 #[cfg(not(loom))]
 mod timer;
+pub mod testbed;
 pub mod testkit;
 
 pub use error::NetError;

@@ -16,7 +16,7 @@ fn pair(role_a: &[&str], role_b: &[&str]) -> (String, String) {
     if !require_root() {
         return (String::new(), String::new());
     }
-    let nodes = TwoNodes::new();
+    let nodes = two_nodes();
     let dir = TempDir::new();
     let ns = unique("tcp");
     let la = format!("{}:0", nodes.ip[0]);
@@ -69,7 +69,7 @@ fn stream_survives_connections_destroyed_midway() {
     if !require_root() {
         return;
     }
-    let nodes = TwoNodes::new();
+    let nodes = two_nodes();
     let dir = TempDir::new();
     let ns = unique("cut");
     let count = "6000";

@@ -117,11 +117,12 @@ pub fn sh(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Two network namespaces joined by a veth pair, as two "nodes". Torn down on drop
-/// (processes inside are killed first).
-pub struct TwoNodes {
-    pub ns: [String; 2],
-    pub ip: [String; 2],
+/// Two network namespaces joined by a veth pair, as two "nodes" (see
+/// `gepsea_net::testbed`).
+pub type TwoNodes = gepsea_net::testbed::NetnsPair;
+
+pub fn two_nodes() -> TwoNodes {
+    TwoNodes::new("gp").expect("creating two network namespaces")
 }
 
 pub fn require_root() -> bool {
@@ -133,49 +134,6 @@ pub fn require_root() -> bool {
     }
     assert!(root, "multi-node tests need root (network namespaces); set GEPSEA_SKIP_NETNS=1 to skip them");
     true
-}
-
-impl TwoNodes {
-    pub fn new() -> TwoNodes {
-        let tag = unique("");
-        let a = format!("gpa{tag}");
-        let b = format!("gpb{tag}");
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let subnet = format!("10.{}.{}", 200 + (n % 50), std::process::id() % 250);
-        let nodes = TwoNodes { ns: [a.clone(), b.clone()], ip: [format!("{subnet}.1"), format!("{subnet}.2")] };
-        sh(&["ip", "netns", "add", &a]);
-        sh(&["ip", "netns", "add", &b]);
-        let va = format!("va{tag}");
-        let vb = format!("vb{tag}");
-        let (va, vb) = (&va[..va.len().min(15)], &vb[..vb.len().min(15)]);
-        sh(&["ip", "link", "add", va, "netns", &a, "type", "veth", "peer", "name", vb, "netns", &b]);
-        for (ns, dev, ip) in [(&a, va, &nodes.ip[0]), (&b, vb, &nodes.ip[1])] {
-            sh(&["ip", "-n", ns, "addr", "add", &format!("{ip}/24"), "dev", dev]);
-            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        }
-        nodes
-    }
-
-    /// A command run inside node `i`'s namespace.
-    pub fn cmd(&self, i: usize, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.ns[i], program]);
-        c
-    }
-}
-
-impl Drop for TwoNodes {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
-                }
-            }
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
 }
 
 /// A temporary directory removed on drop.
