@@ -194,6 +194,8 @@ fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(
     let (_, bw) = collect(stream, "stream")?;
     drop(guard);
     let _ = std::fs::remove_dir_all(&dir);
+    // The peers were killed, so their sockets remain: this namespace is ours to remove.
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
     Ok((lat, bw))
 }
 
@@ -269,6 +271,9 @@ fn overlap(netpeer: &Path, progress: Progress, sizes: &[usize], computes: &[Dura
             out.insert((s, compute.as_micros()), (waits[rounds / 2], totals[rounds / 2]));
         }
     }
+    drop(_guard);
+    drop(port);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
     Ok(out)
 }
 
