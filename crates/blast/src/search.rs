@@ -159,6 +159,24 @@ pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
     500
 }
 
+/// Each query's final hits (HSP texts with global query ids) and hit count.
+struct QueryResults {
+    hsps: Vec<Option<Vec<String>>>,
+    counts: Vec<usize>,
+}
+
+impl QueryResults {
+    fn new(n: usize) -> Self {
+        QueryResults { hsps: vec![None; n], counts: vec![0; n] }
+    }
+
+    /// Records query `g`'s hits (in final order), renumbering them to `Query_<g+1>`.
+    fn store(&mut self, g: usize, hits: &[archive::Hit]) {
+        self.counts[g] = hits.len();
+        self.hsps[g] = Some(hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+    }
+}
+
 /// Removes the scratch directory and any temporary output, also on failure.
 struct Cleanup {
     scratch: PathBuf,
@@ -295,8 +313,7 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     let prelim = preliminary_list(k, cbs);
 
     let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
-    let mut results: Vec<Option<Vec<String>>> = vec![None; queries.len()];
-    let mut hit_counts = vec![0usize; queries.len()];
+    let mut results = QueryResults::new(queries.len());
     let mut alive: Vec<bool> = vec![true; workers];
     let mut idle: Vec<bool> = vec![false; workers];
     // Per worker: when it reported ready, and when it stopped (for time accounting).
@@ -384,10 +401,8 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
                     Target::Whole => {
                         let hsps = archive::hsps(&text).map_err(|error| SearchError::BadArchive { task, error })?;
                         let hits = archive::hits_by_query(&hsps, 0, t.queries.len());
-                        for (local, list) in hits.into_iter().enumerate() {
-                            let g = t.queries[local];
-                            hit_counts[g] = list.len();
-                            results[g] = Some(list.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+                        for (local, list) in hits.iter().enumerate() {
+                            results.store(t.queries[local], list);
                             done_queries += 1;
                         }
                     }
@@ -395,7 +410,7 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
                         archives[t.batch][f] = Some(text);
                         if archives[t.batch].iter().all(|a| a.is_some()) {
                             let range = batch_ranges[t.batch].clone();
-                            let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, &mut hit_counts, task)?;
+                            let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, task)?;
                             archives[t.batch] = vec![None; nfrag];
                             done_queries += range.len() - risky.len();
                             if !risky.is_empty() {
@@ -423,7 +438,8 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
             let _ = port.send(Addr::new(0, w as u32 + 1), TAG_SHUTDOWN, Vec::new());
         }
     }
-    let hsps: Vec<String> = results.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
+    let hits: usize = results.counts.iter().sum();
+    let hsps: Vec<String> = results.hsps.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
     let spec = report::Spec {
         program: &program,
         db_dir: &db_dir,
@@ -443,7 +459,7 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     }
     Ok(Summary {
         queries: queries.len(),
-        hits: hit_counts.iter().sum(),
+        hits,
         tasks: sched.len(),
         whole_db_fallbacks: fallbacks,
         wall_seconds: started.elapsed().as_secs_f64(),
@@ -467,8 +483,7 @@ fn merge_batch(
     range: std::ops::Range<usize>,
     k: usize,
     prelim: usize,
-    results: &mut [Option<Vec<String>>],
-    hit_counts: &mut [usize],
+    results: &mut QueryResults,
     task: usize,
 ) -> Result<Vec<usize>, SearchError> {
     let nq = range.len();
@@ -491,9 +506,7 @@ fn merge_batch(
                 continue;
             }
         }
-        let merged = archive::merge_query(lists, k);
-        hit_counts[g] = merged.len();
-        results[g] = Some(merged.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+        results.store(g, &archive::merge_query(lists, k));
     }
     Ok(risky)
 }

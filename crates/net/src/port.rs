@@ -176,7 +176,6 @@ struct State {
     app_bell: Bell,
     app_bell_set: bool,
     stats: PortStats,
-    closing: bool,
     /// A timer was armed outside the event thread: wake it so it recomputes its timeout.
     kick: bool,
     /// The awake lease left by the last `wait` (counted in `awake` while held).
@@ -284,7 +283,6 @@ impl Port {
             app_bell: Bell::new()?,
             app_bell_set: false,
             stats: PortStats::default(),
-            closing: false,
             kick: false,
             lease: None,
             thread_wake_at: None,
@@ -583,14 +581,7 @@ impl Drop for Port {
     fn drop(&mut self) {
         // Deliver what is queued (like MPI_Finalize), bounded by `linger`.
         let deadline = Instant::now() + self.sh.linger;
-        let _ = self.wait_until(deadline, |st| {
-            st.closing = true;
-            if st.output_settled() {
-                Some(())
-            } else {
-                None
-            }
-        });
+        let _ = self.wait_until(deadline, |st| st.output_settled().then_some(()));
         self.sh.shutdown.store(true, Ordering::SeqCst);
         let _ = self.sh.waker.wake();
         if let Some(t) = self.thread.take() {
@@ -1115,7 +1106,6 @@ impl State {
             return;
         }
         let link = self.links.entry(peer).or_default();
-        link.addr = Some(addr);
         link.conn = Some(id);
         let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
         h.ack = link.recv.delivered();

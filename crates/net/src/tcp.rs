@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
@@ -163,7 +162,6 @@ pub struct Link {
     pub retry_at: Option<Instant>,
     pub backoff: Duration,
     pub ack_due: Option<Instant>,
-    pub addr: Option<SocketAddr>,
 }
 
 impl Link {
@@ -178,7 +176,6 @@ impl Link {
             retry_at: None,
             backoff: Duration::ZERO,
             ack_due: None,
-            addr: None,
         }
     }
 }

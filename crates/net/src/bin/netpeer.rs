@@ -112,24 +112,10 @@ enum Role {
     },
     /// Bandwidth source: for each size, stream BYTES with a window of 16 outstanding
     /// sends to `sink`, wait for its acknowledgement; prints `BW <size> <GB/s>`.
-    Stream {
-        #[arg(long, value_parser = parse_addr)]
-        peer: Addr,
-        #[arg(long, value_delimiter = ',')]
-        sizes: Vec<usize>,
-        #[arg(long, default_value_t = 256 << 20)]
-        bytes: usize,
-    },
+    Stream(StreamArgs),
     /// Bandwidth sink: receives the streams of `stream` (same sizes and bytes) with 16
     /// receives posted ahead, acknowledging each size.
-    Sink {
-        #[arg(long, value_parser = parse_addr)]
-        peer: Addr,
-        #[arg(long, value_delimiter = ',')]
-        sizes: Vec<usize>,
-        #[arg(long, default_value_t = 256 << 20)]
-        bytes: usize,
-    },
+    Sink(StreamArgs),
     /// Overlap benchmark sender: for each size, wait for the receiver's go (tag 1), then
     /// send SIZE bytes (tag 2); ROUNDS times.
     OverlapSend {
@@ -140,6 +126,19 @@ enum Role {
         #[arg(long)]
         rounds: u32,
     },
+}
+
+/// The two ends of a bandwidth measurement take the same arguments.
+#[derive(clap::Args)]
+struct StreamArgs {
+    #[arg(long, value_parser = parse_addr)]
+    peer: Addr,
+    /// Comma-separated message sizes in bytes.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Bytes streamed per size.
+    #[arg(long, default_value_t = 256 << 20)]
+    bytes: usize,
 }
 
 /// Size of message `i` of a stream: 1 B to 64 KiB, crossing the eager threshold.
@@ -338,7 +337,7 @@ fn main() -> Result<()> {
             eprintln!("doorbells rung: {}", port.stats().doorbells);
             println!("OK");
         }
-        Role::Stream { peer, sizes, bytes: total } => {
+        Role::Stream(StreamArgs { peer, sizes, bytes: total }) => {
             for &s in &sizes {
                 let n = (total / s).max(16);
                 let data = bytes::Bytes::from(vec![3u8; s]);
@@ -359,7 +358,7 @@ fn main() -> Result<()> {
             }
             println!("OK");
         }
-        Role::Sink { peer, sizes, bytes: total } => {
+        Role::Sink(StreamArgs { peer, sizes, bytes: total }) => {
             for &s in &sizes {
                 let n = (total / s).max(16);
                 let mut window = std::collections::VecDeque::new();
