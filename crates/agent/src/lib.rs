@@ -1,15 +1,21 @@
 //! gepsea-agent: the per-node agent of GePSeA.
 //!
-//! Built bottom-up like gepsea-net: every core component is first a deterministic state
-//! machine with no I/O (sans-IO) that the agent's event loop drives with messages from
-//! gepsea-net. So far (see `docs/architecture.md`):
+//! Three layers, bottom up, as in the GePSeA papers:
 //!
-//! - [`core::locks`]: distributed lock manager — exclusive, shared and group-wise shared
-//!   locks, FIFO queueing, release of a dead process's or node's locks.
-//! - [`core::board`]: bulletin board — versioned values, compare-and-swap, ownership of
-//!   keys by rendezvous hashing over the live agents.
-//! - [`core::advert`]: reliable advertising — per-publisher order, no duplicates, topic
-//!   filtering, agent-managed mailboxes.
-//! - [`core::merge`]: incremental k-way merge of sorted runs arriving in any order.
+//! - [`core`] components, each a deterministic state machine with no I/O (sans-IO):
+//!   reliable advertising, bulletin board, distributed locks, data cache and directory,
+//!   sort/merge, parsing and compression engines.
+//! - [`primitives`] built on them: load balancing (elected scheduler), global process
+//!   state, global memory aggregator (and the data streaming service in `server`).
+//! - [`plugin`]s that applications address by name.
+//!
+//! [`server`] is the agent process's event loop that drives them all over gepsea-net;
+//! [`wire`] is what clients and agents say to each other; [`api`] is the one typed API
+//! both applications (through `gepsea-client`) and plug-ins use.
 
+pub mod api;
 pub mod core;
+pub mod plugin;
+pub mod primitives;
+pub mod server;
+pub mod wire;

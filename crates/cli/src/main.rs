@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
+mod agent_cmd;
 mod bench_net;
 mod bench_search;
 
@@ -31,6 +32,8 @@ enum Cmd {
         #[command(subcommand)]
         what: Bench,
     },
+    /// The per-node agent (run it, or `gepsea agent status`).
+    Agent(agent_cmd::AgentArgs),
     /// (internal) A search worker process, started by `gepsea search`.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -167,6 +170,7 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+        Cmd::Agent(a) => agent_cmd::run(&a),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),

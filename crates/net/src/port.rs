@@ -407,6 +407,11 @@ impl Port {
         self.with(|st| st.proto.expose(region, len))
     }
 
+    /// Withdraws a region exposed with [`Port::expose`].
+    pub fn unexpose(&self, region: u64) -> Result<(), NetError> {
+        self.with(|st| st.proto.unexpose(region))
+    }
+
     /// Reads or writes a local region.
     pub fn with_region<R>(&self, region: u64, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, NetError> {
         self.with(|st| st.proto.region(region).map(|r| f(r)))

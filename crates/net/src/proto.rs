@@ -394,6 +394,11 @@ impl Proto {
         Ok(())
     }
 
+    /// Withdraws an exposed region; later remote accesses to it fail.
+    pub fn unexpose(&mut self, region: u64) -> Result<(), NetError> {
+        self.regions.remove(&region).map(|_| ()).ok_or(NetError::NoSuchRegion(region))
+    }
+
     /// Local access to an exposed region.
     pub fn region(&mut self, region: u64) -> Result<&mut Vec<u8>, NetError> {
         self.regions.get_mut(&region).ok_or(NetError::NoSuchRegion(region))

@@ -1,5 +1,6 @@
-//! Two "nodes" as network namespaces joined by a veth pair, for multi-node tests and
-//! benchmarks (needs root). Everything is torn down on drop: processes inside the
+//! "Nodes" as network namespaces, for multi-node tests and benchmarks (needs root): two
+//! joined by a veth pair ([`NetnsPair`]), or any number on one Linux bridge that lives
+//! in a namespace of its own ([`NetnsBridge`]), so the host's network is never touched. Everything is torn down on drop: processes inside the
 //! namespaces are killed first, then the namespaces (and with them the veths) deleted.
 //! Names carry the creating process's id and a counter so concurrent runs never collide.
 
@@ -56,11 +57,73 @@ impl NetnsPair {
 impl Drop for NetnsPair {
     fn drop(&mut self) {
         for ns in &self.ns {
-            if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-                for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                    let _ = Command::new("kill").args(["-9", pid]).status();
-                }
-            }
+            kill_ns(ns);
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// `n` node namespaces, each with one veth into a bridge inside a switch namespace.
+pub struct NetnsBridge {
+    pub ns: Vec<String>,
+    pub ip: Vec<String>,
+    switch: String,
+}
+
+impl NetnsBridge {
+    pub fn new(prefix: &str, n: usize) -> std::io::Result<NetnsBridge> {
+        let c = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let pid = std::process::id();
+        let tag = format!("{prefix}{pid}x{c}");
+        let subnet = format!("10.{}.{}", 200 + (c % 50), pid % 250);
+        let mut b = NetnsBridge { ns: Vec::new(), ip: Vec::new(), switch: format!("{tag}s") };
+        run(&["ip", "netns", "add", &b.switch])?;
+        run(&["ip", "-n", &b.switch, "link", "add", "br0", "type", "bridge"])?;
+        run(&["ip", "-n", &b.switch, "link", "set", "br0", "up"])?;
+        for i in 0..n {
+            let ns = format!("{tag}n{i}");
+            run(&["ip", "netns", "add", &ns])?;
+            b.ns.push(ns.clone());
+            let ip = format!("{subnet}.{}", i + 1);
+            b.ip.push(ip.clone());
+            let port = format!("p{i}");
+            run(&["ip", "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &b.switch])?;
+            run(&["ip", "-n", &b.switch, "link", "set", &port, "master", "br0"])?;
+            run(&["ip", "-n", &b.switch, "link", "set", &port, "up"])?;
+            run(&["ip", "-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+            run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
+            run(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(b)
+    }
+
+    /// `program` to be run inside node `i`'s namespace.
+    pub fn cmd(&self, i: usize, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns[i]]).arg(program);
+        c
+    }
+
+    /// Kills every process inside node `i`'s namespace.
+    pub fn kill_all(&self, i: usize) {
+        kill_ns(&self.ns[i]);
+    }
+}
+
+fn kill_ns(ns: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-9", pid]).status();
+        }
+    }
+}
+
+impl Drop for NetnsBridge {
+    fn drop(&mut self) {
+        for ns in &self.ns {
+            kill_ns(ns);
+        }
+        for ns in self.ns.iter().chain(std::iter::once(&self.switch)) {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
     }

@@ -64,11 +64,44 @@ impl Outbox {
     }
 }
 
+/// Receiver side, per agent: admits each publisher's adverts strictly in sequence,
+/// buffering early ones and dropping duplicates.
+#[derive(Default, Debug)]
+pub struct Sequencer {
+    next: HashMap<u32, u64>,
+    early: HashMap<u32, BTreeMap<u64, Advert>>,
+}
+
+impl Sequencer {
+    /// Admits `a`; returns the publisher's cumulative acknowledgement and the adverts
+    /// that are now deliverable, in order.
+    pub fn admit(&mut self, a: Advert) -> (u64, Vec<Advert>) {
+        let p = a.publisher;
+        let next = *self.next.entry(p).or_insert(1);
+        if a.seq >= next {
+            self.early.entry(p).or_default().insert(a.seq, a);
+        }
+        let early = self.early.entry(p).or_default();
+        let mut n = next;
+        let mut out = Vec::new();
+        while let Some(a) = early.remove(&n) {
+            out.push(a);
+            n += 1;
+        }
+        self.next.insert(p, n);
+        (n - 1, out)
+    }
+
+    /// A publisher is gone for good.
+    pub fn forget(&mut self, publisher: u32) {
+        self.early.remove(&publisher);
+    }
+}
+
 /// Receiver side: ordering, duplicate suppression, topic filter, mailbox.
 #[derive(Default, Debug)]
 pub struct Inbox {
-    next: HashMap<u32, u64>,
-    early: HashMap<u32, BTreeMap<u64, Advert>>,
+    seq: Sequencer,
     topics: HashSet<String>,
     mailbox: VecDeque<Advert>,
 }
@@ -86,23 +119,24 @@ impl Inbox {
         self.topics.remove(topic);
     }
 
+    pub fn is_subscribed(&self, topic: &str) -> bool {
+        self.topics.contains(topic)
+    }
+
     /// Admits an advert; returns the cumulative acknowledgement for its publisher.
     pub fn receive(&mut self, a: Advert) -> u64 {
-        let p = a.publisher;
-        let next = *self.next.entry(p).or_insert(1);
-        if a.seq >= next {
-            self.early.entry(p).or_default().insert(a.seq, a);
-        }
-        let early = self.early.entry(p).or_default();
-        let mut n = next;
-        while let Some(a) = early.remove(&n) {
+        let (ack, ready) = self.seq.admit(a);
+        self.deliver(ready);
+        ack
+    }
+
+    /// Files already-sequenced adverts (from the agent's [`Sequencer`]) by topic.
+    pub fn deliver(&mut self, ready: impl IntoIterator<Item = Advert>) {
+        for a in ready {
             if self.topics.contains(&a.topic) {
                 self.mailbox.push_back(a);
             }
-            n += 1;
         }
-        self.next.insert(p, n);
-        n - 1
     }
 
     /// The oldest unread advert.

@@ -100,9 +100,48 @@ pub fn owner_of(key: &str, agents: &[u32]) -> Option<u32> {
     agents.iter().copied().max_by_key(|&a| (mix(h ^ mix(a as u64 + 1)), a))
 }
 
+/// `key`'s agents in rendezvous order: the owner first, then its backup, and so on.
+/// When the owner dies the backup becomes the owner, so a backup copy is exactly
+/// where the key's next owner will look.
+pub fn ranked(key: &str, agents: &[u32]) -> Vec<u32> {
+    let h = key_hash(key);
+    let mut v: Vec<u32> = agents.to_vec();
+    v.sort_by_key(|&a| std::cmp::Reverse((mix(h ^ mix(a as u64 + 1)), a)));
+    v
+}
+
+/// Every key and version this agent stores.
+impl Board {
+    pub fn entries(&self) -> impl Iterator<Item = (&String, &Versioned)> {
+        self.entries.iter()
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranking_starts_with_the_owner_and_the_backup_inherits() {
+        for k in ["a", "b", "gepsea.dir/x", "counter"] {
+            let r = ranked(k, &[1, 2, 3, 4]);
+            assert_eq!(r[0], owner_of(k, &[1, 2, 3, 4]).unwrap());
+            let rest: Vec<u32> = [1, 2, 3, 4].into_iter().filter(|&n| n != r[0]).collect();
+            assert_eq!(owner_of(k, &rest), Some(r[1]));
+        }
+    }
 
     #[test]
     fn versions_and_compare_and_swap() {

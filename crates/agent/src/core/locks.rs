@@ -147,6 +147,23 @@ impl LockTable {
         self.forget(|c| c.node == node)
     }
 
+    /// A lock's previous owner died while `client` held it: the holder re-registers
+    /// with the new owner (see the agent's failover) and holds it again at once.
+    pub fn reclaim(&mut self, lock: &str, client: Client, mode: Mode) {
+        let st = self.locks.entry(lock.to_string()).or_default();
+        if !st.holders.iter().any(|(c, _)| *c == client) {
+            st.waiting.retain(|(c, _)| *c != client);
+            st.holders.push((client, mode));
+        }
+    }
+
+    /// Every lock this table knows, with its holders and waiters (for status reports).
+    pub fn snapshot(&self) -> Vec<(String, Vec<(Client, Mode)>, Vec<(Client, Mode)>)> {
+        let mut v: Vec<_> = self.locks.iter().map(|(k, s)| (k.clone(), s.holders.clone(), s.waiting.iter().copied().collect())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// Current holders of `lock`.
     pub fn holders(&self, lock: &str) -> Vec<(Client, Mode)> {
         self.locks.get(lock).map(|s| s.holders.clone()).unwrap_or_default()
@@ -167,6 +184,17 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reclaimed_holds_block_later_requests() {
+        let mut t = LockTable::new();
+        let (a, b) = (Client::new(1, 1), Client::new(2, 1));
+        t.reclaim("L", a, Mode::Exclusive);
+        assert_eq!(t.acquire("L", b, Mode::Exclusive).unwrap(), vec![]);
+        t.reclaim("L", a, Mode::Exclusive);
+        assert_eq!(t.holders("L"), vec![(a, Mode::Exclusive)]);
+        assert_eq!(t.release("L", a).unwrap(), vec![Grant { lock: "L".into(), client: b, mode: Mode::Exclusive }]);
+    }
     use proptest::prelude::*;
 
     const A: Client = Client::new(1, 1);

@@ -2,11 +2,13 @@
 
 pub mod advert;
 pub mod board;
+pub mod cache;
+pub mod compress;
 pub mod locks;
 pub mod merge;
-
+pub mod parse;
 /// A process served by an agent: (node, process id on that node).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Client {
     pub node: u32,
     pub process: u32,

@@ -1,0 +1,223 @@
+//! `gepsea agent` and `gepsea agent status`: parse options (flags over `--config`
+//! file over defaults), then hand over to `gepsea_agent::server`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use gepsea_agent::server::{Agent, AgentConfig, Shutdown};
+use serde::Deserialize;
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct AgentArgs {
+    #[command(subcommand)]
+    pub action: Option<AgentAction>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand)]
+pub enum AgentAction {
+    /// Print a running agent's configuration, peers, processes and component state.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// Node whose agent to ask.
+    #[arg(long, env = "GEPSEA_NODE", default_value_t = 1)]
+    node_id: u32,
+    #[arg(long, env = "GEPSEA_NAMESPACE", default_value = "gepsea")]
+    namespace: String,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Default)]
+pub struct RunArgs {
+    /// This node's id (unique among the agents).
+    #[arg(long, env = "GEPSEA_NODE")]
+    node_id: Option<u32>,
+    /// Isolates unrelated runs on one machine.
+    #[arg(long, env = "GEPSEA_NAMESPACE")]
+    namespace: Option<String>,
+    /// TCP address other agents connect to (e.g. 10.0.0.5:7400; port 0: any).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Shared directory where agents publish their address and find each other.
+    #[arg(long, conflicts_with = "peers")]
+    rendezvous: Option<PathBuf>,
+    /// Every agent, as ID=HOST:PORT or HOST:PORT (then the ID is the 1-based position).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Number of agents; the agent reports ready (and clients start) once all are up.
+    #[arg(long)]
+    nodes: Option<usize>,
+    /// TOML file with any of these options (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Pin the agent to this core (e.g. a spare one).
+    #[arg(long)]
+    cpu: Option<usize>,
+    /// Declare a peer dead after its link was down this long (ms).
+    #[arg(long)]
+    peer_timeout_ms: Option<u64>,
+    /// Bytes of the distributed data cache on this node.
+    #[arg(long)]
+    cache_bytes: Option<usize>,
+    /// Bytes of global memory this node lends.
+    #[arg(long)]
+    gma_bytes: Option<u64>,
+    /// Job threads for plug-ins and engines.
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    node_id: Option<u32>,
+    namespace: Option<String>,
+    listen: Option<SocketAddr>,
+    rendezvous: Option<PathBuf>,
+    peers: Option<Vec<String>>,
+    nodes: Option<usize>,
+    cpu: Option<usize>,
+    peer_timeout_ms: Option<u64>,
+    cache_bytes: Option<usize>,
+    gma_bytes: Option<u64>,
+    jobs: Option<usize>,
+}
+
+fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
+    list.iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (id, addr) = match p.split_once('=') {
+                Some((id, a)) => (id.parse::<u32>().with_context(|| format!("--peers entry {p:?}: {id:?} is not a node id"))?, a),
+                None => (i as u32 + 1, p.as_str()),
+            };
+            let addr = addr.parse::<SocketAddr>().with_context(|| format!("--peers entry {p:?}: {addr:?} is not HOST:PORT (an IP address and port)"))?;
+            Ok((id, addr))
+        })
+        .collect()
+}
+
+fn pin(cpu: usize) -> Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it; sched_setaffinity
+    // reads it for the calling thread, which every later thread inherits.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("--cpu {cpu}: {}", std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
+    let f: FileConfig = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading --config {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("in --config {}", p.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let node = a.node_id.or(f.node_id).unwrap_or(1);
+    let namespace = a.namespace.clone().or(f.namespace).unwrap_or_else(|| "gepsea".into());
+    let mut c = AgentConfig::new(node, &namespace);
+    c.listen = a.listen.or(f.listen);
+    c.rendezvous = a.rendezvous.clone().or(f.rendezvous);
+    let peers = if a.peers.is_empty() { f.peers.unwrap_or_default() } else { a.peers.clone() };
+    c.peers = parse_peers(&peers)?;
+    if !c.peers.is_empty() && c.rendezvous.is_some() {
+        bail!("give either --rendezvous or --peers, not both");
+    }
+    if let Some((_, a)) = c.peers.iter().find(|(n, _)| *n == node) {
+        if c.listen.is_none() {
+            c.listen = Some(*a);
+        }
+    }
+    if (!c.peers.is_empty() || c.rendezvous.is_some()) && c.listen.is_none() {
+        bail!("agents on other nodes need an address to reach this one: give --listen HOST:PORT");
+    }
+    c.nodes = a.nodes.or(f.nodes).or(if c.peers.is_empty() { None } else { Some(c.peers.len().max(1)) });
+    if let Some(ms) = a.peer_timeout_ms.or(f.peer_timeout_ms) {
+        c.peer_timeout = Duration::from_millis(ms);
+    }
+    if let Some(b) = a.cache_bytes.or(f.cache_bytes) {
+        c.cache_bytes = b;
+    }
+    if let Some(b) = a.gma_bytes.or(f.gma_bytes) {
+        c.gma_bytes = b;
+    }
+    if let Some(j) = a.jobs.or(f.jobs) {
+        c.jobs = j;
+    }
+    Ok((c, a.cpu.or(f.cpu)))
+}
+
+pub fn run(a: &AgentArgs) -> Result<()> {
+    if let Some(AgentAction::Status(s)) = &a.action {
+        return status(s);
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GEPSEA_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init();
+    let (cfg, cpu) = config(&a.run)?;
+    if let Some(cpu) = cpu {
+        pin(cpu)?;
+    }
+    let shutdown = Shutdown::new();
+    let agent = Agent::start(cfg, gepsea_agent::plugin::Registry::with_builtins(), Default::default(), shutdown.clone())?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
+    let s2 = shutdown.clone();
+    std::thread::spawn(move || {
+        if signals.forever().next().is_some() {
+            s2.trigger();
+        }
+    });
+    agent.run()?;
+    Ok(())
+}
+
+fn status(a: &StatusArgs) -> Result<()> {
+    let json = gepsea_client::status(&a.namespace, a.node_id)?;
+    if a.json {
+        println!("{json}");
+        return Ok(());
+    }
+    let v: serde_json::Value = serde_json::from_str(&json)?;
+    let list = |k: &str| v[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or_default();
+    println!("agent of node {} (pid {}), namespace {}", v["node"], v["pid"], v["namespace"]);
+    println!("  listen        {}", v["listen"].as_str().unwrap_or("(none: this node only)"));
+    println!("  rendezvous    {}", v["rendezvous"].as_str().unwrap_or("(none)"));
+    println!("  ready         {} (expected nodes: {})", v["ready"], v["expected_nodes"]);
+    println!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
+    println!("  peer timeout  {} ms", v["peer_timeout_ms"]);
+    let clients = v["clients"].as_array().cloned().unwrap_or_default();
+    println!("  processes     {}", clients.len());
+    for c in &clients {
+        println!("    port {:>4}  pid {:>7}  {:<8} {}", c["port"], c["pid"], c["activity"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""));
+    }
+    println!("  board keys    {}", v["board_keys"]);
+    let locks = v["locks"].as_array().cloned().unwrap_or_default();
+    println!("  locks owned   {}", locks.len());
+    for l in &locks {
+        println!("    {}: held by {} waiting {}", l["name"].as_str().unwrap_or(""), l["holders"], l["waiting"]);
+    }
+    println!("  cache         {} objects, {} bytes of {}", v["cache_objects"].as_array().map_or(0, |a| a.len()), v["cache_bytes"], v["cache_bytes_limit"]);
+    println!("  global memory {} blocks, {} bytes of {}", v["gma_blocks"], v["gma_bytes"], v["gma_bytes_limit"]);
+    println!("  merge streams {}", v["merge_streams"]);
+    if !v["tasks"].is_null() {
+        let t = &v["tasks"];
+        println!("  scheduler     {} queued, {} running, {} idle takers, {} assigned so far", t["queued"], t["running"], t["idle_takers"], t["assigned_total"]);
+    }
+    println!("  plug-ins      {}", v["plugins"].as_array().map(|a| a.iter().map(|p| p[0].as_str().unwrap_or("").to_string()).collect::<Vec<_>>().join(", ")).unwrap_or_default());
+    println!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
+    Ok(())
+}

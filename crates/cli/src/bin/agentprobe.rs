@@ -1,0 +1,211 @@
+//! gepsea-agentprobe: one application process that exercises the agents, for the
+//! multi-process and multi-namespace tests and `gepsea bench agent`. Namespace and
+//! node come from GEPSEA_NAMESPACE / GEPSEA_NODE. Results go to stdout, one
+//! `key value...` line each, so tests can check exact numbers.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gepsea_client::wire::{Dest, LockMode};
+use gepsea_client::{Api, Cas, Client};
+
+fn arg<T: std::str::FromStr>(a: &[String], i: usize, what: &str) -> Result<T> {
+    a.get(i).with_context(|| format!("missing {what}"))?.parse().map_err(|_| anyhow::anyhow!("bad {what}: {:?}", a[i]))
+}
+
+fn say(line: String) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{line}");
+    let _ = o.flush();
+}
+
+fn main() -> Result<()> {
+    let a: Vec<String> = std::env::args().skip(1).collect();
+    let role = a.first().context("usage: gepsea-agentprobe ROLE ARGS...")?.clone();
+    let c = Client::connect_env(&format!("probe-{role}"))?;
+    match role.as_str() {
+        "ping" => {
+            c.ping()?;
+            say(format!("pong node {}", c.node()));
+        }
+        // cas-incr KEY N: N read + compare-and-swap increments of KEY.
+        "cas-incr" => {
+            let key: String = arg(&a, 1, "key")?;
+            let n: u64 = arg(&a, 2, "count")?;
+            let mut conflicts = 0u64;
+            for _ in 0..n {
+                loop {
+                    let (ver, val) = match c.board_get(&key)? {
+                        Some(v) => (v.version, u64::from_le_bytes(v.value.try_into().map_err(|_| anyhow::anyhow!("{key} is not a counter"))?)),
+                        None => (0, 0),
+                    };
+                    match c.board_cas(&key, ver, &(val + 1).to_le_bytes())? {
+                        Cas::Written(_) => break,
+                        Cas::Conflict(_) => conflicts += 1,
+                    }
+                }
+            }
+            say(format!("done {n} conflicts {conflicts}"));
+        }
+        "board-get" => {
+            let key: String = arg(&a, 1, "key")?;
+            match c.board_get(&key)? {
+                Some(v) if v.value.len() == 8 => say(format!("value {} version {}", u64::from_le_bytes(v.value.try_into().unwrap()), v.version)),
+                Some(v) => say(format!("bytes {} version {}", v.value.len(), v.version)),
+                None => say("absent".into()),
+            }
+        }
+        // lock-loop NAME N FILE: N times: lock, read the number in FILE, write it + 1,
+        // append "node pid i" to FILE.log, unlock. Without mutual exclusion increments
+        // are lost.
+        "lock-loop" => {
+            let name: String = arg(&a, 1, "lock")?;
+            let n: u64 = arg(&a, 2, "count")?;
+            let file: String = arg(&a, 3, "file")?;
+            for i in 0..n {
+                c.lock(&name, LockMode::Exclusive)?;
+                let v: u64 = std::fs::read_to_string(&file).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+                std::thread::yield_now();
+                std::fs::write(&file, format!("{}\n", v + 1))?;
+                let mut log = std::fs::OpenOptions::new().create(true).append(true).open(format!("{file}.log"))?;
+                writeln!(log, "{} {} {i}", c.node(), std::process::id())?;
+                c.unlock(&name)?;
+            }
+            say(format!("done {n}"));
+        }
+        // lock-queue NAME TAG LOG: queue for the lock, log TAG when granted, release.
+        "lock-queue" => {
+            let name: String = arg(&a, 1, "lock")?;
+            let tag: String = arg(&a, 2, "tag")?;
+            let log: String = arg(&a, 3, "log")?;
+            say("queued".into());
+            c.lock(&name, LockMode::Exclusive)?;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+            writeln!(f, "{tag}")?;
+            c.unlock(&name)?;
+            say("done".into());
+        }
+        // hold-lock NAME [SECONDS]: take the lock, say so, hold it (until killed).
+        "hold-lock" => {
+            let name: String = arg(&a, 1, "lock")?;
+            let secs: u64 = a.get(2).map(|s| s.parse()).transpose()?.unwrap_or(3600);
+            c.lock(&name, LockMode::Exclusive)?;
+            say("locked".into());
+            std::thread::sleep(Duration::from_secs(secs));
+            c.unlock(&name)?;
+            say("released".into());
+        }
+        // lock-timeout NAME MS: try the lock for MS milliseconds.
+        "lock-timeout" => {
+            let name: String = arg(&a, 1, "lock")?;
+            let ms: u64 = arg(&a, 2, "ms")?;
+            let t = Instant::now();
+            match c.call_timeout(gepsea_client::wire::Op::Lock { name: name.clone(), mode: LockMode::Exclusive }, Duration::from_millis(ms)) {
+                Ok(_) => say(format!("locked after {} ms", t.elapsed().as_millis())),
+                Err(e) => say(format!("not locked: {e}")),
+            }
+        }
+        // subscribe TOPIC EXPECT: read adverts until EXPECT arrived; check order.
+        "subscribe" => {
+            let topic: String = arg(&a, 1, "topic")?;
+            let expect: usize = arg(&a, 2, "expected count")?;
+            c.subscribe(&topic)?;
+            say("subscribed".into());
+            let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut per: BTreeMap<u32, usize> = BTreeMap::new();
+            let mut got = 0;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while got < expect {
+                if Instant::now() > deadline {
+                    bail!("only {got} of {expect} adverts arrived");
+                }
+                for m in c.next_adverts(256, Duration::from_secs(1))? {
+                    if m.topic != topic {
+                        bail!("advert on topic {:?} delivered to a subscriber of {topic:?}", m.topic);
+                    }
+                    let prev = last.insert(m.publisher, m.seq);
+                    if prev.is_some_and(|p| m.seq <= p) {
+                        bail!("publisher {} seq {} after {:?}: duplicate or out of order", m.publisher, m.seq, prev);
+                    }
+                    *per.entry(m.publisher).or_default() += 1;
+                    got += 1;
+                }
+            }
+            // Nothing more may come.
+            let extra = c.next_adverts(256, Duration::from_millis(300))?;
+            say(format!("received {got} extra {} from {per:?}", extra.len()));
+        }
+        // publish TOPIC N: N adverts to every agent.
+        "publish" => {
+            let topic: String = arg(&a, 1, "topic")?;
+            let n: u64 = arg(&a, 2, "count")?;
+            for i in 0..n {
+                c.publish(&topic, format!("{} {i}", c.node()).as_bytes(), Dest::All)?;
+            }
+            say(format!("published {n}"));
+        }
+        // submit N: N tasks (payload "task-i").
+        "submit" => {
+            let n: u64 = arg(&a, 1, "count")?;
+            for i in 0..n {
+                c.submit(format!("task-{i}").as_bytes())?;
+            }
+            say(format!("submitted {n}"));
+        }
+        // work LOG IDLE_SECS: take tasks, log their payloads, mark done; stop after IDLE_SECS without work.
+        "work" => {
+            let log: String = arg(&a, 1, "log")?;
+            let idle: u64 = arg(&a, 2, "idle seconds")?;
+            let ms: u64 = a.get(3).map(|s| s.parse()).transpose()?.unwrap_or(0);
+            let mut n = 0;
+            let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+            say("working".into());
+            while let Some(t) = c.take(Duration::from_secs(idle))? {
+                std::thread::sleep(Duration::from_millis(ms));
+                writeln!(f, "{}", String::from_utf8_lossy(&t.payload))?;
+                c.done(t.id)?;
+                n += 1;
+            }
+            say(format!("worked {n}"));
+        }
+        "scheduler" => say(format!("scheduler {}", c.scheduler()?)),
+        "state" => {
+            for s in c.global_state()? {
+                say(format!("node {} {:?} processes {} holds {:?}", s.node, s.activity, s.processes.len(), s.holds));
+            }
+        }
+        // bench-requests N: N round trips (ping), then N board puts; prints µs per op.
+        "bench" => {
+            let n: u32 = arg(&a, 1, "count")?;
+            for _ in 0..n / 10 {
+                c.ping()?;
+            }
+            let t = Instant::now();
+            for _ in 0..n {
+                c.ping()?;
+            }
+            let ping = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            let t = Instant::now();
+            for i in 0..n {
+                c.board_put(&format!("bench/{}/{}", c.node(), i % 64), &i.to_le_bytes())?;
+            }
+            let put = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            let t = Instant::now();
+            for _ in 0..n {
+                c.lock("bench-lock", LockMode::Exclusive)?;
+                c.unlock("bench-lock")?;
+            }
+            let lock = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            let t = Instant::now();
+            for i in 0..n {
+                c.publish("bench", &i.to_le_bytes(), Dest::All)?;
+            }
+            let adv = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+            say(format!("us ping {ping:.2} put {put:.2} lockpair {lock:.2} publish {adv:.2}"));
+        }
+        other => bail!("unknown role {other:?}"),
+    }
+    Ok(())
+}
