@@ -329,6 +329,7 @@ pub struct Agent {
     net: HashMap<ReqId, NetOp>,
     large_counter: u64,
     loopback: VecDeque<PeerMsg>,
+    loopback_from: VecDeque<(u32, PeerMsg)>,
     // components
     board: Board,
     locks: LockTable,
@@ -354,6 +355,11 @@ pub struct Agent {
     takes: HashMap<u64, (Client, ReplyTo, Instant)>,
     // settling after a death: agents whose Reclaim is awaited, deferred lock requests
     awaiting_reclaim: BTreeSet<u32>,
+    /// Reclaims that arrived before we saw the death they refer to: (their view, sender).
+    early_reclaims: Vec<(Vec<u32>, u32)>,
+    /// Load-balancing messages that reached us before we knew we were the scheduler.
+    early_sched: Vec<(u32, PeerMsg)>,
+    sched_settle_deadline: Option<Instant>,
     settle_deadline: Option<Instant>,
     deferred: Vec<(u32, u64, Client, Op)>,
     // jobs
@@ -478,6 +484,7 @@ impl Agent {
             net: HashMap::new(),
             large_counter: 0,
             loopback: VecDeque::new(),
+            loopback_from: VecDeque::new(),
             board: Board::new(),
             locks: LockTable::new(),
             lock_waiters: HashMap::new(),
@@ -500,6 +507,9 @@ impl Agent {
             holding: HashMap::new(),
             takes: HashMap::new(),
             awaiting_reclaim: BTreeSet::new(),
+            early_reclaims: Vec::new(),
+            early_sched: Vec::new(),
+            sched_settle_deadline: None,
             settle_deadline: None,
             deferred: Vec::new(),
             jobs,
@@ -570,6 +580,10 @@ impl Agent {
                 progressed = true;
                 self.peer_msg(self.me, m);
             }
+            while let Some((from, m)) = self.loopback_from.pop_front() {
+                progressed = true;
+                self.peer_msg(from, m);
+            }
             if !progressed {
                 break;
             }
@@ -588,7 +602,7 @@ impl Agent {
         for (_, _, d) in self.takes.values() {
             t = t.min(*d);
         }
-        if let Some(d) = self.settle_deadline {
+        for d in [self.settle_deadline, self.sched_settle_deadline].into_iter().flatten() {
             t = t.min(d);
         }
         t.saturating_duration_since(now)
@@ -622,6 +636,16 @@ impl Agent {
                 self.send_peer(s, &PeerMsg::CancelTake { op });
             }
             self.reply(reply, Reply::Task(None));
+        }
+        if self.sched_settle_deadline.is_some_and(|d| d <= now) {
+            self.sched_settle_deadline = None;
+            if let Some(s) = &mut self.scheduler {
+                if s.settling() {
+                    warn!("node {}: scheduler stops waiting for rejoins", self.me);
+                    let a = s.settle();
+                    self.deliver_assignments(a);
+                }
+            }
         }
         if self.settle_deadline.is_some_and(|d| d <= now) {
             warn!("node {}: giving up waiting for lock re-registration from {:?}", self.me, self.awaiting_reclaim);
@@ -700,6 +724,11 @@ impl Agent {
             }
         }
         self.awaiting_reclaim = self.view.iter().copied().collect();
+        for (v, from) in std::mem::take(&mut self.early_reclaims) {
+            if v == self.view {
+                self.awaiting_reclaim.remove(&from);
+            }
+        }
         self.settle_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
         for n in self.view.clone() {
             let locks = reclaims.remove(&n).unwrap_or_default();
@@ -750,14 +779,21 @@ impl Agent {
                 info!("node {}: elected scheduler (view {:?})", self.me, self.view);
                 let others: Vec<u32> = self.view.clone();
                 self.scheduler = Some(Scheduler::taking_over(others));
+                self.sched_settle_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
             } else {
                 self.scheduler = None;
+                self.early_sched.clear();
             }
             if let Some(s) = new_sched {
                 let submitted: Vec<Task> = self.my_tasks.values().cloned().collect();
                 let holding: Vec<(u64, Client)> = self.holding.iter().map(|(t, c)| (*t, *c)).collect();
                 let takes: Vec<(u64, Client)> = self.takes.iter().map(|(o, (c, _, _))| (*o, *c)).collect();
                 self.send_peer(s, &PeerMsg::Rejoin { view: self.view.clone(), submitted, holding, takes });
+            }
+        }
+        if self.scheduler.is_some() {
+            for (from, m) in std::mem::take(&mut self.early_sched) {
+                self.loopback_from.push_back((from, m));
             }
         }
         let ready = self.cfg.nodes.is_none_or(|n| self.view.len() >= n);
@@ -1093,12 +1129,25 @@ impl Agent {
                 let me = self.me;
                 return self.job(client, reply, move |s| store_and_register(s, name, data, me));
             }
-            Op::CacheGet { name } | Op::Prefetch { name } => {
+            Op::CacheGet { name } => {
                 if let Some(d) = self.store.get(&name) {
                     Reply::Data(d.to_vec())
                 } else {
                     let me = self.me;
                     return self.job(client, reply, move |s| cache_fetch(s, &name, me));
+                }
+            }
+            // Data streaming: bring an object into this node's cache ahead of use (the
+            // application starts this and goes on computing; the reply says it is here).
+            Op::Prefetch { name } => {
+                if self.store.contains(&name) {
+                    Reply::Ok
+                } else {
+                    let me = self.me;
+                    return self.job(client, reply, move |s| match cache_fetch(s, &name, me) {
+                        Reply::Data(_) => Reply::Ok,
+                        other => other,
+                    });
                 }
             }
             Op::CacheRemove { name } => {
@@ -1538,6 +1587,11 @@ impl Agent {
             // flight behind, or we learnt of it only now): it is alive.
             self.peer_alive(from, 0, 0);
         }
+        if self.scheduler.is_none() && matches!(m, PeerMsg::Submit { .. } | PeerMsg::Take { .. } | PeerMsg::CancelTake { .. } | PeerMsg::Done { .. } | PeerMsg::Giveback { .. } | PeerMsg::Rejoin { .. }) {
+            // Sent by an agent that already sees us as the scheduler: keep it until we do.
+            self.early_sched.push((from, m));
+            return;
+        }
         match m {
             PeerMsg::Hello { node, pid, incarnation } => {
                 self.send_peer(node, &PeerMsg::HelloAck { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
@@ -1570,11 +1624,15 @@ impl Agent {
             PeerMsg::BoardCopy { entries } => {
                 self.board.adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
             }
-            PeerMsg::Reclaim { view: _, locks } => {
+            PeerMsg::Reclaim { view, locks } => {
                 for (name, client, mode) in locks {
                     self.locks.reclaim(&name, client, mode.into());
                 }
-                self.awaiting_reclaim.remove(&from);
+                if view == self.view {
+                    self.awaiting_reclaim.remove(&from);
+                } else {
+                    self.early_reclaims.push((view, from));
+                }
                 if self.awaiting_reclaim.is_empty() && self.settle_deadline.is_some() {
                     self.settled();
                 }

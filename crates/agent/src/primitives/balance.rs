@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
+
 use crate::core::Client;
 use crate::wire::Task;
 
@@ -26,10 +27,14 @@ pub struct Assignment {
 
 #[derive(Default, Debug)]
 pub struct Scheduler {
-    queue: VecDeque<Task>,
-    known: HashSet<u64>,
+    /// Payloads of every unfinished task whose submitter told us about it.
+    payloads: HashMap<u64, Vec<u8>>,
+    queue: VecDeque<u64>,
     submitter: HashMap<u64, u32>,
-    assigned: HashMap<u64, (Client, Task)>,
+    assigned: HashMap<u64, Client>,
+    /// Tasks to requeue whose payload we have not seen yet (a rejoining worker held
+    /// them; the submitter's rejoin will bring the payload).
+    orphans: HashSet<u64>,
     waiting: VecDeque<(u64, Client)>,
     /// Agents whose rejoin is still awaited (empty: assigning).
     awaiting: BTreeSet<u32>,
@@ -46,11 +51,17 @@ impl Scheduler {
         Scheduler { awaiting: agents.into_iter().collect(), ..Self::default() }
     }
 
-    pub fn submit(&mut self, task: Task, submitter: u32) -> Vec<Assignment> {
-        if self.known.insert(task.id) {
-            self.submitter.insert(task.id, submitter);
-            self.queue.push_back(task);
+    fn learn(&mut self, task: Task, submitter: u32) {
+        let id = task.id;
+        self.submitter.insert(id, submitter);
+        if self.payloads.insert(id, task.payload).is_none() && !self.assigned.contains_key(&id) {
+            self.orphans.remove(&id);
+            self.queue.push_back(id);
         }
+    }
+
+    pub fn submit(&mut self, task: Task, submitter: u32) -> Vec<Assignment> {
+        self.learn(task, submitter);
         self.assign()
     }
 
@@ -69,26 +80,35 @@ impl Scheduler {
     /// A task finished; returns its submitter's node (to tell it).
     pub fn done(&mut self, task: u64) -> Option<u32> {
         self.assigned.remove(&task);
-        self.queue.retain(|t| t.id != task);
-        self.known.remove(&task);
+        self.queue.retain(|t| *t != task);
+        self.payloads.remove(&task);
+        self.orphans.remove(&task);
         self.submitter.remove(&task)
+    }
+
+    fn requeue_front(&mut self, id: u64) {
+        if self.payloads.contains_key(&id) {
+            self.queue.push_front(id);
+        } else {
+            self.orphans.insert(id);
+        }
     }
 
     /// A task came back unstarted (its taker had gone): first in line again.
     pub fn giveback(&mut self, task: u64) -> Vec<Assignment> {
-        if let Some((_, t)) = self.assigned.remove(&task) {
-            self.queue.push_front(t);
+        if self.assigned.remove(&task).is_some() {
+            self.requeue_front(task);
         }
         self.assign()
     }
 
     /// Requeues the tasks of every dead holder and drops dead waiters.
     pub fn forget(&mut self, dead: impl Fn(&Client) -> bool) -> Vec<Assignment> {
-        let lost: Vec<u64> = self.assigned.iter().filter(|(_, (c, _))| dead(c)).map(|(id, _)| *id).collect();
-        let mut lost: Vec<Task> = lost.into_iter().map(|id| self.assigned.remove(&id).unwrap().1).collect();
-        lost.sort_by_key(|t| std::cmp::Reverse(t.id));
-        for t in lost {
-            self.queue.push_front(t);
+        let mut lost: Vec<u64> = self.assigned.iter().filter(|(_, c)| dead(c)).map(|(id, _)| *id).collect();
+        lost.sort_unstable_by(|a, b| b.cmp(a));
+        for id in lost {
+            self.assigned.remove(&id);
+            self.requeue_front(id);
         }
         self.waiting.retain(|(_, c)| !dead(c));
         self.assign()
@@ -102,17 +122,12 @@ impl Scheduler {
     /// One agent's state after a scheduler change.
     pub fn rejoin(&mut self, from: u32, submitted: Vec<Task>, holding: Vec<(u64, Client)>, takes: Vec<(u64, Client)>) -> Vec<Assignment> {
         for (id, c) in holding {
-            self.known.insert(id);
-            self.queue.retain(|t| t.id != id);
-            self.assigned.insert(id, (c, Task { id, payload: Vec::new() }));
+            self.queue.retain(|t| *t != id);
+            self.orphans.remove(&id);
+            self.assigned.insert(id, c);
         }
         for t in submitted {
-            self.submitter.insert(t.id, from);
-            if let Some(a) = self.assigned.get_mut(&t.id) {
-                a.1 = t;
-            } else if self.known.insert(t.id) {
-                self.queue.push_back(t);
-            }
+            self.learn(t, from);
         }
         for tk in takes {
             if !self.waiting.contains(&tk) {
@@ -151,11 +166,12 @@ impl Scheduler {
             return out;
         }
         while !self.queue.is_empty() && !self.waiting.is_empty() {
-            let t = self.queue.pop_front().unwrap();
+            let id = self.queue.pop_front().unwrap();
+            let Some(payload) = self.payloads.get(&id) else { continue };
             let (op, client) = self.waiting.pop_front().unwrap();
-            self.assigned.insert(t.id, (client, t.clone()));
+            self.assigned.insert(id, client);
             self.assigned_total += 1;
-            out.push(Assignment { op, client, task: t });
+            out.push(Assignment { op, client, task: Task { id, payload: payload.clone() } });
         }
         out
     }
@@ -192,5 +208,16 @@ mod tests {
         assert_eq!(out, vec![Assignment { op: 1, client: a, task: task(6) }]);
         assert_eq!(s.running(), 2);
         assert_eq!(s.done(5), Some(2));
+    }
+
+    #[test]
+    fn a_held_task_whose_payload_is_unknown_waits_for_its_submitter() {
+        let (a, b) = (Client::new(2, 1), Client::new(3, 1));
+        let mut s = Scheduler::taking_over([3]);
+        s.rejoin(3, vec![], vec![(9, b)], vec![(4, b)]);
+        // The holder dies before the submitter rejoined: nothing to hand out yet.
+        assert!(s.node_died(3).is_empty());
+        assert!(s.take(5, a).is_empty());
+        assert_eq!(s.submit(task(9), 2), vec![Assignment { op: 5, client: a, task: task(9) }]);
     }
 }

@@ -83,7 +83,7 @@ fn main() -> Result<()> {
             say("queued".into());
             c.lock(&name, LockMode::Exclusive)?;
             let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-            writeln!(f, "{tag}")?;
+            f.write_all(format!("{tag}\n").as_bytes())?;
             c.unlock(&name)?;
             say("done".into());
         }
@@ -164,11 +164,22 @@ fn main() -> Result<()> {
             say("working".into());
             while let Some(t) = c.take(Duration::from_secs(idle))? {
                 std::thread::sleep(Duration::from_millis(ms));
-                writeln!(f, "{}", String::from_utf8_lossy(&t.payload))?;
+                // One write per line: several workers append to the same file.
+                f.write_all(format!("{}\n", String::from_utf8_lossy(&t.payload)).as_bytes())?;
                 c.done(t.id)?;
                 n += 1;
             }
             say(format!("worked {n}"));
+        }
+        "cache-get" => {
+            let name: String = arg(&a, 1, "name")?;
+            let d = c.cache_get(&name)?;
+            say(format!("len {} fnv {:08x}", d.len(), gepsea_net::testkit::fingerprint(&d)));
+        }
+        "cache-remove" => {
+            let name: String = arg(&a, 1, "name")?;
+            c.cache_remove(&name)?;
+            say("removed".into());
         }
         "scheduler" => say(format!("scheduler {}", c.scheduler()?)),
         "state" => {
