@@ -535,8 +535,17 @@ impl Agent {
     /// Serves until [`Shutdown::trigger`].
     pub fn run(mut self) -> Result<(), AgentError> {
         let mut events = Events::with_capacity(256);
+        // Spin, then sleep: right after work, poll without blocking for a short while
+        // so that a client's next request is picked up without two thread wake-ups
+        // (the port's event thread, then this loop); idle, block until the next event.
+        const SPIN: Duration = Duration::from_micros(50);
+        let mut last_work = Instant::now() - SPIN;
         while !self.shutdown.is_set() {
-            let timeout = self.next_timeout();
+            let spinning = last_work.elapsed() < SPIN;
+            if spinning {
+                self.port.poll();
+            }
+            let timeout = if spinning { Duration::ZERO } else { self.next_timeout() };
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -550,14 +559,17 @@ impl Agent {
                     t => self.session_ready(t),
                 }
             }
-            self.turn();
+            if self.turn() || !events.is_empty() {
+                last_work = Instant::now();
+            }
         }
         info!("agent of node {} stopping", self.me);
         Ok(())
     }
 
     /// One pass over everything that may have happened.
-    fn turn(&mut self) {
+    fn turn(&mut self) -> bool {
+        let mut any = false;
         loop {
             let mut progressed = false;
             while let Ok(c) = self.calls_rx.try_recv() {
@@ -587,8 +599,10 @@ impl Agent {
             if !progressed {
                 break;
             }
+            any = true;
         }
         self.timers();
+        any
     }
 
     fn next_timeout(&self) -> Duration {

@@ -40,7 +40,7 @@ pub struct NetArgs {
 
 type Series = BTreeMap<String, BTreeMap<usize, f64>>;
 
-struct Kill(Vec<Child>);
+pub(crate) struct Kill(pub(crate) Vec<Child>);
 impl Drop for Kill {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -50,7 +50,7 @@ impl Drop for Kill {
     }
 }
 
-fn sibling(name: &str) -> Result<PathBuf> {
+pub(crate) fn sibling(name: &str) -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let p = me.with_file_name(name);
     if !p.exists() {
@@ -60,7 +60,7 @@ fn sibling(name: &str) -> Result<PathBuf> {
 }
 
 /// Runs `cmd` to completion and parses its `LAT`/`BW` lines.
-fn collect(mut cmd: Command, what: &str) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+pub(crate) fn collect(mut cmd: Command, what: &str) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
     let out = cmd.stderr(Stdio::piped()).output().with_context(|| format!("running {what}"))?;
     if !out.status.success() {
         bail!("{what} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
@@ -86,7 +86,7 @@ fn collect(mut cmd: Command, what: &str) -> Result<(BTreeMap<usize, f64>, BTreeM
     Ok((lat, bw))
 }
 
-fn spawn_ready(mut cmd: Command, what: &str) -> Result<Child> {
+pub(crate) fn spawn_ready(mut cmd: Command, what: &str) -> Result<Child> {
     let mut c = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().with_context(|| format!("starting {what}"))?;
     let mut line = String::new();
     BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line)?;

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
 mod agent_cmd;
+mod bench_agent;
 mod bench_net;
 mod bench_search;
 
@@ -123,6 +124,8 @@ enum Bench {
     Net(bench_net::NetArgs),
     /// gepsea search against serial blastp -num_threads 2, alternated.
     Search(bench_search::SearchBenchArgs),
+    /// Offloaded request latency vs a gepsea-net ping-pong; agent throughput and CPU with 4 nodes.
+    Agent(bench_agent::AgentBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -174,5 +177,6 @@ fn main() -> Result<()> {
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
+        Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),
     }
 }

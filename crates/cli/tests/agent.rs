@@ -372,6 +372,46 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     drop(port);
 }
 
+/// A killed client's lock, global memory, subscription and port socket are released;
+/// a killed agent's socket and rendezvous entry are detected as stale and replaced,
+/// while a live agent's node cannot be taken twice.
+#[test]
+fn dead_clients_and_dead_agents_are_cleaned_up_after() {
+    let mut a = Agents::new(1, false);
+    let l = a.spawn(0, &["hold-all", "K"]);
+    assert_eq!(l.next(Duration::from_secs(20)), "holding");
+    let st = a.status(0);
+    assert_eq!(st["gma_blocks"], 1);
+    assert_eq!(st["clients"].as_array().unwrap().len(), 1);
+    let port = st["clients"][0]["port"].as_u64().unwrap();
+    let sock = gepsea_net::namespace_dir(&a.ns).join(format!("node-1/port-{port}.sock"));
+    assert!(sock.exists());
+    let pid = a.others[0].id();
+    kill_tree(pid);
+    let _ = a.others[0].wait();
+    wait_until(Duration::from_secs(10), || a.status(0)["clients"].as_array().unwrap().is_empty(), "the agent to notice the death");
+    let st = a.status(0);
+    assert_eq!(st["gma_blocks"], 0, "{st}");
+    assert_eq!(st["locks"], serde_json::json!([]), "{st}");
+    assert!(!sock.exists(), "the dead client's socket is removed");
+    assert!(a.run(0, &["lock-timeout", "K", "5000"]).starts_with("locked after"));
+
+    // A second agent for a live node is refused.
+    let out = a.cmd(0, env!("CARGO_BIN_EXE_gepsea")).args(["agent", "--node-id", "1"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"), "{}", String::from_utf8_lossy(&out.stderr));
+    // Killed, its socket and rendezvous entry stay behind; a new agent replaces them.
+    a.kill_node(0);
+    let agent_sock = gepsea_agent::server::agent_socket(&a.ns, 1);
+    assert!(agent_sock.exists() && a.dir.join("rv/agent-1.json").exists());
+    let c = a.start_agent(0, 1);
+    a.agents[0] = Some(c);
+    a.wait_ready(0);
+    assert!(a.log(0).contains("removing stale agent socket"), "{}", a.log(0));
+    assert!(a.log(0).contains("replacing stale rendezvous entry"), "{}", a.log(0));
+    assert_eq!(a.run(0, &["ping"]).trim(), "pong node 1");
+}
+
 fn postcard_garbage() -> Vec<u8> {
     vec![0xff; 7]
 }

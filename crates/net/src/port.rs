@@ -495,6 +495,17 @@ impl Port {
         })
     }
 
+    /// Makes progress on every transport now — drains the shared-memory rings and reads
+    /// every established TCP connection — without waiting. For an event loop of its
+    /// own that spins briefly after work (as the agent does) instead of waiting for
+    /// the event thread to be woken.
+    pub fn poll(&self) {
+        self.with(|st| {
+            st.poll_tcp();
+            st.progress();
+        })
+    }
+
     /// Transport counters.
     pub fn stats(&self) -> PortStats {
         self.sh.st.lock().stats.clone()

@@ -97,6 +97,17 @@ fn main() -> Result<()> {
             c.unlock(&name)?;
             say("released".into());
         }
+        // hold-all NAME: take lock NAME, 1 MiB of global memory on this node and a
+        // subscription, say so, then wait to be killed.
+        "hold-all" => {
+            let name: String = arg(&a, 1, "lock")?;
+            c.lock(&name, LockMode::Exclusive)?;
+            let p = c.gma_alloc(c.node(), 1 << 20)?;
+            c.gma_put(p, 0, b"mine")?;
+            c.subscribe("t")?;
+            say("holding".into());
+            std::thread::sleep(Duration::from_secs(3600));
+        }
         // lock-timeout NAME MS: try the lock for MS milliseconds.
         "lock-timeout" => {
             let name: String = arg(&a, 1, "lock")?;
@@ -187,34 +198,46 @@ fn main() -> Result<()> {
                 say(format!("node {} {:?} processes {} holds {:?}", s.node, s.activity, s.processes.len(), s.holds));
             }
         }
-        // bench-requests N: N round trips (ping), then N board puts; prints µs per op.
-        "bench" => {
+        // lat-put N: per-operation latency percentiles of N board puts.
+        "lat-put" => {
             let n: u32 = arg(&a, 1, "count")?;
-            for _ in 0..n / 10 {
-                c.ping()?;
+            let mut v = Vec::new();
+            for i in 0..n {
+                let t = Instant::now();
+                c.board_put(&format!("lat/{}", i % 16), b"x")?;
+                v.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            let t = Instant::now();
-            for _ in 0..n {
-                c.ping()?;
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            say(format!("p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}", v[v.len() / 10], v[v.len() / 2], v[v.len() * 9 / 10], v[v.len() - 1]));
+        }
+        // bench-op KIND N: N operations of one kind (after N/10 unmeasured); prints µs per op.
+        "bench-op" => {
+            let kind: String = arg(&a, 1, "kind")?;
+            let n: u32 = arg(&a, 2, "count")?;
+            let me = c.node();
+            let one = |i: u32| -> Result<()> {
+                match kind.as_str() {
+                    "ping" => c.ping()?,
+                    "put" => {
+                        c.board_put(&format!("bench/{me}/{}", i % 64), &i.to_le_bytes())?;
+                    }
+                    "lockpair" => {
+                        c.lock("bench-lock", LockMode::Exclusive)?;
+                        c.unlock("bench-lock")?;
+                    }
+                    "publish" => c.publish("bench", &i.to_le_bytes(), Dest::All)?,
+                    k => bail!("unknown kind {k}"),
+                }
+                Ok(())
+            };
+            for i in 0..n / 10 {
+                one(i)?;
             }
-            let ping = t.elapsed().as_secs_f64() * 1e6 / n as f64;
             let t = Instant::now();
             for i in 0..n {
-                c.board_put(&format!("bench/{}/{}", c.node(), i % 64), &i.to_le_bytes())?;
+                one(i)?;
             }
-            let put = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-            let t = Instant::now();
-            for _ in 0..n {
-                c.lock("bench-lock", LockMode::Exclusive)?;
-                c.unlock("bench-lock")?;
-            }
-            let lock = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-            let t = Instant::now();
-            for i in 0..n {
-                c.publish("bench", &i.to_le_bytes(), Dest::All)?;
-            }
-            let adv = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-            say(format!("us ping {ping:.2} put {put:.2} lockpair {lock:.2} publish {adv:.2}"));
+            say(format!("us {kind} {:.3}", t.elapsed().as_secs_f64() * 1e6 / n as f64));
         }
         other => bail!("unknown role {other:?}"),
     }

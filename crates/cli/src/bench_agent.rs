@@ -1,0 +1,212 @@
+//! `gepsea bench agent`: what offloading to the agent costs, against a gepsea-net
+//! ping-pong measured in the same run, and what the agents sustain with 4 nodes.
+//!
+//! 1. Reference: gepsea-net shared-memory ping-pong of 8 B (two processes).
+//! 2. One node: an application's request round trip through its agent (`ping`), a
+//!    bulletin-board put, a lock acquire + release, a publish — µs each.
+//! 3. Agent CPU while idle (no clients, 5 s) — target < 1 % of a core.
+//! 4. Four nodes (network namespaces on a bridge when root, else loopback agents):
+//!    every node runs the same mix at once; aggregate operations per second and each
+//!    agent's CPU share while serving that steady stream.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+
+use crate::bench_net::{collect, sibling, spawn_ready, Kill};
+
+#[derive(Args)]
+pub struct AgentBenchArgs {
+    /// Requests of each kind per client.
+    #[arg(long, default_value_t = 20000)]
+    requests: u32,
+    /// Use loopback agents even when network namespaces are available.
+    #[arg(long)]
+    no_netns: bool,
+    /// Also write the results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0) + f.get(12).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+struct Node {
+    child: Child,
+    pid: u32,
+}
+
+fn start_agents(gepsea: &Path, ns: &str, n: usize, bed: Option<&gepsea_net::testbed::NetnsBridge>, rv: &Path) -> Result<Vec<Node>> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let mut c = match bed {
+            Some(b) => b.cmd(i, gepsea),
+            None => Command::new(gepsea),
+        };
+        let listen = bed.map_or("127.0.0.1:0".to_string(), |b| format!("{}:7400", b.ip[i]));
+        c.args(["agent", "--namespace", ns, "--node-id", &(i + 1).to_string(), "--nodes", &n.to_string(), "--listen", &listen, "--rendezvous"]).arg(rv);
+        let child = c.env("GEPSEA_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().context("starting an agent")?;
+        let pid = child.id();
+        v.push(Node { child, pid });
+    }
+    for i in 0..n {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(j) = gepsea_client::status(ns, i as u32 + 1) {
+                if j.contains("\"ready\": true") {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("agent {} did not become ready", i + 1);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(v)
+}
+
+fn parse_bench(out: &str) -> Result<BTreeMap<String, f64>> {
+    let line = out.lines().find(|l| l.starts_with("us ")).with_context(|| format!("probe printed no result: {out:?}"))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let mut m = BTreeMap::new();
+    for pair in f[1..].chunks(2) {
+        m.insert(pair[0].to_string(), pair[1].parse::<f64>()?);
+    }
+    Ok(m)
+}
+
+pub fn run(a: &AgentBenchArgs) -> Result<()> {
+    let gepsea = std::env::current_exe()?;
+    let probe = sibling("gepsea-agentprobe")?;
+    let netpeer = sibling("gepsea-netpeer")?;
+    let tag = format!("bagent{}", std::process::id());
+    let rv = std::env::temp_dir().join(format!("gepsea-{tag}-rv"));
+    std::fs::create_dir_all(&rv)?;
+    let cleanup = |ns: &str| {
+        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
+    };
+
+    // 1. gepsea-net reference.
+    let ref_ns = format!("{tag}ref");
+    let mut echo = Command::new(&netpeer);
+    echo.args(["--ns", &ref_ns, "--node", "0", "--port", "2", "echo", "--peer", "0:1", "--count", "1000000000", "--max", "4096"]);
+    let guard = Kill(vec![spawn_ready(echo, "echo")?]);
+    let mut ping = Command::new(&netpeer);
+    ping.args(["--ns", &ref_ns, "--node", "0", "--port", "1", "pingpong", "--peer", "0:2", "--sizes", "8", "--scale", "1"]);
+    let (lat, _) = collect(ping, "pingpong")?;
+    drop(guard);
+    cleanup(&ref_ns);
+    let net_rtt = 2.0 * lat.get(&8).copied().context("no 8 B latency")?;
+
+    // 2 + 3. One node.
+    let ns1 = format!("{tag}one");
+    let agents = start_agents(&gepsea, &ns1, 1, None, &rv.join("one"))?;
+    std::thread::sleep(Duration::from_millis(500));
+    let c0 = cpu_seconds(agents[0].pid);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let idle_pct = 100.0 * (cpu_seconds(agents[0].pid) - c0) / t0.elapsed().as_secs_f64();
+    let mut one = BTreeMap::new();
+    for k in KINDS {
+        let (us, _) = phase(&probe, &ns1, None, 1, k, a.requests)?;
+        one.insert(k.to_string(), us[0]);
+    }
+    stop(agents);
+    cleanup(&ns1);
+
+    // 4. Four nodes at once, one operation kind at a time.
+    let root = unsafe { libc::geteuid() } == 0;
+    let netns = root && !a.no_netns;
+    let bed = if netns { Some(gepsea_net::testbed::NetnsBridge::new("gb", 4)?) } else { None };
+    let ns4 = format!("{tag}four");
+    let agents = start_agents(&gepsea, &ns4, 4, bed.as_ref(), &rv.join("four"))?;
+    let cpu0: Vec<f64> = agents.iter().map(|n| cpu_seconds(n.pid)).collect();
+    let t0 = Instant::now();
+    let mut four = BTreeMap::new();
+    for k in KINDS {
+        four.insert(k.to_string(), phase(&probe, &ns4, bed.as_ref(), 4, k, a.requests)?);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let busy_pct: Vec<f64> = agents.iter().zip(&cpu0).map(|(n, c)| 100.0 * (cpu_seconds(n.pid) - c) / wall).collect();
+    stop(agents);
+    drop(bed);
+    cleanup(&ns4);
+    let _ = std::fs::remove_dir_all(&rv);
+
+    println!("gepsea bench agent ({} requests of each kind per client)", a.requests);
+    println!();
+    println!("| measure | gepsea agent | reference | ratio |");
+    println!("|---|---|---|---|");
+    println!("| offloaded request round trip (ping) | {:.2} µs | gepsea-net shm ping-pong RTT {:.2} µs | {:.2}× |", one["ping"], net_rtt, one["ping"] / net_rtt);
+    println!("| bulletin-board put (1 node) | {:.2} µs | | |", one["put"]);
+    println!("| lock acquire + release (1 node) | {:.2} µs | | |", one["lockpair"]);
+    println!("| publish (1 node) | {:.2} µs | | |", one["publish"]);
+    println!("| agent CPU, idle | {idle_pct:.2} % of a core | target < 1 % | |");
+    println!();
+    println!("4 nodes ({}), all 4 clients running one operation at once:", if netns { "network namespaces on a bridge" } else { "loopback" });
+    println!("| operation | aggregate ops/s | per-client µs (nodes 1-4) |");
+    println!("|---|---|---|");
+    for k in KINDS {
+        let (us, rate) = &four[k];
+        println!("| {k} | {rate:.0} | {} |", us.iter().map(|u| format!("{u:.1}")).collect::<Vec<_>>().join(" / "));
+    }
+    println!("agent CPU while serving the 4-node phases: {} % of a core", busy_pct.iter().map(|p| format!("{p:.0}")).collect::<Vec<_>>().join(" / "));
+    if let Some(p) = &a.json {
+        let j = json!({
+            "requests": a.requests,
+            "net_rtt_us": net_rtt,
+            "one_node_us": one,
+            "ratio_ping_to_net_rtt": one["ping"] / net_rtt,
+            "idle_cpu_percent": idle_pct,
+            "four_nodes": {"netns": netns, "phases": four.iter().map(|(k, (us, rate))| (k.clone(), json!({"per_client_us": us, "aggregate_ops_per_s": rate}))).collect::<serde_json::Map<_, _>>(), "agent_cpu_percent": busy_pct},
+        });
+        std::fs::write(p, serde_json::to_string_pretty(&j)?)?;
+    }
+    Ok(())
+}
+
+const KINDS: [&str; 4] = ["ping", "put", "lockpair", "publish"];
+
+fn stop(agents: Vec<Node>) {
+    for mut n in agents {
+        let _ = n.child.kill();
+        let _ = n.child.wait();
+    }
+}
+
+/// Runs `kind` on `n` clients (one per node) at once; per-client µs per operation and
+/// the aggregate rate over the phase's wall time.
+fn phase(probe: &Path, ns: &str, bed: Option<&gepsea_net::testbed::NetnsBridge>, n: usize, kind: &str, requests: u32) -> Result<(Vec<f64>, f64)> {
+    let t = Instant::now();
+    let mut kids = Vec::new();
+    for i in 0..n {
+        let mut c = match bed {
+            Some(b) => b.cmd(i, probe),
+            None => Command::new(probe),
+        };
+        c.env("GEPSEA_NAMESPACE", ns).env("GEPSEA_NODE", (i + 1).to_string()).args(["bench-op", kind, &requests.to_string()]);
+        kids.push(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?);
+    }
+    let mut us = Vec::new();
+    for k in kids {
+        let out = k.wait_with_output()?;
+        if !out.status.success() {
+            bail!("probe {kind} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        us.push(parse_bench(&String::from_utf8_lossy(&out.stdout))?[kind]);
+    }
+    let wall = t.elapsed().as_secs_f64();
+    Ok((us, (n as f64) * (requests as f64 * 1.1) / wall))
+}
