@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net bench-search demo clean
+.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent demo clean
 
 all: build
 
@@ -40,7 +40,10 @@ bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
 bench-search: build | $(OUT)
 	./target/release/gepsea bench search --json $(OUT)/search.json
 
-bench: bench-net bench-search
+bench-agent: build | $(OUT)
+	./target/release/gepsea bench agent --json $(OUT)/agent.json
+
+bench: bench-net bench-search bench-agent
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data
