@@ -173,6 +173,10 @@ pub trait Api: Services {
     fn plugin(&self, name: &str, body: &[u8]) -> Result<Vec<u8>, ApiError> {
         expect!(self.call(Op::Plugin { name: name.into(), body: body.to_vec() }), "plugin", Reply::Data(d) => d)
     }
+    /// Calls plug-in `name` on the agent of `node`.
+    fn plugin_at(&self, node: u32, name: &str, body: Vec<u8>) -> Result<Vec<u8>, ApiError> {
+        expect!(self.call(Op::PluginAt { node, name: name.into(), body }), "plugin-at", Reply::Data(d) => d)
+    }
 }
 
 impl<T: Services + ?Sized> Api for T {}

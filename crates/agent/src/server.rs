@@ -1302,20 +1302,18 @@ impl Agent {
                     Err(e) => Reply::err(ErrorKind::Failed, e.to_string()),
                 });
             }
-            Op::Plugin { name, body } => {
-                let Some(p) = self.registry.get(&name).cloned() else {
-                    return self.reply(reply, Reply::err(ErrorKind::UnknownPlugin, format!("no plug-in named {name:?} (this agent has: {})", self.registry.names().join(", "))));
-                };
-                let engine = self.engine.clone();
-                let node = self.me;
-                return self.job(client, reply, move |s| {
-                    let ctx = Context { caller: client, node, services: s, engine: &engine };
-                    match p.handle(&ctx, &body) {
-                        Ok(d) => Reply::Data(d),
-                        Err(crate::plugin::PluginError::BadRequest(m)) => Reply::err(ErrorKind::BadRequest, format!("plug-in {name}: {m}")),
-                        Err(e) => Reply::err(ErrorKind::Failed, format!("plug-in {name}: {e}")),
-                    }
-                });
+            Op::Plugin { name, body } => return self.run_plugin(client, name, body, reply),
+            Op::PluginAt { node, name, body } => {
+                if node == self.me {
+                    return self.run_plugin(client, name, body, reply);
+                }
+                if !self.view.contains(&node) {
+                    return self.reply(reply, Reply::err(ErrorKind::Unavailable, format!("node {node} is not a live agent (view {:?})", self.view)));
+                }
+                let op = self.new_op();
+                self.peer_ops.insert(op, (node, reply));
+                self.send_peer(node, &PeerMsg::Plugin { op, client, name, body });
+                return;
             }
             Op::Cancel { id } => {
                 self.cancel(client, id);
@@ -1323,6 +1321,22 @@ impl Agent {
             }
         };
         self.reply(reply, r);
+    }
+
+    fn run_plugin(&mut self, client: Client, name: String, body: Vec<u8>, reply: ReplyTo) {
+        let Some(p) = self.registry.get(&name).cloned() else {
+            return self.reply(reply, Reply::err(ErrorKind::UnknownPlugin, format!("no plug-in named {name:?} on node {} (it has: {})", self.me, self.registry.names().join(", "))));
+        };
+        let engine = self.engine.clone();
+        let node = self.me;
+        self.job(client, reply, move |s| {
+            let ctx = Context { caller: client, node, services: s, engine: &engine };
+            match p.handle(&ctx, &body) {
+                Ok(d) => Reply::Data(d),
+                Err(crate::plugin::PluginError::BadRequest(m)) => Reply::err(ErrorKind::BadRequest, format!("plug-in {name}: {m}")),
+                Err(e) => Reply::err(ErrorKind::Failed, format!("plug-in {name}: {e}")),
+            }
+        });
     }
 
     fn with_client(&mut self, client: Client, f: impl FnOnce(&mut ClientInfo)) -> Reply {
@@ -1756,6 +1770,7 @@ impl Agent {
                 let reply = self.gma_free(region);
                 self.send_peer(from, &PeerMsg::Reply { op, reply });
             }
+            PeerMsg::Plugin { op, client, name, body } => self.run_plugin(client, name, body, ReplyTo::Peer { node: from, op }),
             PeerMsg::Reply { op, reply } => {
                 if let Some((_, to)) = self.peer_ops.remove(&op) {
                     self.reply(to, reply);

@@ -196,6 +196,8 @@ pub enum Op {
     Decompress { codec: Codec, #[serde(with = "serde_bytes")] data: Vec<u8> },
     // plug-ins
     Plugin { name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
+    /// Calls plug-in `name` of the agent of `node` (plug-ins talking to their peers).
+    PluginAt { node: u32, name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
     /// Withdraws request `id` (a queued lock, a waiting take or mailbox read); the
     /// withdrawn request is answered with `Err(Cancelled)` if it had not finished.
     Cancel { id: u64 },
@@ -237,6 +239,7 @@ impl Op {
             Op::Compress { .. } => "compress",
             Op::Decompress { .. } => "decompress",
             Op::Plugin { .. } => "plugin",
+            Op::PluginAt { .. } => "plugin-at",
             Op::Cancel { .. } => "cancel",
         }
     }
@@ -359,6 +362,7 @@ pub enum PeerMsg {
     Store { op: u64, name: String, #[serde(with = "serde_bytes")] data: Vec<u8> },
     GmaAlloc { op: u64, client: Client, len: u64 },
     GmaFree { op: u64, region: u64 },
+    Plugin { op: u64, client: Client, name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
     Reply { op: u64, reply: Reply },
 }
 

@@ -5,6 +5,7 @@
 //! merges the fragments' hits exactly, and `report` formats the merged result with
 //! BLAST+'s own formatter and restores per-query statistics. See `docs/blast.md`.
 
+pub mod accel;
 pub mod archive;
 pub mod db;
 pub mod fasta;

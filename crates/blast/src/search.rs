@@ -45,6 +45,12 @@ pub struct SearchOptions {
     pub blast_args: Vec<String>,
     /// The executable providing the hidden `worker` subcommand.
     pub worker_exe: PathBuf,
+    /// The mpiBLAST architecture: the master merges and writes everything itself.
+    pub no_agent: bool,
+    /// Compress results with zstd before they cross nodes (agent mode).
+    pub compress: bool,
+    /// How merging and writing are spread over the agents (agent mode).
+    pub assign: crate::accel::MergeAssign,
 }
 
 /// What a finished search reports.
@@ -60,6 +66,8 @@ pub struct Summary {
     /// Sum over workers of the time from their start (ready) to shutdown (or death).
     pub worker_seconds: f64,
     pub output: PathBuf,
+    /// Agent mode only: what the agents did.
+    pub accel: Option<crate::accel::AccelStats>,
 }
 
 /// Why a search failed.
@@ -294,6 +302,9 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         }
     }
 
+    if !opts.no_agent {
+        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, batch_ranges, tmp_out, out_dir, ns }, &mut cleanup);
+    }
     let port = Port::open(PortConfig::new(&ns, MASTER))?;
     for w in 0..workers {
         let mut c = Command::new(&opts.worker_exe);
@@ -466,7 +477,125 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         blast_seconds,
         worker_seconds,
         output: opts.out.clone(),
+        accel: None,
     })
+}
+
+struct Accel<'a> {
+    started: Instant,
+    manifest: Manifest,
+    queries: &'a [Record],
+    program: String,
+    db_dir: PathBuf,
+    batch_ranges: Vec<std::ops::Range<usize>>,
+    tmp_out: PathBuf,
+    out_dir: PathBuf,
+    ns: String,
+}
+
+/// Agent mode on one machine: start the node's agent and W workers registered with it;
+/// the master submits the tasks and assembles the parts the agents write.
+fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup) -> Result<Summary, SearchError> {
+    use crate::accel;
+    let id = format!("{}-{}", std::process::id(), a.started.elapsed().as_nanos());
+    let job = a.out_dir.join(format!(".gepsea-job-{}", std::process::id()));
+    std::fs::create_dir_all(&job).map_err(|e| SearchError::Output { path: job.clone(), source: e })?;
+    let _job_guard = RemoveDir(job.clone());
+    for (b, r) in a.batch_ranges.iter().enumerate() {
+        let mut buf = Vec::new();
+        for q in &a.queries[r.clone()] {
+            q.write_to(&mut buf);
+        }
+        let f = accel::batch_file(&job, b);
+        std::fs::write(&f, buf).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
+    }
+    let k = hitlist_size(&opts.blast_args, &opts.outfmt);
+    let cbs = a.program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));
+    let spec = accel::JobSpec {
+        id,
+        program: a.program.clone(),
+        db_dir: a.db_dir.clone(),
+        db_name: a.manifest.name.clone(),
+        outfmt: opts.outfmt.clone(),
+        blast_args: opts.blast_args.clone(),
+        k,
+        prelim: preliminary_list(k, cbs),
+        fragments: a.manifest.fragments.iter().map(|f| f.name.clone()).collect(),
+        batches: a.batch_ranges.iter().map(|r| (r.start, r.end)).collect(),
+        compress: opts.compress,
+        assign: opts.assign,
+    };
+    std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
+    let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
+    let workers = opts.workers.max(1);
+    for _ in 0..workers {
+        let mut c = Command::new(&opts.worker_exe);
+        c.args(["agent-worker", "--namespace", &a.ns, "--node", "1", "--program", &a.program, "--"]).args(&opts.blast_args).stdin(Stdio::null()).stdout(Stdio::null());
+        cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
+    }
+    let mut co = gepsea_client::ConnectOptions::from_env("gepsea search").map_err(|e| SearchError::Io(e.to_string()))?;
+    co.namespace = a.ns.clone();
+    co.node = 1;
+    let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
+    let mut progress = Progress::new(a.queries.len(), opts.quiet);
+    let mut alive = vec![true; workers];
+    let children = &mut cleanup.children;
+    let watch = || -> Result<(), SearchError> {
+        let mut last = String::new();
+        for (w, c) in children.iter_mut().enumerate() {
+            if alive[w] {
+                if let Ok(Some(st)) = c.try_wait() {
+                    alive[w] = false;
+                    last = format!("worker {} exited with {st}", w + 1);
+                    // Its agent saw its registration close and put its task back.
+                    eprintln!("gepsea search: worker {} died ({st}); its task is reassigned by the agents' scheduler", w + 1);
+                }
+            }
+        }
+        if !alive.iter().any(|a| *a) {
+            return Err(SearchError::NoWorkers(last));
+        }
+        Ok(())
+    };
+    let stats = accel::master(&client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), watch)?;
+    progress.finish();
+    std::fs::rename(&a.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for c in cleanup.children.iter_mut() {
+        while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    drop(client);
+    drop(agent);
+    let wall = a.started.elapsed().as_secs_f64();
+    Ok(Summary {
+        queries: a.queries.len(),
+        hits: stats.hits,
+        tasks: a.batch_ranges.len() * spec.fragments.len(),
+        whole_db_fallbacks: stats.whole_searches,
+        wall_seconds: wall,
+        blast_seconds: stats.blast_seconds,
+        worker_seconds: wall * workers as f64,
+        output: opts.out.clone(),
+        accel: Some(stats),
+    })
+}
+
+struct RemoveDir(PathBuf);
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The hidden `gepsea agent-worker` process: a worker registered with its node's agent.
+pub fn agent_worker(namespace: &str, node: u32, program: &str, blast_args: &[String]) -> Result<(), SearchError> {
+    let mut co = gepsea_client::ConnectOptions::from_env("gepsea worker").map_err(|e| SearchError::Io(e.to_string()))?;
+    co.namespace = namespace.to_string();
+    co.node = node;
+    let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
+    crate::accel::worker(&client, program, blast_args)
 }
 
 fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {

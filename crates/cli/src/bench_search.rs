@@ -29,6 +29,9 @@ pub struct SearchBenchArgs {
     pub rounds: usize,
     #[arg(long, default_value = "6")]
     pub outfmt: String,
+    /// Measure the mpiBLAST architecture (no agents) instead of agent mode.
+    #[arg(long)]
+    pub no_agent: bool,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -90,6 +93,9 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             quiet: true,
             blast_args: vec![],
             worker_exe: std::env::current_exe()?,
+            no_agent: a.no_agent,
+            compress: true,
+            assign: Default::default(),
         };
         let t = Instant::now();
         let s = search::run(&opts).context("gepsea search")?;

@@ -35,6 +35,9 @@ enum Cmd {
     },
     /// The per-node agent (run it, or `gepsea agent status`).
     Agent(agent_cmd::AgentArgs),
+    /// (internal) A search worker registered with its node's agent.
+    #[command(hide = true)]
+    AgentWorker(AgentWorkerArgs),
     /// (internal) A search worker process, started by `gepsea search`.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -97,7 +100,29 @@ struct SearchArgs {
     /// No progress output.
     #[arg(long)]
     quiet: bool,
+    /// The mpiBLAST architecture without agents: the master merges and writes everything.
+    #[arg(long)]
+    no_agent: bool,
+    /// Do not compress results before they cross nodes (agent mode).
+    #[arg(long)]
+    no_compress: bool,
+    /// Who merges and writes each batch (agent mode): dynamic (the first agent holding
+    /// a result of it), static (round robin) or single (one agent).
+    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
+    merge_assign: String,
     /// Options passed to BLAST+ unchanged, after `--` (e.g. -- -evalue 1e-5 -seg yes).
+    #[arg(last = true, allow_hyphen_values = true)]
+    blast_args: Vec<String>,
+}
+
+#[derive(Args)]
+struct AgentWorkerArgs {
+    #[arg(long)]
+    namespace: String,
+    #[arg(long)]
+    node: u32,
+    #[arg(long)]
+    program: String,
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
 }
@@ -158,6 +183,13 @@ fn main() -> Result<()> {
                 quiet: a.quiet,
                 blast_args: a.blast_args,
                 worker_exe: std::env::current_exe().context("locating the gepsea executable")?,
+                no_agent: a.no_agent,
+                compress: !a.no_compress,
+                assign: match a.merge_assign.as_str() {
+                    "static" => gepsea_blast::accel::MergeAssign::Static,
+                    "single" => gepsea_blast::accel::MergeAssign::Single,
+                    _ => gepsea_blast::accel::MergeAssign::Dynamic,
+                },
             };
             let s = search::run(&opts)?;
             if !opts.quiet {
@@ -174,6 +206,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
+        Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node, &a.program, &a.blast_args)?),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),

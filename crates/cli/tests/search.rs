@@ -93,8 +93,12 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
 }
 
 fn search(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path) -> Output {
+    search_mode(db, query, outfmt, workers, extra, out, &[])
+}
+
+fn search_mode(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path, mode: &[&str]) -> Output {
     let mut c = gepsea();
-    c.args(["search", "--quiet", "--outfmt", outfmt, "--workers", &workers.to_string(), "--db"]).arg(db).arg("--query").arg(query).arg("--out").arg(out);
+    c.args(["search", "--quiet", "--outfmt", outfmt, "--workers", &workers.to_string(), "--db"]).arg(db).arg("--query").arg(query).arg("--out").arg(out).args(mode);
     if !extra.is_empty() {
         c.arg("--").args(extra);
     }
@@ -141,6 +145,24 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
                 assert_same(&got, &want, &format!("outfmt {fmt}, {frags} fragments, {workers} workers"));
                 std::fs::remove_file(&got).unwrap();
             }
+        }
+    }
+}
+
+/// The agent mode's variants and the no-agent baseline (mpiBLAST's own architecture):
+/// merging and writing by one agent, round robin, without compression, and the master
+/// doing everything itself; small batches so that many parts are assembled.
+#[test]
+fn every_architecture_is_identical_to_serial_blastp() {
+    let f = fixture();
+    let q = f.dir.join("q50.fasta");
+    for fmt in ["7", "0", "5"] {
+        let want = f.dir.join(format!("serial-arch.{fmt}"));
+        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
+        for mode in [&["--no-agent"][..], &["--merge-assign", "single", "--batch-residues", "3000"], &["--merge-assign", "static", "--no-compress", "--batch-residues", "2000"]] {
+            let got = f.dir.join(format!("gepsea-arch.{fmt}"));
+            search_mode(&f.dir.join("db3"), &q, fmt, 2, &[], &got, mode);
+            assert_same(&got, &want, &format!("outfmt {fmt} with {mode:?}"));
         }
     }
 }
@@ -214,20 +236,20 @@ fn a_worker_killed_mid_run_does_not_change_the_output() {
     // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
     c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got);
     let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
-    // Find a worker (a child process of the search) and kill it once it is searching.
+    // Find a worker (a child process of the search that is running BLAST+; the agent,
+    // also a child, runs none) and kill it while it searches.
     let master = child.id();
     let mut killed = None;
-    for _ in 0..200 {
+    'find: for _ in 0..200 {
         std::thread::sleep(Duration::from_millis(50));
         let kids = std::fs::read_to_string(format!("/proc/{master}/task/{master}/children")).unwrap_or_default();
-        if let Some(pid) = kids.split_whitespace().next() {
+        for pid in kids.split_whitespace() {
             let grandkids = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
             if !grandkids.trim().is_empty() {
-                // The worker is running BLAST: kill it (and its BLAST process).
                 let _ = Command::new("kill").args(["-9", pid]).status();
                 let _ = Command::new("kill").args(["-9", grandkids.trim()]).status();
                 killed = Some(pid.to_string());
-                break;
+                break 'find;
             }
         }
     }

@@ -1,0 +1,675 @@
+//! `gepsea search` accelerated by the agents (the GePSeA case study).
+//!
+//! Everything that is not searching is offloaded to the agents:
+//!
+//! - **Scheduling** is the agents' load-balancing primitive: the master submits one task
+//!   per (query batch, fragment); workers `take` them, so faster workers get more.
+//! - **Asynchronous output consolidation**: a worker hands each raw result (`-outfmt
+//!   11` archive) to its node's agent — the [`BlastPlugin`] — and goes straight on to
+//!   its next task. The plug-in sends the result to the batch's *merger* agent
+//!   (compressed with zstd when it crosses nodes), which merges each query as soon as
+//!   the batch's last fragment is in, submits any query whose serial search might have
+//!   overflowed BLAST's preliminary list for a whole-database search, and then writes
+//!   the batch's share of the report as a part file in the output's directory. Which
+//!   agent merges a batch is decided dynamically (the first agent that receives a
+//!   result of the batch claims it on the bulletin board) or statically (batch number
+//!   modulo the agents), for the benchmark.
+//! - The master assembles the parts in query order (joining headers and footers, and
+//!   renumbering XML iterations) into the output file, identical to serial BLAST+.
+//!
+//! Files live in a job directory next to the output, so that agents on every node can
+//! write their parts straight to the output location.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gepsea_agent::api::{Api, Cas};
+use gepsea_agent::plugin::{Context, Plugin, PluginError, Uses};
+use gepsea_agent::wire::{Codec, Dest};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::archive;
+use crate::report;
+use crate::search::SearchError;
+use crate::tools::{self, ToolError};
+
+/// How the merging and writing of batches is spread over the agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum MergeAssign {
+    /// The first agent to receive a result of a batch merges and writes it.
+    #[default]
+    Dynamic,
+    /// Batch `b` goes to the `b mod n`-th live agent.
+    Static,
+    /// One agent (the lowest node) merges and writes everything.
+    Single,
+}
+
+/// Everything the agents need to know about a job (in `job.json` in the job directory).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub id: String,
+    pub program: String,
+    pub db_dir: PathBuf,
+    pub db_name: String,
+    pub outfmt: String,
+    pub blast_args: Vec<String>,
+    /// Hits kept per query.
+    pub k: usize,
+    /// BLAST's preliminary hit-list size for this search.
+    pub prelim: usize,
+    pub fragments: Vec<String>,
+    /// Global query range of each batch.
+    pub batches: Vec<(usize, usize)>,
+    pub compress: bool,
+    pub assign: MergeAssign,
+}
+
+/// What workers take from the load balancer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum TaskPayload {
+    Fragment { job: PathBuf, batch: usize, fragment: usize, attempt: u8 },
+    /// Re-search `queries` (global indices) of `batch` on the whole database.
+    Whole { job: PathBuf, batch: usize, queries: Vec<usize>, attempt: u8 },
+    Stop,
+}
+
+impl TaskPayload {
+    fn describe(&self, spec: &JobSpec) -> String {
+        match self {
+            TaskPayload::Fragment { batch, fragment, .. } => format!("batch {batch} on fragment {}", spec.fragments.get(*fragment).map_or("?", |s| s.as_str())),
+            TaskPayload::Whole { queries, .. } => format!("{} queries on the whole database", queries.len()),
+            TaskPayload::Stop => "stop".into(),
+        }
+    }
+}
+
+/// Advertised on `blast/<job id>` by a worker whose BLAST+ run failed.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TaskFailure {
+    pub what: String,
+    pub message: String,
+    /// The task was submitted again (first failure); false: the run must fail.
+    pub retried: bool,
+}
+
+/// Everything advertised on a job's topic.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Notice {
+    Part(PartDone),
+    Failure(TaskFailure),
+}
+
+/// Requests to the BLAST plug-in.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum BlastRequest {
+    /// A worker's raw result, to its node's agent.
+    Result {
+        task: TaskPayload,
+        #[serde(with = "serde_bytes")]
+        archive: Vec<u8>,
+        blast_seconds: f64,
+    },
+    /// A result on its way to the batch's merger (maybe zstd-compressed).
+    Part {
+        task: TaskPayload,
+        compressed: bool,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        blast_seconds: f64,
+    },
+}
+
+/// Advertised on `blast/<job id>` when a batch's part is written.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PartDone {
+    pub batch: usize,
+    pub queries: usize,
+    pub hits: usize,
+    pub whole_searches: usize,
+    pub merger: u32,
+    pub blast_seconds: f64,
+    /// Bytes of results received from other nodes, as sent and as decompressed.
+    pub bytes_wire: u64,
+    pub bytes_raw: u64,
+    pub error: Option<String>,
+}
+
+pub fn topic(job_id: &str) -> String {
+    format!("blast/{job_id}")
+}
+
+fn part_path(job: &Path, batch: usize) -> PathBuf {
+    job.join(format!("part-{batch:06}"))
+}
+
+pub fn batch_file(job: &Path, batch: usize) -> PathBuf {
+    job.join(format!("batch{batch}.fasta"))
+}
+
+fn whole_file(job: &Path, batch: usize, first: usize) -> PathBuf {
+    job.join(format!("whole-{batch}-{first}.fasta"))
+}
+
+#[derive(Default)]
+struct BatchState {
+    fragments: Vec<Option<String>>,
+    /// Final hits per query of the batch (HSP texts numbered locally, `Query_<i+1>`).
+    results: Vec<Option<Vec<String>>>,
+    hits: usize,
+    pending_whole: BTreeSet<usize>,
+    merged: bool,
+    written: bool,
+    whole_searches: usize,
+    blast_seconds: f64,
+    bytes_wire: u64,
+    bytes_raw: u64,
+}
+
+/// The BLAST plug-in every agent runs (see the module docs).
+#[derive(Default)]
+pub struct BlastPlugin {
+    specs: Mutex<HashMap<PathBuf, Arc<JobSpec>>>,
+    batches: Mutex<HashMap<(PathBuf, usize), BatchState>>,
+}
+
+fn failed(e: impl std::fmt::Display) -> PluginError {
+    PluginError::Failed(e.to_string())
+}
+
+impl BlastPlugin {
+    fn spec(&self, job: &Path) -> Result<Arc<JobSpec>, PluginError> {
+        if let Some(s) = self.specs.lock().get(job) {
+            return Ok(s.clone());
+        }
+        let p = job.join("job.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| PluginError::BadRequest(format!("{}: {e}", p.display())))?;
+        let s: Arc<JobSpec> = Arc::new(serde_json::from_str(&text).map_err(|e| PluginError::BadRequest(format!("{}: {e}", p.display())))?);
+        self.specs.lock().insert(job.to_path_buf(), s.clone());
+        Ok(s)
+    }
+
+    /// The agent that merges and writes `batch`.
+    fn merger(&self, ctx: &Context<'_>, spec: &JobSpec, batch: usize) -> Result<u32, PluginError> {
+        let mut nodes: Vec<u32> = ctx.services.global_state()?.iter().map(|s| s.node).collect();
+        nodes.sort_unstable();
+        if nodes.is_empty() {
+            nodes.push(ctx.node);
+        }
+        match spec.assign {
+            MergeAssign::Single => Ok(nodes[0]),
+            MergeAssign::Static => Ok(nodes[batch % nodes.len()]),
+            MergeAssign::Dynamic => {
+                let key = format!("blast/{}/merger/{batch}", spec.id);
+                match ctx.services.board_cas(&key, 0, &ctx.node.to_le_bytes())? {
+                    Cas::Written(_) => Ok(ctx.node),
+                    Cas::Conflict(_) => {
+                        let v = ctx.services.board_get(&key)?.ok_or_else(|| failed(format!("{key} vanished")))?;
+                        Ok(u32::from_le_bytes(v.value.try_into().map_err(|_| failed(format!("{key} is not a node id")))?))
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_result(&self, ctx: &Context<'_>, task: TaskPayload, archive: Vec<u8>, blast_seconds: f64) -> Result<(), PluginError> {
+        let (job, batch) = match &task {
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
+        };
+        let spec = self.spec(&job)?;
+        let merger = self.merger(ctx, &spec, batch)?;
+        if merger == ctx.node {
+            let len = archive.len() as u64;
+            let _ = len;
+            return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, blast_seconds, (0, 0));
+        }
+        // Crossing nodes: compress first (runtime output compression).
+        let (compressed, data) = if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?) } else { (false, archive) };
+        let body = postcard::to_stdvec(&BlastRequest::Part { task, compressed, data, blast_seconds }).map_err(failed)?;
+        ctx.services.plugin_at(merger, "blast", body)?;
+        Ok(())
+    }
+
+    fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, blast_seconds: f64, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
+        let (job, batch) = match &task {
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
+        };
+        let spec = self.spec(&job)?;
+        let (start, end) = *spec.batches.get(batch).ok_or_else(|| PluginError::BadRequest(format!("no batch {batch}")))?;
+        let nq = end - start;
+        let nfrag = spec.fragments.len();
+        let mut ready = None;
+        {
+            let mut all = self.batches.lock();
+            let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState { fragments: vec![None; nfrag], results: vec![None; nq], ..Default::default() });
+            st.blast_seconds += blast_seconds;
+            st.bytes_wire += wire;
+            st.bytes_raw += raw;
+            match &task {
+                TaskPayload::Fragment { fragment, .. } => {
+                    // A re-run (its worker died after handing the result over) adds nothing.
+                    if *fragment < nfrag && st.fragments[*fragment].is_none() && !st.merged {
+                        st.fragments[*fragment] = Some(text);
+                        if st.fragments.iter().all(|f| f.is_some()) {
+                            st.merged = true;
+                            ready = Some(std::mem::take(&mut st.fragments));
+                        }
+                    }
+                }
+                TaskPayload::Whole { queries, .. } => {
+                    if queries.iter().any(|q| st.pending_whole.contains(q)) {
+                        let hsps = archive::hsps(&text).map_err(failed)?;
+                        let hits = archive::hits_by_query(&hsps, 0, queries.len());
+                        for (i, list) in hits.iter().enumerate() {
+                            let local = queries[i] - start;
+                            st.hits += list.len();
+                            st.results[local] = Some(list.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect());
+                            st.pending_whole.remove(&queries[i]);
+                        }
+                    }
+                }
+                TaskPayload::Stop => {}
+            }
+        }
+        if let Some(frags) = ready {
+            // Merge outside the lock: parsing is the expensive part.
+            let parsed: Vec<Vec<archive::Hsp>> = frags.iter().map(|a| archive::hsps(a.as_deref().unwrap()).map_err(failed)).collect::<Result<_, _>>()?;
+            let mut per_frag: Vec<Vec<Vec<archive::Hit>>> = parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
+            let mut risky = Vec::new();
+            let mut merged: Vec<(usize, Vec<String>, usize)> = Vec::new();
+            for local in 0..nq {
+                let lists: Vec<Vec<archive::Hit>> = per_frag.iter_mut().map(|f| std::mem::take(&mut f[local])).collect();
+                if lists.len() > 1 {
+                    let n: usize = lists.iter().map(|l| l.len()).sum();
+                    if n * 4 >= spec.prelim || lists.iter().any(|l| l.len() >= spec.k) {
+                        risky.push(start + local);
+                        continue;
+                    }
+                }
+                let hits = archive::merge_query(lists, spec.k);
+                merged.push((local, hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect(), hits.len()));
+            }
+            {
+                let mut all = self.batches.lock();
+                let st = all.get_mut(&(job.clone(), batch)).unwrap();
+                for (local, hsps, n) in merged {
+                    st.results[local] = Some(hsps);
+                    st.hits += n;
+                }
+                st.pending_whole.extend(risky.iter().copied());
+                st.whole_searches += risky.len();
+            }
+            if !risky.is_empty() {
+                // Whole-database searches for the queries a fragment merge cannot settle,
+                // spread over the workers as separate tasks.
+                let queries = crate::fasta::read(&batch_file(&job, batch)).map_err(failed)?;
+                let per = risky.len().div_ceil(4).max(1);
+                for chunk in risky.chunks(per) {
+                    let mut buf = Vec::new();
+                    for &g in chunk {
+                        queries[g - start].write_to(&mut buf);
+                    }
+                    std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
+                    let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 }).map_err(failed)?;
+                    ctx.services.submit(&payload)?;
+                }
+            }
+        }
+        self.maybe_write(ctx, &spec, &job, batch)
+    }
+
+    /// Writes the batch's part of the report once every query is settled.
+    fn maybe_write(&self, ctx: &Context<'_>, spec: &JobSpec, job: &Path, batch: usize) -> Result<(), PluginError> {
+        let (hsps, done) = {
+            let mut all = self.batches.lock();
+            let Some(st) = all.get_mut(&(job.to_path_buf(), batch)) else { return Ok(()) };
+            if !st.merged || !st.pending_whole.is_empty() || st.written || st.results.iter().any(|r| r.is_none()) {
+                return Ok(());
+            }
+            st.written = true;
+            let hsps: Vec<String> = st.results.iter().flat_map(|r| r.clone().unwrap_or_default()).collect();
+            let done = PartDone {
+                batch,
+                queries: st.results.len(),
+                hits: st.hits,
+                whole_searches: st.whole_searches,
+                merger: ctx.node,
+                blast_seconds: st.blast_seconds,
+                bytes_wire: st.bytes_wire,
+                bytes_raw: st.bytes_raw,
+                error: None,
+            };
+            (hsps, done)
+        };
+        let scratch = job.join(format!("scratch-{batch}"));
+        let result = (|| -> Result<(), String> {
+            std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+            let queries = batch_file(job, batch);
+            let rs = report::Spec { program: &spec.program, db_dir: &spec.db_dir, db_name: &spec.db_name, queries: &queries, outfmt: &spec.outfmt, blast_args: &spec.blast_args, scratch: &scratch };
+            let tmp = job.join(format!(".part-{batch:06}.tmp"));
+            report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
+            std::fs::rename(&tmp, part_path(job, batch)).map_err(|e| e.to_string())
+        })();
+        let _ = std::fs::remove_dir_all(&scratch);
+        let done = PartDone { error: result.err(), ..done };
+        self.batches.lock().remove(&(job.to_path_buf(), batch));
+        ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+        Ok(())
+    }
+}
+
+impl Plugin for BlastPlugin {
+    fn name(&self) -> &str {
+        "blast"
+    }
+    fn uses(&self) -> &[Uses] {
+        &[Uses::LoadBalancing, Uses::BulletinBoard, Uses::Advertising, Uses::Compression, Uses::SortMerge, Uses::ProcessState]
+    }
+    fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
+        match postcard::from_bytes::<BlastRequest>(request).map_err(|e| PluginError::BadRequest(format!("blast request: {e}")))? {
+            BlastRequest::Result { task, archive, blast_seconds } => self.on_result(ctx, task, archive, blast_seconds)?,
+            BlastRequest::Part { task, compressed, data, blast_seconds } => {
+                let wire = data.len() as u64;
+                let raw = if compressed { ctx.engine.decompress(&Codec::Zstd, &data).map_err(failed)? } else { data };
+                let len = raw.len() as u64;
+                self.on_part(ctx, task, String::from_utf8(raw).map_err(|_| failed("archive is not text"))?, blast_seconds, (wire, len))?;
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+// ----- assembling the parts ----------------------------------------------------------
+
+/// Joins per-batch reports (each a complete report for its queries) into the one report
+/// serial BLAST+ writes for all of them.
+pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
+    let mut out = String::new();
+    match fmt {
+        0 => {
+            let n = parts.len();
+            for (i, p) in parts.iter().enumerate() {
+                let body_start = p.find("\nQuery= ").map(|x| x + 1).ok_or("pairwise part without a query")?;
+                let footer = p.rfind("\n  Database: ").map(|x| x + 1).ok_or("pairwise part without a footer")?;
+                if i == 0 {
+                    out.push_str(&p[..body_start]);
+                }
+                out.push_str(&p[body_start..footer]);
+                if i + 1 == n {
+                    out.push_str(&p[footer..]);
+                }
+            }
+        }
+        5 => {
+            let open = "<BlastOutput_iterations>\n";
+            let close = "</BlastOutput_iterations>\n";
+            let mut offset = 0usize;
+            let n = parts.len();
+            for (i, p) in parts.iter().enumerate() {
+                let s = p.find(open).ok_or("XML part without iterations")? + open.len();
+                let e = p.rfind(close).ok_or("XML part without iterations end")?;
+                if i == 0 {
+                    out.push_str(&p[..s]);
+                }
+                let body = &p[s..e];
+                let mut count = 0;
+                for line in body.split_inclusive('\n') {
+                    if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
+                        let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
+                        out.push_str(&format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset));
+                        count += 1;
+                    } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
+                        let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
+                        out.push_str(&format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset));
+                    } else {
+                        out.push_str(line);
+                    }
+                }
+                offset += count;
+                if i + 1 == n {
+                    out.push_str(&p[e..]);
+                }
+            }
+        }
+        7 => {
+            let mut total = 0usize;
+            for p in parts {
+                let at = p.rfind("# BLAST processed ").ok_or("tabular part without its trailer")?;
+                let n: usize = p[at + 18..].split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
+                total += n;
+                out.push_str(&p[..at]);
+            }
+            out.push_str(&format!("# BLAST processed {total} queries\n"));
+        }
+        _ => {
+            for p in parts {
+                out.push_str(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
+    line.strip_prefix(pre)?.strip_suffix(post)
+}
+
+// ----- the worker ----------------------------------------------------------------------
+
+/// A worker registered with its node's agent: takes tasks, searches, hands results over.
+pub fn worker(client: &gepsea_client::Client, program: &str, blast_args: &[String]) -> Result<(), SearchError> {
+    let mut inflight: Vec<u64> = Vec::new();
+    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    loop {
+        let Some(t) = client.take(Duration::from_secs(3600)).map_err(api_err)? else { continue };
+        let payload: TaskPayload = postcard::from_bytes(&t.payload).map_err(|e| SearchError::Io(format!("bad task: {e}")))?;
+        let job = match &payload {
+            TaskPayload::Stop => {
+                client.done(t.id).map_err(api_err)?;
+                break;
+            }
+            TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } => job.clone(),
+        };
+        let spec_path = job.join("job.json");
+        let spec: JobSpec = std::fs::read_to_string(&spec_path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            .map_err(|e| SearchError::Io(format!("{}: {e}", spec_path.display())))?;
+        let (query_file, database) = match &payload {
+            TaskPayload::Fragment { batch, fragment, .. } => (batch_file(&job, *batch), format!("{}.stats", spec.fragments[*fragment])),
+            TaskPayload::Whole { batch, queries, .. } => (whole_file(&job, *batch, queries[0]), spec.db_name.clone()),
+            TaskPayload::Stop => unreachable!(),
+        };
+        let q = query_file.to_string_lossy().to_string();
+        let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", "11"];
+        args.extend(blast_args.iter().map(|s| s.as_str()));
+        let started = Instant::now();
+        let scratch = std::env::temp_dir();
+        let out = match tools::run(program, &args, Some(&spec.db_dir), Some(&scratch)) {
+            Ok(o) => o,
+            Err(e) => {
+                let message = match e {
+                    ToolError::Failed { stderr, .. } => stderr,
+                    other => other.to_string(),
+                };
+                // First failure: the task goes back to the queue once (another worker
+                // will likely take it); second: the master fails the run.
+                let retry = match &payload {
+                    TaskPayload::Fragment { job, batch, fragment, attempt: 0 } => Some(TaskPayload::Fragment { job: job.clone(), batch: *batch, fragment: *fragment, attempt: 1 }),
+                    TaskPayload::Whole { job, batch, queries, attempt: 0 } => Some(TaskPayload::Whole { job: job.clone(), batch: *batch, queries: queries.clone(), attempt: 1 }),
+                    _ => None,
+                };
+                let notice = Notice::Failure(TaskFailure { what: payload.describe(&spec), message, retried: retry.is_some() });
+                if let Some(r) = retry {
+                    client.submit(&postcard::to_stdvec(&r).unwrap()).map_err(api_err)?;
+                }
+                client.publish(&topic(&spec.id), &postcard::to_stdvec(&notice).unwrap(), Dest::All).map_err(api_err)?;
+                client.done(t.id).map_err(api_err)?;
+                continue;
+            }
+        };
+        let secs = started.elapsed().as_secs_f64();
+        let body = postcard::to_stdvec(&BlastRequest::Result { task: payload, archive: out.stdout, blast_seconds: secs }).unwrap();
+        // Hand the result over and go on: collect earlier hand-overs without waiting.
+        inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
+        client.done(t.id).map_err(api_err)?;
+        while inflight.len() > 2 {
+            let id = inflight.remove(0);
+            client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+        }
+    }
+    for id in inflight {
+        client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+    }
+    Ok(())
+}
+
+// ----- the master ----------------------------------------------------------------------
+
+/// Statistics of an accelerated run.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct AccelStats {
+    pub parts: usize,
+    pub hits: usize,
+    pub whole_searches: usize,
+    pub blast_seconds: f64,
+    pub bytes_wire: u64,
+    pub bytes_raw: u64,
+    pub mergers: BTreeMap<u32, usize>,
+}
+
+/// Runs the job `spec` (files already in `job`): submits tasks, waits for every part,
+/// assembles the output into `tmp_out`. `on_progress(queries done)`.
+/// `watch` is polled about once a second: `Err` ends the run (e.g. every worker died).
+pub fn master(
+    client: &gepsea_client::Client,
+    spec: &JobSpec,
+    job: &Path,
+    tmp_out: &Path,
+    workers: usize,
+    mut on_progress: impl FnMut(usize),
+    mut watch: impl FnMut() -> Result<(), SearchError>,
+) -> Result<AccelStats, SearchError> {
+    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    client.subscribe(&topic(&spec.id)).map_err(api_err)?;
+    // Fragment-major order: consecutive tasks share a fragment, so a worker tends to
+    // search the same fragment again (its pages are still in memory).
+    for fragment in 0..spec.fragments.len() {
+        for batch in 0..spec.batches.len() {
+            let p = postcard::to_stdvec(&TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 }).unwrap();
+            client.submit(&p).map_err(api_err)?;
+        }
+    }
+    let mut stats = AccelStats::default();
+    let mut done_batches = BTreeSet::new();
+    let mut queries_done = 0;
+    while done_batches.len() < spec.batches.len() {
+        watch()?;
+        for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
+            let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
+                Notice::Failure(f) if f.retried => {
+                    eprintln!("gepsea search: task {} failed; retrying once", f.what);
+                    continue;
+                }
+                Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
+                Notice::Part(d) => d,
+            };
+            if let Some(e) = d.error {
+                return Err(SearchError::Io(e));
+            }
+            if done_batches.insert(d.batch) {
+                queries_done += d.queries;
+                stats.hits += d.hits;
+                stats.whole_searches += d.whole_searches;
+                stats.blast_seconds += d.blast_seconds;
+                stats.bytes_wire += d.bytes_wire;
+                stats.bytes_raw += d.bytes_raw;
+                *stats.mergers.entry(d.merger).or_default() += 1;
+                on_progress(queries_done);
+            }
+        }
+    }
+    for _ in 0..workers {
+        client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
+    }
+    let mut parts = Vec::new();
+    for b in 0..spec.batches.len() {
+        let p = part_path(job, b);
+        parts.push(std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?);
+    }
+    stats.parts = parts.len();
+    let text = assemble(&parts, report::base_format(&spec.outfmt)).map_err(SearchError::Io)?;
+    std::fs::write(tmp_out, text).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    Ok(stats)
+}
+
+/// A node agent started for a local-mode run (killed on drop).
+pub struct LocalAgent {
+    child: Child,
+    pub namespace: String,
+}
+
+impl LocalAgent {
+    pub fn start(exe: &Path, namespace: &str) -> Result<LocalAgent, SearchError> {
+        let child = Command::new(exe)
+            .args(["agent", "--namespace", namespace, "--node-id", "1"])
+            .env("GEPSEA_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| SearchError::Io(format!("starting the agent ({}): {e}", exe.display())))?;
+        let a = LocalAgent { child, namespace: namespace.to_string() };
+        gepsea_client::wait_for_agent(namespace, 1, Duration::from_secs(20)).map_err(|e| SearchError::Io(format!("agent did not start: {e}")))?;
+        Ok(a)
+    }
+}
+
+impl Drop for LocalAgent {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tabular_parts_join_with_one_trailer() {
+        let a = "# BLASTP\n# 1 hits found\nq1\ts\n# BLAST processed 1 queries\n";
+        let b = "# BLASTP\n# 0 hits found\n# BLAST processed 1 queries\n";
+        assert_eq!(assemble(&[a.into(), b.into()], 7).unwrap(), "# BLASTP\n# 1 hits found\nq1\ts\n# BLASTP\n# 0 hits found\n# BLAST processed 2 queries\n");
+    }
+
+    #[test]
+    fn xml_iterations_are_renumbered() {
+        let part = |q: &str| format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n");
+        let out = assemble(&[part("a"), part("b")], 5).unwrap();
+        assert_eq!(out.matches("<BlastOutput_iterations>").count(), 1);
+        assert!(out.contains("<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>b"), "{out}");
+        assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
+    }
+
+    #[test]
+    fn pairwise_keeps_the_first_header_and_the_last_footer() {
+        let part = |q: &str| format!("BLASTP\n\nDatabase: DB\n\nQuery= {q}\nhits {q}\n\n\n  Database: DB\n  footer\n");
+        let out = assemble(&[part("a"), part("b")], 0).unwrap();
+        assert_eq!(out, "BLASTP\n\nDatabase: DB\n\nQuery= a\nhits a\n\n\nQuery= b\nhits b\n\n\n  Database: DB\n  footer\n");
+        assert!(assemble(&["no queries".into()], 0).is_err());
+    }
+}
