@@ -1602,6 +1602,11 @@ impl Agent {
         for n in self.view.clone() {
             self.send_peer(n, &PeerMsg::State(s.clone()));
         }
+        // Also on the bulletin board, where a late joiner or another tool can read it.
+        let value = encode(&s);
+        if value.len() <= crate::core::board::MAX_VALUE {
+            self.route(Client::new(self.me, 0), Op::BoardPut { key: format!("gepsea.pstate/{}", self.me), value }, ReplyTo::Discard, None);
+        }
     }
 
     // ----- agent-to-agent ---------------------------------------------------------

@@ -288,6 +288,12 @@ fn components_and_primitives_across_two_agents() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
+    // ... and on the bulletin board.
+    let v = c.board_get("gepsea.pstate/1").unwrap().expect("node 1's state on the board");
+    let st: wire::NodeState = wire::decode("state", &v.value).unwrap();
+    assert_eq!(st.activity, wire::Activity::Busy);
+    assert!(st.holds.contains(&"query-batch-7".to_string()), "{st:?}");
+
     // Load balancing: node 1 submits, node 2 works, the scheduler is node 1.
     assert_eq!(c.scheduler().unwrap(), 1);
     for i in 0..5 {
@@ -347,7 +353,7 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     // Unknown plug-ins, oversized values, unlocking what one does not hold.
     let e = c.plugin("nope", b"").unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::UnknownPlugin));
-    assert!(e.to_string().contains("append, counter"), "{e}");
+    assert!(e.to_string().contains("(it has: append, blast, counter)"), "{e}");
     let e = c.board_put("big", &vec![0; 64 * 1024 + 1]).unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::TooLarge), "{e}");
     assert!(e.to_string().contains("65537 bytes"), "{e}");
