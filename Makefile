@@ -17,7 +17,9 @@ build: setup
 # Every test: unit, property, loom, multi-process and multi-namespace.
 test: setup test-unit test-loom
 
+# `cargo test` links libraries as rlibs only; the C example needs the client's cdylib.
 test-unit:
+	$(CARGO) build --profile test --workspace --lib
 	$(CARGO) test --workspace --no-fail-fast
 
 # The shared-memory ring under the loom model checker (its own target dir: loom

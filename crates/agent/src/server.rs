@@ -79,7 +79,8 @@ pub struct AgentConfig {
     pub cache_bytes: usize,
     /// Bytes of global memory this agent lends.
     pub gma_bytes: u64,
-    /// Job threads (plug-ins, compression, cache misses).
+    /// Job threads (plug-ins, compression, cache misses) for this node's processes; as
+    /// many again serve work that other agents ask of this one.
     pub jobs: usize,
 }
 
@@ -362,7 +363,7 @@ pub struct Agent {
     sched_settle_deadline: Option<Instant>,
     settle_deadline: Option<Instant>,
     deferred: Vec<(u32, u64, Client, Op)>,
-    // jobs
+    // jobs: the first half serves this node's processes, the second half other agents
     jobs: Vec<Sender<Job>>,
     calls_rx: Receiver<Call>,
     done_rx: Receiver<JobDone>,
@@ -434,7 +435,7 @@ impl Agent {
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<JobDone>();
         let engine = Arc::new(engine);
         let mut jobs = Vec::new();
-        for i in 0..cfg.jobs.max(1) {
+        for i in 0..2 * cfg.jobs.max(1) {
             let (tx, rx) = crossbeam_channel::unbounded::<Job>();
             let inproc = InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) };
             let done_tx = done_tx.clone();
@@ -1375,7 +1376,14 @@ impl Agent {
 
     fn job(&mut self, client: Client, reply: ReplyTo, work: impl FnOnce(&InProc) -> Reply + Send + 'static) {
         // One client's jobs always go to the same thread: they finish in the order sent.
-        let i = (client.process as usize) % self.jobs.len();
+        // Work asked by another agent never queues behind a local job: that job may be
+        // waiting on the very agent that asked (two plug-ins calling each other's node
+        // at once would otherwise deadlock when their callers share a port number).
+        let half = self.jobs.len() / 2;
+        let i = match reply {
+            ReplyTo::Peer { .. } => half + (client.node as usize * 31 + client.process as usize) % half,
+            _ => client.process as usize % half,
+        };
         let _ = self.jobs[i].send(Job { reply, work: Box::new(work), client });
     }
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use gepsea_agent::api::{Api, Cas};
 use gepsea_agent::plugin::{Context, Plugin, PluginError, Uses};
-use gepsea_agent::wire::{Codec, Dest};
+use gepsea_agent::wire::{Codec, Dest, ErrorKind};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -175,6 +175,9 @@ struct BatchState {
 pub struct BlastPlugin {
     specs: Mutex<HashMap<PathBuf, Arc<JobSpec>>>,
     batches: Mutex<HashMap<(PathBuf, usize), BatchState>>,
+    /// Batches whose part this agent wrote: late duplicates of their results (tasks
+    /// re-run after a failure) are ignored.
+    written: Mutex<BTreeSet<(PathBuf, usize)>>,
 }
 
 fn failed(e: impl std::fmt::Display) -> PluginError {
@@ -204,12 +207,21 @@ impl BlastPlugin {
             MergeAssign::Single => Ok(nodes[0]),
             MergeAssign::Static => Ok(nodes[batch % nodes.len()]),
             MergeAssign::Dynamic => {
+                // Claimed by the first agent that has a result of the batch; a claim of
+                // an agent that died is taken over.
                 let key = format!("blast/{}/merger/{batch}", spec.id);
-                match ctx.services.board_cas(&key, 0, &ctx.node.to_le_bytes())? {
-                    Cas::Written(_) => Ok(ctx.node),
-                    Cas::Conflict(_) => {
-                        let v = ctx.services.board_get(&key)?.ok_or_else(|| failed(format!("{key} vanished")))?;
-                        Ok(u32::from_le_bytes(v.value.try_into().map_err(|_| failed(format!("{key} is not a node id")))?))
+                let mut expected = 0;
+                loop {
+                    match ctx.services.board_cas(&key, expected, &ctx.node.to_le_bytes())? {
+                        Cas::Written(_) => return Ok(ctx.node),
+                        Cas::Conflict(_) => {
+                            let v = ctx.services.board_get(&key)?.ok_or_else(|| failed(format!("{key} vanished")))?;
+                            let holder = u32::from_le_bytes(v.value.try_into().map_err(|_| failed(format!("{key} is not a node id")))?);
+                            if nodes.contains(&holder) {
+                                return Ok(holder);
+                            }
+                            expected = v.version;
+                        }
                     }
                 }
             }
@@ -222,17 +234,31 @@ impl BlastPlugin {
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
-        let merger = self.merger(ctx, &spec, batch)?;
-        if merger == ctx.node {
-            let len = archive.len() as u64;
-            let _ = len;
-            return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, blast_seconds, (0, 0));
+        let mut body: Option<Vec<u8>> = None;
+        // A merger that dies while (or before) it takes the result is replaced by the
+        // next one the live view gives; the master searches the batches it held again.
+        for attempt in 0.. {
+            let merger = self.merger(ctx, &spec, batch)?;
+            if merger == ctx.node {
+                return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, blast_seconds, (0, 0));
+            }
+            let b = match &body {
+                Some(b) => b.clone(),
+                None => {
+                    // Crossing nodes: compress first (runtime output compression).
+                    let (compressed, data) = if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?) } else { (false, archive.clone()) };
+                    body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, blast_seconds }).map_err(failed)?).clone()
+                }
+            };
+            match ctx.services.plugin_at(merger, "blast", b) {
+                Err(e) if e.kind() == Some(ErrorKind::Unavailable) && attempt < 8 => {
+                    tracing::warn!("merger node {merger} of batch {batch} is gone ({e}); handing the result to the next");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                r => return r.map(|_| ()).map_err(PluginError::from),
+            }
         }
-        // Crossing nodes: compress first (runtime output compression).
-        let (compressed, data) = if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?) } else { (false, archive) };
-        let body = postcard::to_stdvec(&BlastRequest::Part { task, compressed, data, blast_seconds }).map_err(failed)?;
-        ctx.services.plugin_at(merger, "blast", body)?;
-        Ok(())
+        unreachable!("the loop returns")
     }
 
     fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, blast_seconds: f64, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
@@ -245,6 +271,9 @@ impl BlastPlugin {
         let nq = end - start;
         let nfrag = spec.fragments.len();
         let mut ready = None;
+        if self.written.lock().contains(&(job.clone(), batch)) {
+            return Ok(());
+        }
         {
             let mut all = self.batches.lock();
             let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState { fragments: vec![None; nfrag], results: vec![None; nq], ..Default::default() });
@@ -359,6 +388,7 @@ impl BlastPlugin {
         let _ = std::fs::remove_dir_all(&scratch);
         let done = PartDone { error: result.err(), ..done };
         self.batches.lock().remove(&(job.to_path_buf(), batch));
+        self.written.lock().insert((job.to_path_buf(), batch));
         ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
         Ok(())
     }
@@ -463,7 +493,7 @@ fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
 // ----- the worker ----------------------------------------------------------------------
 
 /// A worker registered with its node's agent: takes tasks, searches, hands results over.
-pub fn worker(client: &gepsea_client::Client, program: &str, blast_args: &[String]) -> Result<(), SearchError> {
+pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
     let mut inflight: Vec<u64> = Vec::new();
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     loop {
@@ -477,6 +507,12 @@ pub fn worker(client: &gepsea_client::Client, program: &str, blast_args: &[Strin
             TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } => job.clone(),
         };
         let spec_path = job.join("job.json");
+        if !job.exists() {
+            // The master finished and removed the job: this is a repeat of a task whose
+            // result already arrived (submitted again after an agent died).
+            client.done(t.id).map_err(api_err)?;
+            continue;
+        }
         let spec: JobSpec = std::fs::read_to_string(&spec_path)
             .map_err(|e| e.to_string())
             .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
@@ -488,10 +524,10 @@ pub fn worker(client: &gepsea_client::Client, program: &str, blast_args: &[Strin
         };
         let q = query_file.to_string_lossy().to_string();
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", "11"];
-        args.extend(blast_args.iter().map(|s| s.as_str()));
+        args.extend(spec.blast_args.iter().map(|s| s.as_str()));
         let started = Instant::now();
         let scratch = std::env::temp_dir();
-        let out = match tools::run(program, &args, Some(&spec.db_dir), Some(&scratch)) {
+        let out = match tools::run(&spec.program, &args, Some(&spec.db_dir), Some(&scratch)) {
             Ok(o) => o,
             Err(e) => {
                 let message = match e {
@@ -542,6 +578,8 @@ pub struct AccelStats {
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: BTreeMap<u32, usize>,
+    /// Times unfinished batches were searched again because an agent died.
+    pub resubmitted_after_failure: usize,
 }
 
 /// Runs the job `spec` (files already in `job`): submits tasks, waits for every part,
@@ -569,8 +607,25 @@ pub fn master(
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
+    let mut nodes: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
     while done_batches.len() < spec.batches.len() {
         watch()?;
+        // An agent died: results it held (handed over by its workers, or being merged
+        // there) are gone. Search every unfinished batch again; results that did
+        // arrive make the repeats no-ops at the mergers.
+        let now: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
+        let lost: Vec<u32> = nodes.difference(&now).copied().collect();
+        if !lost.is_empty() {
+            eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
+            for fragment in 0..spec.fragments.len() {
+                for batch in (0..spec.batches.len()).filter(|b| !done_batches.contains(b)) {
+                    let p = postcard::to_stdvec(&TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 }).unwrap();
+                    client.submit(&p).map_err(api_err)?;
+                }
+            }
+            stats.resubmitted_after_failure += 1;
+        }
+        nodes = now;
         for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
             let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
                 Notice::Failure(f) if f.retried => {
@@ -609,6 +664,19 @@ pub fn master(
     Ok(stats)
 }
 
+/// Makes the child get SIGTERM when the process that started it dies, however it dies
+/// (killed, or aborted by a launcher): an agent never outlives its job.
+pub fn with_parent_death(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches only the child being created.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        })
+    }
+}
+
 /// A node agent started for a local-mode run (killed on drop).
 pub struct LocalAgent {
     child: Child,
@@ -617,7 +685,7 @@ pub struct LocalAgent {
 
 impl LocalAgent {
     pub fn start(exe: &Path, namespace: &str) -> Result<LocalAgent, SearchError> {
-        let child = Command::new(exe)
+        let child = with_parent_death(&mut Command::new(exe))
             .args(["agent", "--namespace", namespace, "--node-id", "1"])
             .env("GEPSEA_LOG", "warn")
             .stdin(Stdio::null())

@@ -7,6 +7,7 @@
 
 pub mod accel;
 pub mod archive;
+pub mod cluster;
 pub mod db;
 pub mod fasta;
 pub mod tools;

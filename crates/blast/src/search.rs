@@ -242,8 +242,26 @@ impl Progress {
     }
 }
 
+/// Where the agents and workers of an agent-mode run come from.
+enum Env<'c> {
+    /// Start this node's agent and the workers here.
+    Local,
+    /// A launcher started them (cluster mode); this is rank 0.
+    Cluster { client: &'c gepsea_client::Client, workers: usize },
+}
+
 /// Runs a whole search; the output appears at `opts.out` only if everything succeeded.
 pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
+    run_with(opts, Env::Local)
+}
+
+/// Rank 0 of a launched (cluster-mode) search: the agents and `workers` workers run
+/// elsewhere; `client` is registered with this node's agent.
+pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers: usize) -> Result<Summary, SearchError> {
+    run_with(opts, Env::Cluster { client, workers })
+}
+
+fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     let started = Instant::now();
     let manifest = db::open(&opts.db)?;
     let queries = fasta::read(&opts.query)?;
@@ -302,8 +320,8 @@ pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
         }
     }
 
-    if !opts.no_agent {
-        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, batch_ranges, tmp_out, out_dir, ns }, &mut cleanup);
+    if !opts.no_agent || matches!(env, Env::Cluster { .. }) {
+        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, batch_ranges, tmp_out, out_dir, ns }, &mut cleanup, env);
     }
     let port = Port::open(PortConfig::new(&ns, MASTER))?;
     for w in 0..workers {
@@ -495,7 +513,7 @@ struct Accel<'a> {
 
 /// Agent mode on one machine: start the node's agent and W workers registered with it;
 /// the master submits the tasks and assembles the parts the agents write.
-fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup) -> Result<Summary, SearchError> {
+fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env<'_>) -> Result<Summary, SearchError> {
     use crate::accel;
     let id = format!("{}-{}", std::process::id(), a.started.elapsed().as_nanos());
     let job = a.out_dir.join(format!(".gepsea-job-{}", std::process::id()));
@@ -526,38 +544,44 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup) -> Resul
         assign: opts.assign,
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
-    let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
-    let workers = opts.workers.max(1);
-    for _ in 0..workers {
-        let mut c = Command::new(&opts.worker_exe);
-        c.args(["agent-worker", "--namespace", &a.ns, "--node", "1", "--program", &a.program, "--"]).args(&opts.blast_args).stdin(Stdio::null()).stdout(Stdio::null());
-        cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
-    }
-    let mut co = gepsea_client::ConnectOptions::from_env("gepsea search").map_err(|e| SearchError::Io(e.to_string()))?;
-    co.namespace = a.ns.clone();
-    co.node = 1;
-    let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
-    let mut alive = vec![true; workers];
-    let children = &mut cleanup.children;
-    let watch = || -> Result<(), SearchError> {
-        let mut last = String::new();
-        for (w, c) in children.iter_mut().enumerate() {
-            if alive[w] {
-                if let Ok(Some(st)) = c.try_wait() {
-                    alive[w] = false;
-                    last = format!("worker {} exited with {st}", w + 1);
-                    // Its agent saw its registration close and put its task back.
-                    eprintln!("gepsea search: worker {} died ({st}); its task is reassigned by the agents' scheduler", w + 1);
-                }
+    let (stats, agent, own_client, workers) = match env {
+        Env::Cluster { client, workers } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers),
+        Env::Local => {
+            let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
+            let workers = opts.workers.max(1);
+            for _ in 0..workers {
+                let mut c = Command::new(&opts.worker_exe);
+                c.args(["agent-worker", "--namespace", &a.ns, "--node", "1"]).stdin(Stdio::null()).stdout(Stdio::null());
+                cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
             }
+            let mut co = gepsea_client::ConnectOptions::from_env("gepsea search").map_err(|e| SearchError::Io(e.to_string()))?;
+            co.namespace = a.ns.clone();
+            co.node = 1;
+            let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
+            let mut alive = vec![true; workers];
+            let children = &mut cleanup.children;
+            let watch = || -> Result<(), SearchError> {
+                let mut last = String::new();
+                for (w, c) in children.iter_mut().enumerate() {
+                    if alive[w] {
+                        if let Ok(Some(st)) = c.try_wait() {
+                            alive[w] = false;
+                            last = format!("worker {} exited with {st}", w + 1);
+                            // Its agent saw its registration close and put its task back.
+                            eprintln!("gepsea search: worker {} died ({st}); its task is reassigned by the agents' scheduler", w + 1);
+                        }
+                    }
+                }
+                if !alive.iter().any(|a| *a) {
+                    return Err(SearchError::NoWorkers(last));
+                }
+                Ok(())
+            };
+            let stats = accel::master(&client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), watch)?;
+            (stats, Some(agent), Some(client), workers)
         }
-        if !alive.iter().any(|a| *a) {
-            return Err(SearchError::NoWorkers(last));
-        }
-        Ok(())
     };
-    let stats = accel::master(&client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), watch)?;
     progress.finish();
     std::fs::rename(&a.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -566,7 +590,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup) -> Resul
             std::thread::sleep(Duration::from_millis(5));
         }
     }
-    drop(client);
+    drop(own_client);
     drop(agent);
     let wall = a.started.elapsed().as_secs_f64();
     Ok(Summary {
@@ -590,12 +614,12 @@ impl Drop for RemoveDir {
 }
 
 /// The hidden `gepsea agent-worker` process: a worker registered with its node's agent.
-pub fn agent_worker(namespace: &str, node: u32, program: &str, blast_args: &[String]) -> Result<(), SearchError> {
+pub fn agent_worker(namespace: &str, node: u32) -> Result<(), SearchError> {
     let mut co = gepsea_client::ConnectOptions::from_env("gepsea worker").map_err(|e| SearchError::Io(e.to_string()))?;
     co.namespace = namespace.to_string();
     co.node = node;
     let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
-    crate::accel::worker(&client, program, blast_args)
+    crate::accel::worker(&client)
 }
 
 fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {

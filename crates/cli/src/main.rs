@@ -110,6 +110,19 @@ struct SearchArgs {
     /// a result of it), static (round robin) or single (one agent).
     #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
     merge_assign: String,
+    /// Cluster mode (under mpirun/srun): a directory every node shares, where the
+    /// nodes' agents meet.
+    #[arg(long)]
+    rendezvous: Option<PathBuf>,
+    /// Cluster mode: the network the agents talk over, as CIDR (e.g. 10.1.0.0/16).
+    #[arg(long)]
+    agent_net: Option<String>,
+    /// Cluster mode: the agents' TCP port.
+    #[arg(long, default_value_t = 7400)]
+    agent_port: u16,
+    /// Cluster mode: number of nodes (default: processes / processes per node).
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Options passed to BLAST+ unchanged, after `--` (e.g. -- -evalue 1e-5 -seg yes).
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
@@ -121,10 +134,6 @@ struct AgentWorkerArgs {
     namespace: String,
     #[arg(long)]
     node: u32,
-    #[arg(long)]
-    program: String,
-    #[arg(last = true, allow_hyphen_values = true)]
-    blast_args: Vec<String>,
 }
 
 #[derive(Args)]
@@ -191,7 +200,21 @@ fn main() -> Result<()> {
                     _ => gepsea_blast::accel::MergeAssign::Dynamic,
                 },
             };
-            let s = search::run(&opts)?;
+            let launch = gepsea_blast::cluster::detect().filter(|l| l.size > 1);
+            let s = match launch {
+                Some(l) => {
+                    let Some(rendezvous) = a.rendezvous.clone() else {
+                        anyhow::bail!("running under a launcher (rank {} of {}): give --rendezvous DIR, a directory every node shares, so the nodes' agents can meet", l.rank, l.size);
+                    };
+                    let c = gepsea_blast::cluster::ClusterOptions { rendezvous, agent_net: a.agent_net.clone(), agent_port: a.agent_port, nodes: a.nodes };
+                    let opts = search::SearchOptions { quiet: opts.quiet || l.rank != 0, ..opts };
+                    match gepsea_blast::cluster::run(&opts, l, &c)? {
+                        Some(s) => s,
+                        None => return Ok(()),
+                    }
+                }
+                None => search::run(&opts)?,
+            };
             if !opts.quiet {
                 eprintln!(
                     "gepsea search: {} queries, {} hits, {} tasks ({} queries re-searched whole), {:.2} s, output {}",
@@ -206,7 +229,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
-        Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node, &a.program, &a.blast_args)?),
+        Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),

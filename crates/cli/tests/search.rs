@@ -235,7 +235,7 @@ fn a_worker_killed_mid_run_does_not_change_the_output() {
     let mut c = gepsea();
     // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
     c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got);
-    let mut child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
     // Find a worker (a child process of the search that is running BLAST+; the agent,
     // also a child, runs none) and kill it while it searches.
     let master = child.id();
