@@ -142,7 +142,12 @@ pub trait Api: Services {
         expect!(self.call(Op::GlobalState), "global-state", Reply::States(s) => s)
     }
     fn submit(&self, payload: &[u8]) -> Result<u64, ApiError> {
-        expect!(self.call(Op::Submit { payload: payload.to_vec() }), "submit", Reply::TaskId(t) => t)
+        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: None }), "submit", Reply::TaskId(t) => t)
+    }
+    /// Submits a task that reads the data object `data`: the scheduler prefers workers
+    /// on a node that holds it.
+    fn submit_near(&self, payload: &[u8], data: &str) -> Result<u64, ApiError> {
+        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: Some(data.into()) }), "submit", Reply::TaskId(t) => t)
     }
     /// The next task, waiting up to `wait` (None: nothing came).
     fn take(&self, wait: Duration) -> Result<Option<Task>, ApiError> {

@@ -44,6 +44,9 @@ pub struct Context<'a> {
     pub services: &'a dyn Services,
     /// The compression engine (with any registered application codecs).
     pub engine: &'a Engine,
+    /// A node-local directory for the plug-in's files (e.g. data staged from shared
+    /// storage): emptied when the agent starts and removed when it stops.
+    pub scratch: &'a std::path::Path,
 }
 
 /// A plug-in failed on a request.

@@ -365,6 +365,8 @@ pub struct Agent {
     deferred: Vec<(u32, u64, Client, Op)>,
     // jobs: the first half serves this node's processes, the second half other agents
     jobs: Vec<Sender<Job>>,
+    /// Runs jobs that a job itself asked for (see [`Agent::job`]).
+    nested: (InProc, Sender<JobDone>),
     calls_rx: Receiver<Call>,
     done_rx: Receiver<JobDone>,
     shutdown: Arc<Shutdown>,
@@ -391,6 +393,10 @@ impl Agent {
         // A stale port socket of a previous agent of this node would make the port
         // refuse to bind; the agent socket above proved that agent is gone.
         let _ = std::fs::remove_file(runtime_dir.join("port-0.sock"));
+        // Plug-ins' node-local files; whatever a dead predecessor left is ours to drop.
+        let scratch = runtime_dir.join("scratch");
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).map_err(io_err(format!("creating {}", scratch.display())))?;
         let mut rendezvous_entry = None;
         if let Some(dir) = &cfg.rendezvous {
             std::fs::create_dir_all(dir).map_err(io_err(format!("creating rendezvous directory {}", dir.display())))?;
@@ -514,6 +520,7 @@ impl Agent {
             settle_deadline: None,
             deferred: Vec::new(),
             jobs,
+            nested: (InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) }, done_tx.clone()),
             calls_rx,
             done_rx,
             shutdown,
@@ -565,6 +572,7 @@ impl Agent {
             }
         }
         info!("agent of node {} stopping", self.me);
+        let _ = std::fs::remove_dir_all(self.runtime_dir.join("scratch"));
         Ok(())
     }
 
@@ -793,7 +801,11 @@ impl Agent {
             if new_sched == Some(self.me) {
                 info!("node {}: elected scheduler (view {:?})", self.me, self.view);
                 let others: Vec<u32> = self.view.clone();
-                self.scheduler = Some(Scheduler::taking_over(others));
+                let mut sched = Scheduler::taking_over(others);
+                for st in self.ptable.all() {
+                    sched.set_holdings(st.node, st.holds);
+                }
+                self.scheduler = Some(sched);
                 self.sched_settle_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
             } else {
                 self.scheduler = None;
@@ -1254,10 +1266,10 @@ impl Agent {
                 r
             }
             Op::GlobalState => Reply::States(self.ptable.all()),
-            Op::Submit { payload } => {
+            Op::Submit { payload, affinity } => {
                 let id = ((self.me as u64) << 40) | self.next_task;
                 self.next_task += 1;
-                let task = Task { id, payload };
+                let task = Task { id, payload, affinity };
                 self.my_tasks.insert(id, task.clone());
                 if let Some(s) = self.scheduler_node {
                     self.send_peer(s, &PeerMsg::Submit { task, submitter: self.me });
@@ -1330,8 +1342,9 @@ impl Agent {
         };
         let engine = self.engine.clone();
         let node = self.me;
+        let scratch = self.runtime_dir.join("scratch");
         self.job(client, reply, move |s| {
-            let ctx = Context { caller: client, node, services: s, engine: &engine };
+            let ctx = Context { caller: client, node, services: s, engine: &engine, scratch: &scratch };
             match p.handle(&ctx, &body) {
                 Ok(d) => Reply::Data(d),
                 Err(crate::plugin::PluginError::BadRequest(m)) => Reply::err(ErrorKind::BadRequest, format!("plug-in {name}: {m}")),
@@ -1375,6 +1388,23 @@ impl Agent {
     }
 
     fn job(&mut self, client: Client, reply: ReplyTo, work: impl FnOnce(&InProc) -> Reply + Send + 'static) {
+        if let ReplyTo::Local(_) = reply {
+            // Asked by a job (a plug-in's cache miss, say), which blocks its thread until
+            // this is done: queued behind it on any pool thread, it could wait forever.
+            // Such jobs (cache fetches, directory updates) start no jobs of their own,
+            // so a thread each ends the chain.
+            let (inproc, done_tx) = (InProc { client, ..self.nested.0.clone() }, self.nested.1.clone());
+            let spawned = std::thread::Builder::new().name("gepsea-nested".into()).spawn(move || {
+                let result = work(&inproc);
+                if done_tx.send(JobDone { reply, result }).is_ok() {
+                    let _ = inproc.waker.wake();
+                }
+            });
+            if let Err(e) = spawned {
+                warn!("node {}: cannot start a thread for a nested job: {e}", self.me);
+            }
+            return;
+        }
         // One client's jobs always go to the same thread: they finish in the order sent.
         // Work asked by another agent never queues behind a local job: that job may be
         // waiting on the very agent that asked (two plug-ins calling each other's node
@@ -1711,7 +1741,12 @@ impl Agent {
                 }
             }
             PeerMsg::State(s) => {
-                self.ptable.update(s);
+                let (node, holds) = (s.node, s.holds.clone());
+                if self.ptable.update(s) {
+                    if let Some(sched) = &mut self.scheduler {
+                        sched.set_holdings(node, holds);
+                    }
+                }
             }
             PeerMsg::Submit { task, submitter } => {
                 if let Some(s) = &mut self.scheduler {

@@ -116,6 +116,9 @@ pub struct Task {
     pub id: u64,
     #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
+    /// The data object the task reads: the scheduler prefers a taker whose node holds
+    /// it (see `primitives::balance`).
+    pub affinity: Option<String>,
 }
 
 /// A node's entry in the global process state.
@@ -181,7 +184,7 @@ pub enum Op {
     SetState { activity: Activity, holds: Vec<String> },
     GlobalState,
     // dynamic load balancing
-    Submit { #[serde(with = "serde_bytes")] payload: Vec<u8> },
+    Submit { #[serde(with = "serde_bytes")] payload: Vec<u8>, affinity: Option<String> },
     Take { wait_ms: u64 },
     Done { task: u64 },
     Scheduler,

@@ -14,6 +14,15 @@
 //!   agent merges a batch is decided dynamically (the first agent that receives a
 //!   result of the batch claims it on the bulletin board) or statically (batch number
 //!   modulo the agents), for the benchmark.
+//! - **Hot-swap database fragments**: before searching a fragment a worker asks its
+//!   agent to *stage* it: the agent copies the fragment into node-local scratch from
+//!   wherever it is closest — already staged on this node, in this agent's memory, in
+//!   another agent's memory (the distributed cache finds the holder through its
+//!   directory), or, only if no node has it yet, the shared database directory — and
+//!   checks every file against the manifest's SHA-256 first. At the start of a job the
+//!   master asks every agent to prefetch the fragments it will search first (fragment
+//!   `f` to the `f mod n`-th node), and tasks name their fragment, so the scheduler
+//!   hands a task to a worker whose node already holds its fragment.
 //! - The master assembles the parts in query order (joining headers and footers, and
 //!   renumbering XML iterations) into the output file, identical to serial BLAST+.
 //!
@@ -26,9 +35,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gepsea_agent::api::{Api, Cas};
+use gepsea_agent::api::{Api, ApiError, Cas};
 use gepsea_agent::plugin::{Context, Plugin, PluginError, Uses};
-use gepsea_agent::wire::{Codec, Dest, ErrorKind};
+use gepsea_agent::wire::{Codec, Dest, ErrorKind, LockMode};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -67,6 +76,70 @@ pub struct JobSpec {
     pub batches: Vec<(usize, usize)>,
     pub compress: bool,
     pub assign: MergeAssign,
+    /// Stage fragments in node-local scratch through the agents (hot-swap); off: search
+    /// them in `db_dir` in place.
+    pub hot_swap: bool,
+    /// SHA-256 of each file a search of a fragment reads, by file name (from the
+    /// manifest), per fragment.
+    pub fragment_files: Vec<BTreeMap<String, String>>,
+}
+
+/// Where a staged fragment came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageSource {
+    /// Already in this node's scratch.
+    Staged,
+    /// This agent's memory (prefetched, or staged for an earlier job).
+    Memory,
+    /// Another agent's memory.
+    Peer,
+    /// The shared database directory.
+    Storage,
+}
+
+/// What a worker spent on one task besides its result.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct WorkStats {
+    /// Inside BLAST+.
+    pub blast_seconds: f64,
+    /// Waiting for the fragment to be staged.
+    pub input_seconds: f64,
+    /// Stagings by source ([`StageSource`] order).
+    pub staged: [u32; 4],
+}
+
+impl WorkStats {
+    fn add(&mut self, o: &WorkStats) {
+        self.blast_seconds += o.blast_seconds;
+        self.input_seconds += o.input_seconds;
+        for (a, b) in self.staged.iter_mut().zip(o.staged) {
+            *a += b;
+        }
+    }
+}
+
+/// Reply to [`BlastRequest::Stage`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Staged {
+    /// Directory holding the fragment's files (use it as BLASTDB).
+    pub dir: PathBuf,
+    pub source: StageSource,
+}
+
+/// Cache object name of a fragment: content-addressed by its files' checksums, so a
+/// copy can only ever stand for identical files.
+pub fn fragment_object(name: &str, files: &BTreeMap<String, String>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (f, sum) in files {
+        h.update(f.as_bytes());
+        h.update([0]);
+        h.update(sum.as_bytes());
+        h.update([0]);
+    }
+    let d = h.finalize();
+    let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("blast-fragment/{hex}/{name}")
 }
 
 /// What workers take from the load balancer.
@@ -112,7 +185,7 @@ pub enum BlastRequest {
         task: TaskPayload,
         #[serde(with = "serde_bytes")]
         archive: Vec<u8>,
-        blast_seconds: f64,
+        work: WorkStats,
     },
     /// A result on its way to the batch's merger (maybe zstd-compressed).
     Part {
@@ -120,8 +193,16 @@ pub enum BlastRequest {
         compressed: bool,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
-        blast_seconds: f64,
+        work: WorkStats,
     },
+    /// Make fragment `fragment` of `job` available in node-local scratch; replies
+    /// [`Staged`].
+    Stage { job: PathBuf, fragment: usize },
+    /// Stage these fragments ahead of use (the data streaming service).
+    Prefetch { job: PathBuf, fragments: Vec<usize> },
+    /// This agent's stagings for `job` by source ([`StageSource`] order), as
+    /// `[u32; 4]`.
+    StageCounts { job: PathBuf },
 }
 
 /// Advertised on `blast/<job id>` when a batch's part is written.
@@ -132,7 +213,7 @@ pub struct PartDone {
     pub hits: usize,
     pub whole_searches: usize,
     pub merger: u32,
-    pub blast_seconds: f64,
+    pub work: WorkStats,
     /// Bytes of results received from other nodes, as sent and as decompressed.
     pub bytes_wire: u64,
     pub bytes_raw: u64,
@@ -165,7 +246,7 @@ struct BatchState {
     merged: bool,
     written: bool,
     whole_searches: usize,
-    blast_seconds: f64,
+    work: WorkStats,
     bytes_wire: u64,
     bytes_raw: u64,
 }
@@ -178,6 +259,10 @@ pub struct BlastPlugin {
     /// Batches whose part this agent wrote: late duplicates of their results (tasks
     /// re-run after a failure) are ignored.
     written: Mutex<BTreeSet<(PathBuf, usize)>>,
+    /// One lock per fragment object being staged on this node: a fragment is copied
+    /// once however many workers (or prefetches) ask for it at the same time.
+    staging: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    stage_counts: Mutex<HashMap<PathBuf, [u32; 4]>>,
 }
 
 fn failed(e: impl std::fmt::Display) -> PluginError {
@@ -228,7 +313,82 @@ impl BlastPlugin {
         }
     }
 
-    fn on_result(&self, ctx: &Context<'_>, task: TaskPayload, archive: Vec<u8>, blast_seconds: f64) -> Result<(), PluginError> {
+    /// Brings `fragment` into this node's scratch (see the module docs); returns its
+    /// directory and where it came from.
+    fn stage(&self, ctx: &Context<'_>, job: &Path, spec: &JobSpec, fragment: usize) -> Result<(PathBuf, StageSource), PluginError> {
+        let name = spec.fragments.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no fragment {fragment}")))?;
+        let files = spec.fragment_files.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no file list for fragment {fragment}")))?;
+        let object = fragment_object(name, files);
+        let dir = ctx.scratch.join(&object);
+        let lock = self.staging.lock().entry(object.clone()).or_default().clone();
+        let _held = lock.lock();
+        let (dir, source) = self.stage_locked(ctx, spec, fragment, dir, &object)?;
+        self.stage_counts.lock().entry(job.to_path_buf()).or_default()[source as usize] += 1;
+        Ok((dir, source))
+    }
+
+    fn stage_locked(&self, ctx: &Context<'_>, spec: &JobSpec, fragment: usize, dir: PathBuf, object: &str) -> Result<(PathBuf, StageSource), PluginError> {
+        let name = &spec.fragments[fragment];
+        let files = &spec.fragment_files[fragment];
+        if dir.is_dir() {
+            return Ok((dir, StageSource::Staged));
+        }
+        let was_here = ctx.services.global_state()?.iter().any(|s| s.node == ctx.node && s.holds.iter().any(|h| h == object));
+        let fetch = || match ctx.services.cache_get(object) {
+            Ok(b) => Ok(Some(b)),
+            Err(ApiError::Agent { kind: ErrorKind::NotFound, .. }) => Ok(None),
+            Err(e) => Err(PluginError::from(e)),
+        };
+        let (bundle, source) = match fetch()? {
+            Some(b) => (b, if was_here { StageSource::Memory } else { StageSource::Peer }),
+            None => {
+                // Nobody has it: one agent of the whole cluster reads it from shared
+                // storage while the others wait for it under a distributed lock, then
+                // take it from that agent's memory.
+                let lock = format!("blast-stage/{object}");
+                ctx.services.lock(&lock, LockMode::Exclusive)?;
+                let loaded = match fetch() {
+                    Ok(Some(b)) => Ok((b, StageSource::Peer)),
+                    Ok(None) => read_fragment(spec, files).map(|b| {
+                        // In this agent's memory and in the directory: other nodes
+                        // fetch it from here instead of from shared storage.
+                        if let Err(e) = ctx.services.cache_put(object, &b) {
+                            tracing::warn!("fragment {name} not cached on node {} ({e}); others read it from storage", ctx.node);
+                        }
+                        (b, StageSource::Storage)
+                    }),
+                    Err(e) => Err(e),
+                };
+                let _ = ctx.services.unlock(&lock);
+                loaded?
+            }
+        };
+        let contents: Vec<(String, Vec<u8>)> = postcard::from_bytes(&bundle).map_err(|e| failed(format!("fragment {name}: damaged cache object: {e}")))?;
+        let tmp = dir.with_extension("partial");
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(|e| failed(format!("{}: {e}", tmp.display())))?;
+        for (f, data) in &contents {
+            let want = files.get(f).ok_or_else(|| failed(format!("fragment {name}: unexpected file {f}")))?;
+            let got = sha256_hex(data);
+            if &got != want {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(failed(format!("fragment {name}: {f} has SHA-256 {got}, the manifest says {want} (from {source:?})")));
+            }
+            std::fs::write(tmp.join(f), data).map_err(|e| failed(format!("{}: {e}", tmp.join(f).display())))?;
+        }
+        if contents.len() != files.len() {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(failed(format!("fragment {name}: {} of {} files", contents.len(), files.len())));
+        }
+        std::fs::rename(&tmp, &dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        Ok((dir, source))
+    }
+
+    fn stage_counts(&self, job: &Path) -> [u32; 4] {
+        self.stage_counts.lock().get(job).copied().unwrap_or_default()
+    }
+
+    fn on_result(&self, ctx: &Context<'_>, task: TaskPayload, archive: Vec<u8>, work: WorkStats) -> Result<(), PluginError> {
         let (job, batch) = match &task {
             TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
@@ -240,14 +400,14 @@ impl BlastPlugin {
         for attempt in 0.. {
             let merger = self.merger(ctx, &spec, batch)?;
             if merger == ctx.node {
-                return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, blast_seconds, (0, 0));
+                return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, work, (0, 0));
             }
             let b = match &body {
                 Some(b) => b.clone(),
                 None => {
                     // Crossing nodes: compress first (runtime output compression).
                     let (compressed, data) = if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?) } else { (false, archive.clone()) };
-                    body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, blast_seconds }).map_err(failed)?).clone()
+                    body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, work }).map_err(failed)?).clone()
                 }
             };
             match ctx.services.plugin_at(merger, "blast", b) {
@@ -261,7 +421,7 @@ impl BlastPlugin {
         unreachable!("the loop returns")
     }
 
-    fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, blast_seconds: f64, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
+    fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, work: WorkStats, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
         let (job, batch) = match &task {
             TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
@@ -277,7 +437,7 @@ impl BlastPlugin {
         {
             let mut all = self.batches.lock();
             let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState { fragments: vec![None; nfrag], results: vec![None; nq], ..Default::default() });
-            st.blast_seconds += blast_seconds;
+            st.work.add(&work);
             st.bytes_wire += wire;
             st.bytes_raw += raw;
             match &task {
@@ -369,7 +529,7 @@ impl BlastPlugin {
                 hits: st.hits,
                 whole_searches: st.whole_searches,
                 merger: ctx.node,
-                blast_seconds: st.blast_seconds,
+                work: st.work,
                 bytes_wire: st.bytes_wire,
                 bytes_raw: st.bytes_raw,
                 error: None,
@@ -403,12 +563,24 @@ impl Plugin for BlastPlugin {
     }
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
         match postcard::from_bytes::<BlastRequest>(request).map_err(|e| PluginError::BadRequest(format!("blast request: {e}")))? {
-            BlastRequest::Result { task, archive, blast_seconds } => self.on_result(ctx, task, archive, blast_seconds)?,
-            BlastRequest::Part { task, compressed, data, blast_seconds } => {
+            BlastRequest::Result { task, archive, work } => self.on_result(ctx, task, archive, work)?,
+            BlastRequest::Stage { job, fragment } => {
+                let spec = self.spec(&job)?;
+                let (dir, source) = self.stage(ctx, &job, &spec, fragment)?;
+                return postcard::to_stdvec(&Staged { dir, source }).map_err(failed);
+            }
+            BlastRequest::StageCounts { job } => return postcard::to_stdvec(&self.stage_counts(&job)).map_err(failed),
+            BlastRequest::Prefetch { job, fragments } => {
+                let spec = self.spec(&job)?;
+                for f in fragments {
+                    self.stage(ctx, &job, &spec, f)?;
+                }
+            }
+            BlastRequest::Part { task, compressed, data, work } => {
                 let wire = data.len() as u64;
                 let raw = if compressed { ctx.engine.decompress(&Codec::Zstd, &data).map_err(failed)? } else { data };
                 let len = raw.len() as u64;
-                self.on_part(ctx, task, String::from_utf8(raw).map_err(|_| failed("archive is not text"))?, blast_seconds, (wire, len))?;
+                self.on_part(ctx, task, String::from_utf8(raw).map_err(|_| failed("archive is not text"))?, work, (wire, len))?;
             }
         }
         Ok(Vec::new())
@@ -522,18 +694,32 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
             TaskPayload::Whole { batch, queries, .. } => (whole_file(&job, *batch, queries[0]), spec.db_name.clone()),
             TaskPayload::Stop => unreachable!(),
         };
+        let mut work = WorkStats::default();
+        // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
+        let blastdb = match &payload {
+            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
+                let started = Instant::now();
+                let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
+                let staged = client.plugin("blast", &req).map_err(|e| e.to_string()).and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
+                work.input_seconds = started.elapsed().as_secs_f64();
+                staged.map(|s| {
+                    work.staged[s.source as usize] += 1;
+                    s.dir
+                })
+            }
+            _ => Ok(spec.db_dir.clone()),
+        };
         let q = query_file.to_string_lossy().to_string();
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", "11"];
         args.extend(spec.blast_args.iter().map(|s| s.as_str()));
         let started = Instant::now();
         let scratch = std::env::temp_dir();
-        let out = match tools::run(&spec.program, &args, Some(&spec.db_dir), Some(&scratch)) {
+        let out = match blastdb.and_then(|db| tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
+            ToolError::Failed { stderr, .. } => stderr,
+            other => other.to_string(),
+        })) {
             Ok(o) => o,
-            Err(e) => {
-                let message = match e {
-                    ToolError::Failed { stderr, .. } => stderr,
-                    other => other.to_string(),
-                };
+            Err(message) => {
                 // First failure: the task goes back to the queue once (another worker
                 // will likely take it); second: the master fails the run.
                 let retry = match &payload {
@@ -543,15 +729,15 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                 };
                 let notice = Notice::Failure(TaskFailure { what: payload.describe(&spec), message, retried: retry.is_some() });
                 if let Some(r) = retry {
-                    client.submit(&postcard::to_stdvec(&r).unwrap()).map_err(api_err)?;
+                    submit_task(client, &spec, &r).map_err(api_err)?;
                 }
                 client.publish(&topic(&spec.id), &postcard::to_stdvec(&notice).unwrap(), Dest::All).map_err(api_err)?;
                 client.done(t.id).map_err(api_err)?;
                 continue;
             }
         };
-        let secs = started.elapsed().as_secs_f64();
-        let body = postcard::to_stdvec(&BlastRequest::Result { task: payload, archive: out.stdout, blast_seconds: secs }).unwrap();
+        work.blast_seconds = started.elapsed().as_secs_f64();
+        let body = postcard::to_stdvec(&BlastRequest::Result { task: payload, archive: out.stdout, work }).unwrap();
         // Hand the result over and go on: collect earlier hand-overs without waiting.
         inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
         client.done(t.id).map_err(api_err)?;
@@ -574,10 +760,12 @@ pub struct AccelStats {
     pub parts: usize,
     pub hits: usize,
     pub whole_searches: usize,
-    pub blast_seconds: f64,
+    pub work: WorkStats,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: BTreeMap<u32, usize>,
+    /// Fragment stagings by every agent (prefetches included), by [`StageSource`].
+    pub stagings: [u32; 4],
     /// Times unfinished batches were searched again because an agent died.
     pub resubmitted_after_failure: usize,
 }
@@ -596,18 +784,23 @@ pub fn master(
 ) -> Result<AccelStats, SearchError> {
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     client.subscribe(&topic(&spec.id)).map_err(api_err)?;
-    // Fragment-major order: consecutive tasks share a fragment, so a worker tends to
-    // search the same fragment again (its pages are still in memory).
-    for fragment in 0..spec.fragments.len() {
-        for batch in 0..spec.batches.len() {
-            let p = postcard::to_stdvec(&TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 }).unwrap();
-            client.submit(&p).map_err(api_err)?;
+    let mut nodes: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
+    // Data streaming: every agent starts staging the fragments it will search first
+    // (fragment f on the (f mod n)-th node) while the first tasks are handed out.
+    let mut prefetches = Vec::new();
+    if spec.hot_swap {
+        let order: Vec<u32> = nodes.iter().copied().collect();
+        for (i, &node) in order.iter().enumerate() {
+            let fragments: Vec<usize> = (0..spec.fragments.len()).filter(|f| f % order.len() == i).collect();
+            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments }).unwrap();
+            prefetches.push(client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body }));
         }
     }
+    let all: Vec<usize> = (0..spec.batches.len()).collect();
+    submit_fragment_tasks(client, spec, job, &all).map_err(api_err)?;
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
-    let mut nodes: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
     while done_batches.len() < spec.batches.len() {
         watch()?;
         // An agent died: results it held (handed over by its workers, or being merged
@@ -617,12 +810,8 @@ pub fn master(
         let lost: Vec<u32> = nodes.difference(&now).copied().collect();
         if !lost.is_empty() {
             eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
-            for fragment in 0..spec.fragments.len() {
-                for batch in (0..spec.batches.len()).filter(|b| !done_batches.contains(b)) {
-                    let p = postcard::to_stdvec(&TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 }).unwrap();
-                    client.submit(&p).map_err(api_err)?;
-                }
-            }
+            let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+            submit_fragment_tasks(client, spec, job, &unfinished).map_err(api_err)?;
             stats.resubmitted_after_failure += 1;
         }
         nodes = now;
@@ -642,7 +831,7 @@ pub fn master(
                 queries_done += d.queries;
                 stats.hits += d.hits;
                 stats.whole_searches += d.whole_searches;
-                stats.blast_seconds += d.blast_seconds;
+                stats.work.add(&d.work);
                 stats.bytes_wire += d.bytes_wire;
                 stats.bytes_raw += d.bytes_raw;
                 *stats.mergers.entry(d.merger).or_default() += 1;
@@ -653,6 +842,21 @@ pub fn master(
     for _ in 0..workers {
         client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
     }
+    for p in prefetches {
+        // Long done by now; a failed prefetch only meant a later stage did the work.
+        if let Err(e) = client.finish(p, Duration::from_secs(60)) {
+            eprintln!("gepsea search: a fragment prefetch failed: {e}");
+        }
+    }
+    if spec.hot_swap {
+        let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
+        for &node in &nodes {
+            let counts: [u32; 4] = client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
+            for (a, b) in stats.stagings.iter_mut().zip(counts) {
+                *a += b;
+            }
+        }
+    }
     let mut parts = Vec::new();
     for b in 0..spec.batches.len() {
         let p = part_path(job, b);
@@ -662,6 +866,27 @@ pub fn master(
     let text = assemble(&parts, report::base_format(&spec.outfmt)).map_err(SearchError::Io)?;
     std::fs::write(tmp_out, text).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
     Ok(stats)
+}
+
+/// Submits a task; a fragment search names its fragment, so that the scheduler prefers
+/// a node that holds it.
+fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayload) -> Result<u64, gepsea_agent::api::ApiError> {
+    let p = postcard::to_stdvec(task).unwrap();
+    match task {
+        TaskPayload::Fragment { fragment, .. } if spec.hot_swap => client.submit_near(&p, &fragment_object(&spec.fragments[*fragment], &spec.fragment_files[*fragment])),
+        _ => client.submit(&p),
+    }
+}
+
+/// One task per (batch, fragment) of `batches`, fragment-major: consecutive tasks share
+/// a fragment, so a worker tends to search the same fragment again.
+fn submit_fragment_tasks(client: &gepsea_client::Client, spec: &JobSpec, job: &Path, batches: &[usize]) -> Result<(), gepsea_agent::api::ApiError> {
+    for fragment in 0..spec.fragments.len() {
+        for &batch in batches {
+            submit_task(client, spec, &TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 })?;
+        }
+    }
+    Ok(())
 }
 
 /// Makes the child get SIGTERM when the process that started it dies, however it dies
@@ -740,4 +965,19 @@ mod tests {
         assert_eq!(out, "BLASTP\n\nDatabase: DB\n\nQuery= a\nhits a\n\n\nQuery= b\nhits b\n\n\n  Database: DB\n  footer\n");
         assert!(assemble(&["no queries".into()], 0).is_err());
     }
+}
+
+/// A fragment's files from the shared database directory, as one cache object.
+fn read_fragment(spec: &JobSpec, files: &BTreeMap<String, String>) -> Result<Vec<u8>, PluginError> {
+    let mut contents = Vec::new();
+    for f in files.keys() {
+        let p = spec.db_dir.join(f);
+        contents.push((f.clone(), std::fs::read(&p).map_err(|e| failed(format!("{}: {e}", p.display())))?));
+    }
+    postcard::to_stdvec(&contents).map_err(failed)
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -116,10 +116,12 @@ pub fn done_key(ns: &str) -> String {
     format!("blast/{ns}/done")
 }
 
-struct AgentChild(Option<Child>);
+/// The agent this process started, stopped on drop; its node's runtime directory (and
+/// the job's, once empty) goes with it, also when the agent was killed.
+struct AgentChild(Option<(Child, PathBuf)>);
 impl Drop for AgentChild {
     fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
+        if let Some((c, node_dir)) = &mut self.0 {
             // SAFETY: kill(2) on our own child.
             unsafe {
                 libc::kill(c.id() as i32, libc::SIGTERM);
@@ -130,6 +132,11 @@ impl Drop for AgentChild {
             }
             let _ = c.kill();
             let _ = c.wait();
+            // Sockets of workers that were killed stay behind; the node's directory is ours.
+            let _ = std::fs::remove_dir_all(&node_dir);
+            if let Some(ns_dir) = node_dir.parent() {
+                let _ = std::fs::remove_dir(ns_dir);
+            }
         }
     }
 }
@@ -159,7 +166,7 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
                 .stdout(Stdio::null())
                 .spawn()
                 .map_err(|e| SearchError::Io(format!("starting the agent: {e}")))?;
-            agent.0 = Some(child);
+            agent.0 = Some((child, gepsea_net::namespace_dir(&ns).join(format!("node-{}", launch.node))));
         }
     }
     gepsea_client::wait_for_agent(&ns, launch.node, Duration::from_secs(60)).map_err(|e| SearchError::Io(format!("the agent of node {} did not start: {e}", launch.node)))?;
@@ -194,10 +201,6 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
             }
         }
     }
-    if agent.0.is_some() {
-        drop(agent);
-        // Sockets of workers that were killed stay behind; the node's directory is ours.
-        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns).join(format!("node-{}", launch.node)));
-    }
+    drop(agent);
     Ok(summary)
 }

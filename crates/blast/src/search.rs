@@ -51,6 +51,8 @@ pub struct SearchOptions {
     pub compress: bool,
     /// How merging and writing are spread over the agents (agent mode).
     pub assign: crate::accel::MergeAssign,
+    /// Agent mode: stage fragments in node-local scratch through the agents (hot-swap).
+    pub hot_swap: bool,
 }
 
 /// What a finished search reports.
@@ -542,6 +544,10 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         batches: a.batch_ranges.iter().map(|r| (r.start, r.end)).collect(),
         compress: opts.compress,
         assign: opts.assign,
+        hot_swap: opts.hot_swap,
+        // Searching a fragment reads its BLAST files and its statistics alias, never
+        // the FASTA it was made from.
+        fragment_files: a.manifest.fragments.iter().map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect()).collect(),
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
@@ -599,7 +605,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         tasks: a.batch_ranges.len() * spec.fragments.len(),
         whole_db_fallbacks: stats.whole_searches,
         wall_seconds: wall,
-        blast_seconds: stats.blast_seconds,
+        blast_seconds: stats.work.blast_seconds,
         worker_seconds: wall * workers as f64,
         output: opts.out.clone(),
         accel: Some(stats),

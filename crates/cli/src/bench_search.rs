@@ -96,6 +96,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             no_agent: a.no_agent,
             compress: true,
             assign: Default::default(),
+            hot_swap: true,
         };
         let t = Instant::now();
         let s = search::run(&opts).context("gepsea search")?;

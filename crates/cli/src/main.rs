@@ -106,6 +106,10 @@ struct SearchArgs {
     /// Do not compress results before they cross nodes (agent mode).
     #[arg(long)]
     no_compress: bool,
+    /// Search fragments in place in the database directory instead of having the agents
+    /// stage (prefetch, cache and hand over) them in node-local scratch (agent mode).
+    #[arg(long)]
+    no_hot_swap: bool,
     /// Who merges and writes each batch (agent mode): dynamic (the first agent holding
     /// a result of it), static (round robin) or single (one agent).
     #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
@@ -194,6 +198,7 @@ fn main() -> Result<()> {
                 worker_exe: std::env::current_exe().context("locating the gepsea executable")?,
                 no_agent: a.no_agent,
                 compress: !a.no_compress,
+                hot_swap: !a.no_hot_swap,
                 assign: match a.merge_assign.as_str() {
                     "static" => gepsea_blast::accel::MergeAssign::Static,
                     "single" => gepsea_blast::accel::MergeAssign::Single,
@@ -225,6 +230,14 @@ fn main() -> Result<()> {
                     s.wall_seconds,
                     s.output.display()
                 );
+                if let Some(a) = s.accel.as_ref().filter(|a| a.stagings.iter().any(|n| *n > 0)) {
+                    let [staged, memory, peer, storage] = a.stagings;
+                    eprintln!(
+                        "gepsea search: fragments staged {} times: {storage} from storage, {peer} from another node, {memory} from memory, {staged} already staged; workers waited {:.2} s for input",
+                        staged + memory + peer + storage,
+                        a.work.input_seconds
+                    );
+                }
             }
             Ok(())
         }

@@ -109,6 +109,14 @@ fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
         let o = c.mpirun(fmt, &got, &["--batch-residues", "3000"]).output().unwrap();
         assert!(o.status.success(), "mpirun failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
         assert_same(&got, &want, &format!("outfmt {fmt} under mpirun on 3 nodes"));
+        // Hot-swap: each of the 3 fragments was read from shared storage by exactly one
+        // agent of the cluster (the others took it from that agent's memory), and no
+        // node copied a fragment in twice.
+        let log = String::from_utf8_lossy(&o.stderr).to_string();
+        let line = log.lines().find(|l| l.contains("fragments staged")).unwrap_or_else(|| panic!("no staging summary: {log}"));
+        let num = |after: &str| -> u32 { line.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+        assert_eq!(num(" from storage"), 3, "{line}");
+        assert!(num(" from another node") + num(" from memory") + 3 <= 9, "{line}");
     }
     // Nothing left running.
     for i in 0..3 {

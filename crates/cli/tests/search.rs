@@ -159,12 +159,48 @@ fn every_architecture_is_identical_to_serial_blastp() {
     for fmt in ["7", "0", "5"] {
         let want = f.dir.join(format!("serial-arch.{fmt}"));
         serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
-        for mode in [&["--no-agent"][..], &["--merge-assign", "single", "--batch-residues", "3000"], &["--merge-assign", "static", "--no-compress", "--batch-residues", "2000"]] {
+        for mode in [&["--no-agent"][..], &["--merge-assign", "single", "--batch-residues", "3000"], &["--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "2000"]] {
             let got = f.dir.join(format!("gepsea-arch.{fmt}"));
             search_mode(&f.dir.join("db3"), &q, fmt, 2, &[], &got, mode);
             assert_same(&got, &want, &format!("outfmt {fmt} with {mode:?}"));
         }
     }
+}
+
+/// The counts in the summary line about fragment staging (hot-swap), by source.
+fn stagings(stderr: &[u8]) -> Option<[u32; 4]> {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text.lines().find(|l| l.contains("fragments staged"))?;
+    let num = |after: &str| -> u32 { line.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+    Some([num(" already staged"), num(" from memory"), num(" from another node"), num(" from storage")])
+}
+
+/// Hot-swap on one node: the agent prefetches every fragment from shared storage once,
+/// and every task then finds its fragment staged; `--no-hot-swap` stages nothing.
+#[test]
+fn hot_swap_reads_each_fragment_from_storage_once() {
+    let f = fixture();
+    let q = f.dir.join("q50.fasta");
+    let want = f.dir.join("serial-hot.6");
+    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &[], &want);
+    let got = f.dir.join("gepsea-hot.6");
+    let run = |mode: &[&str]| {
+        let mut c = gepsea();
+        c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got).args(mode);
+        let o = run_ok(c);
+        assert_same(&got, &want, &format!("outfmt 6 with {mode:?}"));
+        o
+    };
+    let o = run(&[]);
+    let text = String::from_utf8_lossy(&o.stderr).to_string();
+    let tasks: u32 = text.split(" tasks (").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
+    let [staged, memory, peer, storage] = stagings(&o.stderr).unwrap_or_else(|| panic!("no staging summary: {text}"));
+    assert_eq!((storage, peer, memory), (8, 0, 0), "{text}");
+    // Every fragment task stages once (finding its fragment there), and so does each of
+    // the 8 prefetches; whichever of them comes first reads the fragment from storage.
+    assert_eq!(staged + storage, tasks + 8, "{text}");
+    let o = run(&["--no-hot-swap"]);
+    assert_eq!(stagings(&o.stderr), None);
 }
 
 #[test]

@@ -5,6 +5,13 @@
 //! nodes naturally get more work. Tasks held by a process or node that dies go back to
 //! the front of the queue.
 //!
+//! Data affinity (mpiBLAST's fragment affinity, across nodes): a task may name the data
+//! object it reads. A taker gets, in this order, the first queued task whose object its
+//! node already holds, else the first whose object no node holds (or that names none),
+//! else the first task. So a node keeps working on the data it has, and data that some
+//! other node holds is left for that node while there is anything else to do. What
+//! each node holds comes from the global process state ([`Scheduler::set_holdings`]).
+//!
 //! Failover: the scheduler's state is not replicated; instead every agent remembers
 //! the tasks its clients submitted (until they finish), the tasks its clients hold and
 //! the takes they are waiting on, and sends all three to a newly elected scheduler
@@ -12,6 +19,7 @@
 //! has rejoined, so a held task is never handed out twice.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+
 
 
 use crate::core::Client;
@@ -27,8 +35,10 @@ pub struct Assignment {
 
 #[derive(Default, Debug)]
 pub struct Scheduler {
-    /// Payloads of every unfinished task whose submitter told us about it.
-    payloads: HashMap<u64, Vec<u8>>,
+    /// Every unfinished task whose submitter told us about it.
+    payloads: HashMap<u64, Task>,
+    /// The data objects each node holds.
+    holdings: HashMap<u32, HashSet<String>>,
     queue: VecDeque<u64>,
     submitter: HashMap<u64, u32>,
     assigned: HashMap<u64, Client>,
@@ -54,7 +64,7 @@ impl Scheduler {
     fn learn(&mut self, task: Task, submitter: u32) {
         let id = task.id;
         self.submitter.insert(id, submitter);
-        if self.payloads.insert(id, task.payload).is_none() && !self.assigned.contains_key(&id) {
+        if self.payloads.insert(id, task).is_none() && !self.assigned.contains_key(&id) {
             self.orphans.remove(&id);
             self.queue.push_back(id);
         }
@@ -160,18 +170,33 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// What `node` holds now (replaces what it held before).
+    pub fn set_holdings(&mut self, node: u32, holds: impl IntoIterator<Item = String>) {
+        self.holdings.insert(node, holds.into_iter().collect());
+    }
+
+    /// Position in the queue of the task best placed on `node` (see the module docs).
+    fn pick(&self, node: u32) -> usize {
+        let held_here = |t: &Task| t.affinity.as_ref().is_some_and(|a| self.holdings.get(&node).is_some_and(|h| h.contains(a)));
+        let held_nowhere = |t: &Task| t.affinity.as_ref().is_none_or(|a| !self.holdings.values().any(|h| h.contains(a)));
+        let tasks = || self.queue.iter().enumerate().filter_map(|(i, id)| Some((i, self.payloads.get(id)?)));
+        tasks().find(|(_, t)| held_here(t)).or_else(|| tasks().find(|(_, t)| held_nowhere(t))).map_or(0, |(i, _)| i)
+    }
+
     fn assign(&mut self) -> Vec<Assignment> {
         let mut out = Vec::new();
         if self.settling() {
             return out;
         }
+        // Queued ids whose payload is gone (finished meanwhile) are dropped here.
+        self.queue.retain(|id| self.payloads.contains_key(id));
         while !self.queue.is_empty() && !self.waiting.is_empty() {
-            let id = self.queue.pop_front().unwrap();
-            let Some(payload) = self.payloads.get(&id) else { continue };
             let (op, client) = self.waiting.pop_front().unwrap();
+            let i = self.pick(client.node);
+            let id = self.queue.remove(i).unwrap();
             self.assigned.insert(id, client);
             self.assigned_total += 1;
-            out.push(Assignment { op, client, task: Task { id, payload: payload.clone() } });
+            out.push(Assignment { op, client, task: self.payloads[&id].clone() });
         }
         out
     }
@@ -182,7 +207,36 @@ mod tests {
     use super::*;
 
     fn task(id: u64) -> Task {
-        Task { id, payload: vec![id as u8] }
+        Task { id, payload: vec![id as u8], affinity: None }
+    }
+
+    fn near(id: u64, data: &str) -> Task {
+        Task { id, payload: vec![id as u8], affinity: Some(data.into()) }
+    }
+
+    #[test]
+    fn takers_get_the_data_their_node_holds_then_data_nobody_holds() {
+        let mut s = Scheduler::new();
+        let (a, b) = (Client::new(1, 1), Client::new(2, 1));
+        s.set_holdings(1, ["f0".to_string()]);
+        s.set_holdings(2, ["f1".to_string()]);
+        for (id, f) in [(1, "f1"), (2, "f2"), (3, "f0"), (4, "f1")] {
+            s.submit(near(id, f), 1);
+        }
+        // Node 1 holds f0: task 3, although tasks 1 and 2 came first.
+        assert_eq!(s.take(10, a)[0].task.id, 3);
+        // Nothing of f0 is left: the task whose data nobody holds (f2), not node 2's f1.
+        assert_eq!(s.take(11, a)[0].task.id, 2);
+        // Node 2 gets its own fragment in order.
+        assert_eq!(s.take(12, b)[0].task.id, 1);
+        // Only node 2's data is left: an idle node 1 still gets it (never idle while work waits).
+        assert_eq!(s.take(13, a)[0].task.id, 4);
+        // Holdings change: node 2 now holds f2 too.
+        s.set_holdings(2, ["f1".to_string(), "f2".to_string()]);
+        s.submit(task(5), 1);
+        s.submit(near(6, "f2"), 1);
+        assert_eq!(s.take(14, b)[0].task.id, 6);
+        assert_eq!(s.take(15, b)[0].task.id, 5);
     }
 
     #[test]
