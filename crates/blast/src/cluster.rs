@@ -112,8 +112,11 @@ fn namespace(opts: &SearchOptions) -> String {
     format!("job{h:012x}")
 }
 
-pub fn done_key(ns: &str) -> String {
-    format!("blast/{ns}/done")
+/// Written by rank 0 in the rendezvous directory when the output is complete. A file on
+/// the shared directory rather than a bulletin-board key: the agents that hold the key
+/// may stop (having seen it) before the last node has read it.
+pub fn done_file(rendezvous: &std::path::Path, ns: &str) -> PathBuf {
+    rendezvous.join(format!("{ns}.done"))
 }
 
 /// The agent this process started, stopped on drop; its node's runtime directory (and
@@ -152,6 +155,16 @@ fn connect(ns: &str, node: u32, name: &str) -> Result<gepsea_client::Client, Sea
 /// Runs this process's part of a launched search. Rank 0 returns the summary.
 pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<Option<Summary>, SearchError> {
     let ns = namespace(opts);
+    if opts.no_agent {
+        // The mpiBLAST baseline: rank 0 merges and writes everything itself.
+        let net = crate::search::ClusterNet { namespace: ns, ip: local_ip(c.agent_net.as_deref())?, directory: c.rendezvous.join("net"), workers: launch.size - 1 };
+        std::fs::create_dir_all(&net.directory).map_err(|e| SearchError::Io(format!("{}: {e}", net.directory.display())))?;
+        return if launch.rank == 0 {
+            crate::search::run_cluster_no_agent(opts, net).map(Some)
+        } else {
+            crate::search::cluster_worker(opts, &net, launch.rank as u32, launch.node).map(|()| None)
+        };
+    }
     let nodes = c.nodes.unwrap_or_else(|| launch.size.div_ceil(launch.local_size.max(1)));
     let mut agent = AgentChild(None);
     if launch.local_rank == 0 {
@@ -170,11 +183,21 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
         }
     }
     gepsea_client::wait_for_agent(&ns, launch.node, Duration::from_secs(60)).map_err(|e| SearchError::Io(format!("the agent of node {} did not start: {e}", launch.node)))?;
+    let done = done_file(&c.rendezvous, &ns);
     let summary = if launch.rank == 0 {
+        // A previous run to the same output left its flag (keepers read it only after
+        // this run's master stopped their workers, long after this).
+        let _ = std::fs::remove_file(&done);
         let client = connect(&ns, launch.node, "gepsea search (master)")?;
-        let s = crate::search::run_master(opts, &client, launch.size - 1)?;
-        client.board_put(&done_key(&ns), b"1").map_err(|e| SearchError::Io(e.to_string()))?;
-        Some(s)
+        let result = crate::search::run_master(opts, &client, launch.size - 1);
+        std::fs::write(&done, if result.is_ok() { "ok\n" } else { "failed\n" }).map_err(|e| SearchError::Io(format!("{}: {e}", done.display())))?;
+        // Keep this node's agent until the other nodes' agents have left, then drop the flag.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline && client.global_state().map(|s| s.iter().any(|n| n.node != launch.node)).unwrap_or(false) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_file(&done);
+        Some(result?)
     } else {
         let client = connect(&ns, launch.node, "gepsea search (worker)")?;
         match crate::accel::worker(&client) {
@@ -191,14 +214,9 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
     };
     if agent.0.is_some() && launch.rank != 0 {
         // Keep this node's agent until the master has the whole output.
-        let client = connect(&ns, launch.node, "gepsea search (agent keeper)")?;
         let deadline = Instant::now() + Duration::from_secs(24 * 3600);
-        while Instant::now() < deadline {
-            match client.board_get(&done_key(&ns)) {
-                Ok(Some(_)) => break,
-                Ok(None) => std::thread::sleep(Duration::from_millis(200)),
-                Err(_) => break,
-            }
+        while Instant::now() < deadline && !done.exists() {
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
     drop(agent);

@@ -250,11 +250,49 @@ enum Env<'c> {
     Local,
     /// A launcher started them (cluster mode); this is rank 0.
     Cluster { client: &'c gepsea_client::Client, workers: usize },
+    /// A launcher started `workers` workers without agents (the mpiBLAST baseline on a
+    /// cluster); they find this master's TCP address in `directory`.
+    ClusterNoAgent(ClusterNet),
+}
+
+/// How the master and workers of a cluster run without agents meet.
+#[derive(Clone, Debug)]
+pub struct ClusterNet {
+    /// The job's gepsea-net namespace (the same in every process).
+    pub namespace: String,
+    /// This process's address on the network the processes talk over.
+    pub ip: std::net::IpAddr,
+    /// A shared directory where every port publishes its TCP address.
+    pub directory: PathBuf,
+    /// Worker processes (rank 0 only).
+    pub workers: usize,
 }
 
 /// Runs a whole search; the output appears at `opts.out` only if everything succeeded.
 pub fn run(opts: &SearchOptions) -> Result<Summary, SearchError> {
     run_with(opts, Env::Local)
+}
+
+/// Rank 0 of a launched search without agents: the master of the mpiBLAST baseline,
+/// with workers on other nodes talking to it over gepsea-net TCP.
+pub fn run_cluster_no_agent(opts: &SearchOptions, net: ClusterNet) -> Result<Summary, SearchError> {
+    run_with(opts, Env::ClusterNoAgent(net))
+}
+
+/// A worker rank of a launched search without agents (the master is rank 0).
+pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u32) -> Result<(), SearchError> {
+    let manifest = db::open(&opts.db)?;
+    let program = opts.program.clone().unwrap_or_else(|| if manifest.dbtype == MolType::Prot { "blastp" } else { "blastn" }.to_string());
+    let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
+    let scratch = std::env::temp_dir().join(format!("gepsea-worker-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
+    let _scratch = RemoveDir(scratch.clone());
+    let mut pc = PortConfig::new(&net.namespace, Addr::new(node, rank));
+    pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
+    pc.directory = Some(net.directory.clone());
+    // The master may still be reading its input when workers start.
+    pc.reconnect_timeout = Duration::from_secs(120);
+    worker_on(Port::open(pc)?, &program, &db_dir, &scratch, &opts.blast_args)
 }
 
 /// Rank 0 of a launched (cluster-mode) search: the agents and `workers` workers run
@@ -287,9 +325,21 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let tmp_out = out_dir.join(format!(".{}.gepsea-tmp{}", opts.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    let scratch = std::env::temp_dir().join(format!("gepsea-search-{}", std::process::id()));
-    let ns = format!("search{}", std::process::id());
-    let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: gepsea_net::namespace_dir(&ns) };
+    // Workers on other nodes read the batch files: in cluster mode they go next to the
+    // output (shared storage), not in this node's /tmp.
+    let scratch = match &env {
+        Env::ClusterNoAgent(_) => out_dir.join(format!(".gepsea-search-{}", std::process::id())),
+        _ => std::env::temp_dir().join(format!("gepsea-search-{}", std::process::id())),
+    };
+    let ns = match &env {
+        Env::ClusterNoAgent(net) => net.namespace.clone(),
+        _ => format!("search{}", std::process::id()),
+    };
+    let ns_dir = match &env {
+        Env::ClusterNoAgent(_) => gepsea_net::namespace_dir(&ns).join(format!("node-{}", MASTER.node)),
+        _ => gepsea_net::namespace_dir(&ns),
+    };
+    let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
     let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
 
@@ -303,7 +353,10 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let all_queries = scratch.join("queries.fasta");
     write_fasta(&all_queries, &queries)?;
 
-    let workers = opts.workers.max(1);
+    let workers = match &env {
+        Env::ClusterNoAgent(net) => net.workers.max(1),
+        _ => opts.workers.max(1),
+    };
     let nfrag = manifest.fragments.len();
     let total_res: usize = queries.iter().map(|q| q.residues).sum();
     let per_batch = opts.batch_residues.unwrap_or_else(|| {
@@ -325,8 +378,19 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     if !opts.no_agent || matches!(env, Env::Cluster { .. }) {
         return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, batch_ranges, tmp_out, out_dir, ns }, &mut cleanup, env);
     }
-    let port = Port::open(PortConfig::new(&ns, MASTER))?;
+    let mut pc = PortConfig::new(&ns, MASTER);
+    // Where each worker is: local workers are ports 1..=W of this node; launched ones
+    // say hello from wherever the launcher put them (port = rank).
+    let mut worker_addr: Vec<Addr> = (0..workers).map(|w| Addr::new(MASTER.node, w as u32 + 1)).collect();
+    if let Env::ClusterNoAgent(net) = &env {
+        pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
+        pc.directory = Some(net.directory.clone());
+    }
+    let port = Port::open(pc)?;
     for w in 0..workers {
+        if matches!(env, Env::ClusterNoAgent(_)) {
+            break;
+        }
         let mut c = Command::new(&opts.worker_exe);
         c.args(["worker", "--ns", &ns, "--port", &(w + 1).to_string(), "--program", &program, "--db"])
             .arg(&db_dir)
@@ -374,7 +438,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
                         }
                     };
                     let msg = serde_json::to_vec(&TaskMsg { task: t, query_file, database }).unwrap();
-                    port.send(Addr::new(0, w as u32 + 1), TAG_TASK, msg)?;
+                    port.send(worker_addr[w], TAG_TASK, msg)?;
                     idle[w] = false;
                 }
             }
@@ -382,7 +446,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         // Notice dead workers (killed, crashed): their task is handed out again.
         for w in 0..workers {
             if alive[w] {
-                if let Ok(Some(st)) = cleanup.children[w].try_wait() {
+                // (Launched workers are not our children; the launcher watches them.)
+                if let Some(Ok(Some(st))) = cleanup.children.get_mut(w).map(|c| c.try_wait()) {
                     alive[w] = false;
                     gone_at[w] = Some(Instant::now());
                     last_death = format!("worker {} exited with {st}", w + 1);
@@ -407,6 +472,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         let msg: Ctrl = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad message from worker {}: {e}", w + 1)))?;
         match msg {
             Ctrl::Hello => {
+                worker_addr[w] = m.src;
                 idle[w] = true;
                 hello_at[w] = Some(Instant::now());
             }
@@ -466,7 +532,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let worker_seconds: f64 = (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
     for w in 0..workers {
         if alive[w] {
-            let _ = port.send(Addr::new(0, w as u32 + 1), TAG_SHUTDOWN, Vec::new());
+            let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
         }
     }
     let hits: usize = results.counts.iter().sum();
@@ -553,6 +619,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
     let (stats, agent, own_client, workers) = match env {
         Env::Cluster { client, workers } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers),
+        Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
             let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
             let workers = opts.workers.max(1);
@@ -672,7 +739,10 @@ fn merge_batch(
 
 /// The hidden `gepsea worker` process: searches whatever the master sends.
 pub fn worker(ns: &str, port_id: u32, program: &str, db_dir: &Path, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
-    let port = Port::open(PortConfig::new(ns, Addr::new(0, port_id)))?;
+    worker_on(Port::open(PortConfig::new(ns, Addr::new(MASTER.node, port_id)))?, program, db_dir, scratch, blast_args)
+}
+
+fn worker_on(port: Port, program: &str, db_dir: &Path, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
     port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Hello).unwrap())?;
     loop {
         let m = match port.recv(Some(MASTER), None, 1 << 20) {

@@ -103,6 +103,12 @@ fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
         return;
     }
     let c = Cluster::new("gc");
+    // The mpiBLAST baseline (no agents: workers talk to rank 0 over gepsea-net TCP).
+    let want = c.serial("7");
+    let got = c.dir.0.join("mpi-no-agent.7");
+    let o = c.mpirun("7", &got, &["--batch-residues", "3000", "--no-agent"]).output().unwrap();
+    assert!(o.status.success(), "mpirun --no-agent failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_same(&got, &want, "outfmt 7 under mpirun on 3 nodes without agents");
     for fmt in ["6", "0"] {
         let want = c.serial(fmt);
         let got = c.dir.0.join(format!("mpi.{fmt}"));
