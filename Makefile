@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent demo clean
+.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent bench-cluster demo clean
 
 all: build
 
@@ -45,7 +45,11 @@ bench-search: build | $(OUT)
 bench-agent: build | $(OUT)
 	./target/release/gepsea bench agent --json $(OUT)/agent.json
 
-bench: bench-net bench-search bench-agent
+# The paper's mpiBLAST experiments: 1, 2, 4 namespace nodes under mpirun (root).
+bench-cluster: build | $(OUT)
+	./target/release/gepsea bench cluster --json $(OUT)/cluster.json
+
+bench: bench-net bench-search bench-agent bench-cluster
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data

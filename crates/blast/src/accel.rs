@@ -667,6 +667,10 @@ fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
 /// A worker registered with its node's agent: takes tasks, searches, hands results over.
 pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
     let mut inflight: Vec<u64> = Vec::new();
+    // Fragments this worker had staged, by (job, fragment): a staged copy stays for the
+    // agent's lifetime, so only the first use asks the agent (whose job thread for this
+    // worker may be busy merging the batch the previous result completed).
+    let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     loop {
         let Some(t) = client.take(Duration::from_secs(3600)).map_err(api_err)? else { continue };
@@ -697,6 +701,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let mut work = WorkStats::default();
         // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
         let blastdb = match &payload {
+            TaskPayload::Fragment { fragment, .. } if spec.hot_swap && staged_dirs.get(&(job.clone(), *fragment)).is_some_and(|d| d.is_dir()) => Ok(staged_dirs[&(job.clone(), *fragment)].clone()),
             TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
                 let started = Instant::now();
                 let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
@@ -704,6 +709,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                 work.input_seconds = started.elapsed().as_secs_f64();
                 staged.map(|s| {
                     work.staged[s.source as usize] += 1;
+                    staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
                     s.dir
                 })
             }
@@ -741,7 +747,8 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         // Hand the result over and go on: collect earlier hand-overs without waiting.
         inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
         client.done(t.id).map_err(api_err)?;
-        while inflight.len() > 2 {
+        // Results not yet taken by the agent are held here: bound them.
+        while inflight.len() > 8 {
             let id = inflight.remove(0);
             client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
         }
@@ -766,6 +773,9 @@ pub struct AccelStats {
     pub mergers: BTreeMap<u32, usize>,
     /// Fragment stagings by every agent (prefetches included), by [`StageSource`].
     pub stagings: [u32; 4],
+    /// From the first task's submission to the workers' release: each worker's time
+    /// on the job (as the no-agent master counts it, from hello to shutdown).
+    pub worker_span_seconds: f64,
     /// Times unfinished batches were searched again because an agent died.
     pub resubmitted_after_failure: usize,
 }
@@ -797,6 +807,7 @@ pub fn master(
         }
     }
     let all: Vec<usize> = (0..spec.batches.len()).collect();
+    let submitted = Instant::now();
     submit_fragment_tasks(client, spec, job, &all).map_err(api_err)?;
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
@@ -842,6 +853,7 @@ pub fn master(
     for _ in 0..workers {
         client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
     }
+    stats.worker_span_seconds = submitted.elapsed().as_secs_f64();
     for p in prefetches {
         // Long done by now; a failed prefetch only meant a later stage did the work.
         if let Err(e) = client.finish(p, Duration::from_secs(60)) {

@@ -32,12 +32,14 @@ pub struct Launch {
     pub node: u32,
 }
 
-fn var(names: &[&str]) -> Option<usize> {
-    names.iter().find_map(|n| std::env::var(n).ok()?.parse().ok())
-}
-
 /// Reads the launcher's environment (OpenMPI, Slurm, PMI); `None` outside a launcher.
 pub fn detect() -> Option<Launch> {
+    detect_from(|n| std::env::var(n).ok())
+}
+
+/// [`detect`] over any environment (`get` returns a variable's value).
+pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Option<Launch> {
+    let var = |names: &[&str]| names.iter().find_map(|n| get(n)?.parse::<usize>().ok());
     let rank = var(&["OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "PMIX_RANK"])?;
     let size = var(&["OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "PMI_SIZE"])?;
     let local_rank = var(&["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"]).unwrap_or(0);
@@ -221,4 +223,28 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
     }
     drop(agent);
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + '_ {
+        move |n| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn launchers_are_recognised_by_their_environment() {
+        assert_eq!(detect_from(env(&[])), None);
+        // OpenMPI, block placement, 2 per node: rank 5 is the second of the node whose
+        // first process is rank 4.
+        let ompi = [("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "6"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")];
+        assert_eq!(detect_from(env(&ompi)), Some(Launch { rank: 5, size: 6, local_rank: 1, local_size: 2, node: 5 }));
+        // Slurm numbers its nodes itself.
+        let slurm = [("SLURM_PROCID", "7"), ("SLURM_NTASKS", "8"), ("SLURM_LOCALID", "3"), ("SLURM_NTASKS_PER_NODE", "4"), ("SLURM_NODEID", "1")];
+        assert_eq!(detect_from(env(&slurm)), Some(Launch { rank: 7, size: 8, local_rank: 3, local_size: 4, node: 2 }));
+        // Hydra's PMI; GEPSEA_NODE overrides any derivation.
+        let pmi = [("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "0"), ("GEPSEA_NODE", "9")];
+        assert_eq!(detect_from(env(&pmi)), Some(Launch { rank: 2, size: 4, local_rank: 0, local_size: 1, node: 9 }));
+    }
 }

@@ -673,7 +673,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         whole_db_fallbacks: stats.whole_searches,
         wall_seconds: wall,
         blast_seconds: stats.work.blast_seconds,
-        worker_seconds: wall * workers as f64,
+        worker_seconds: stats.worker_span_seconds * workers as f64,
         output: opts.out.clone(),
         accel: Some(stats),
     })

@@ -9,8 +9,12 @@ use gepsea_blast::{db, search};
 
 mod agent_cmd;
 mod bench_agent;
+mod bench_cluster;
 mod bench_net;
 mod bench_search;
+mod plots;
+mod paramedic_cmd;
+mod procstat;
 
 #[derive(Parser)]
 #[command(name = "gepsea", version, about = "gepsea: a software accelerator for parallel scientific applications")]
@@ -35,6 +39,11 @@ enum Cmd {
     },
     /// The per-node agent (run it, or `gepsea agent status`).
     Agent(agent_cmd::AgentArgs),
+    /// ParaMEDIC: ship small metadata instead of bulky output, regenerate it exactly.
+    Paramedic {
+        #[command(subcommand)]
+        what: paramedic_cmd::ParamedicCmd,
+    },
     /// (internal) A search worker registered with its node's agent.
     #[command(hide = true)]
     AgentWorker(AgentWorkerArgs),
@@ -127,6 +136,9 @@ struct SearchArgs {
     /// Cluster mode: number of nodes (default: processes / processes per node).
     #[arg(long)]
     nodes: Option<usize>,
+    /// Also write the run's summary (times, counts, agent statistics) as JSON here.
+    #[arg(long)]
+    summary_json: Option<PathBuf>,
     /// Options passed to BLAST+ unchanged, after `--` (e.g. -- -evalue 1e-5 -seg yes).
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
@@ -164,6 +176,9 @@ enum Bench {
     Search(bench_search::SearchBenchArgs),
     /// Offloaded request latency vs a gepsea-net ping-pong; agent throughput and CPU with 4 nodes.
     Agent(bench_agent::AgentBenchArgs),
+    /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
+    /// without agents (needs root).
+    Cluster(bench_cluster::ClusterBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -220,6 +235,9 @@ fn main() -> Result<()> {
                 }
                 None => search::run(&opts)?,
             };
+            if let Some(p) = &a.summary_json {
+                std::fs::write(p, serde_json::to_string_pretty(&s)?).with_context(|| format!("writing {}", p.display()))?;
+            }
             if !opts.quiet {
                 eprintln!(
                     "gepsea search: {} queries, {} hits, {} tasks ({} queries re-searched whole), {:.2} s, output {}",
@@ -242,10 +260,12 @@ fn main() -> Result<()> {
             Ok(())
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
+        Cmd::Paramedic { what } => paramedic_cmd::run(&what),
         Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
         Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),
+        Cmd::Bench { what: Bench::Cluster(a) } => bench_cluster::run(&a),
     }
 }

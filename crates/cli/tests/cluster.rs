@@ -50,16 +50,7 @@ impl Cluster {
         let dir = Dir(std::env::temp_dir().join(format!("gepsea-cluster-{tag}-{}", std::process::id())));
         let d = &dir.0;
         std::fs::create_dir_all(d.join("ref")).unwrap();
-        let subnet = format!("{}.0/24", bed.ip[0].rsplit_once('.').unwrap().0);
-        // mpirun reaches the "hosts" through this instead of ssh.
-        let mut script = String::from("#!/bin/sh\nhost=\"$1\"; shift\ncase \"$host\" in\n");
-        for (ip, ns) in bed.ip.iter().zip(&bed.ns) {
-            script.push_str(&format!("  {ip}) ns={ns};;\n"));
-        }
-        script.push_str("  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n");
-        std::fs::write(d.join("rsh.sh"), script).unwrap();
-        run_ok(Command::new("chmod").arg("+x").arg(d.join("rsh.sh")));
-        std::fs::write(d.join("hosts"), bed.ip.iter().map(|ip| format!("{ip} slots=2\n")).collect::<String>()).unwrap();
+        let subnet = bed.subnet();
         let fasta = run_ok(Command::new("zcat").arg(DB_GZ)).stdout;
         std::fs::write(d.join("db.fasta"), fasta).unwrap();
         let q = String::from_utf8(run_ok(Command::new("zcat").arg(QUERY_GZ)).stdout).unwrap();
@@ -79,10 +70,7 @@ impl Cluster {
 
     /// `mpirun -np 6` (2 processes per node) of `gepsea search`, from node 0.
     fn mpirun(&self, fmt: &str, out: &Path, extra: &[&str]) -> Command {
-        let mut c = self.bed.cmd(0, "mpirun");
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        c.arg("--hostfile").arg(self.dir.0.join("hosts")).args(["-np", "6", "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(self.dir.0.join("rsh.sh"));
-        c.args(["--mca", "btl_tcp_if_include", &self.subnet, "--mca", "oob_tcp_if_include", &self.subnet]);
+        let mut c = self.bed.mpirun(&self.dir.0, &[2, 2, 2], 6).unwrap();
         c.arg(env!("CARGO_BIN_EXE_gepsea")).args(["search", "--outfmt", fmt, "--db"]).arg(self.dir.0.join("g")).arg("--query").arg(self.dir.0.join("q.fasta"));
         c.arg("--out").arg(out).arg("--rendezvous").arg(self.dir.0.join(format!("rv-{}", out.file_name().unwrap().to_string_lossy()))).args(["--agent-net", &self.subnet]).args(extra);
         c

@@ -193,12 +193,11 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     };
     let o = run(&[]);
     let text = String::from_utf8_lossy(&o.stderr).to_string();
-    let tasks: u32 = text.split(" tasks (").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
     let [staged, memory, peer, storage] = stagings(&o.stderr).unwrap_or_else(|| panic!("no staging summary: {text}"));
     assert_eq!((storage, peer, memory), (8, 0, 0), "{text}");
-    // Every fragment task stages once (finding its fragment there), and so does each of
-    // the 8 prefetches; whichever of them comes first reads the fragment from storage.
-    assert_eq!(staged + storage, tasks + 8, "{text}");
+    // The 8 prefetches and each worker's first use of each fragment ask the agent (a
+    // worker reuses what it was given); whichever asks first reads from storage.
+    assert!(staged + storage >= 8 && staged + storage <= 8 + 2 * 8, "{text}");
     let o = run(&["--no-hot-swap"]);
     assert_eq!(stagings(&o.stderr), None);
 }

@@ -104,6 +104,40 @@ impl NetnsBridge {
         c
     }
 
+    /// The namespace holding the bridge (its port towards node `i` is `p<i>`).
+    pub fn switch_name(&self) -> String {
+        self.switch.clone()
+    }
+
+    /// The nodes' subnet as CIDR (e.g. `10.203.17.0/24`).
+    pub fn subnet(&self) -> String {
+        format!("{}.0/24", self.ip[0].rsplit_once('.').map_or("", |(net, _)| net))
+    }
+
+    /// `mpirun` (OpenMPI) over the first `slots.len()` nodes, reached as hosts by their
+    /// addresses: the launcher runs its daemons through an rsh-agent script that maps an
+    /// address to its namespace (`ip netns exec`) instead of ssh, and node `i` offers
+    /// `slots[i]` slots. Writes the script and the hostfile into `dir`; add the program.
+    pub fn mpirun(&self, dir: &std::path::Path, slots: &[usize], np: usize) -> std::io::Result<Command> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut script = String::from("#!/bin/sh\nhost=\"$1\"; shift\ncase \"$host\" in\n");
+        for (ip, ns) in self.ip.iter().zip(&self.ns).take(slots.len()) {
+            script.push_str(&format!("  {ip}) ns={ns};;\n"));
+        }
+        script.push_str("  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n");
+        let rsh = dir.join("rsh.sh");
+        std::fs::write(&rsh, script)?;
+        std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755))?;
+        let hosts = dir.join("hosts");
+        std::fs::write(&hosts, self.ip.iter().zip(slots).map(|(ip, n)| format!("{ip} slots={n}\n")).collect::<String>())?;
+        let subnet = self.subnet();
+        let mut c = self.cmd(0, "mpirun");
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+        c.arg("--hostfile").arg(&hosts).args(["-np", &np.to_string(), "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(&rsh);
+        c.args(["--mca", "btl_tcp_if_include", &subnet, "--mca", "oob_tcp_if_include", &subnet]);
+        Ok(c)
+    }
+
     /// Kills every process inside node `i`'s namespace.
     pub fn kill_all(&self, i: usize) {
         kill_ns(&self.ns[i]);

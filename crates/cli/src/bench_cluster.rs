@@ -1,0 +1,339 @@
+//! `gepsea bench cluster`: the GePSeA paper's mpiBLAST experiments at this machine's
+//! scale. For 1, 2 and 4 emulated nodes (network namespaces on a bridge, launched with
+//! `mpirun` exactly as on a cluster, one worker per node), the same result-heavy search
+//! (pairwise output, hundreds of hits per query) runs without agents (mpiBLAST's own
+//! architecture: the master merges and writes everything) and with them, in the
+//! variants the paper compares: merging and writing assigned dynamically, statically,
+//! or to one agent, and without runtime compression. Every output is checked against
+//! serial `blastp`, whose time is the reference measured in the same run.
+//!
+//! Reported per run: wall time, speed-up over the 1-node run without agents, the share
+//! of worker time spent inside BLAST+, the agents' CPU (sampled from /proc while the
+//! job runs, including the BLAST+ formatting runs they start, as % of one core per
+//! agent) and the bytes of results that crossed nodes.
+//! Plots (PNG, plotters) go next to the JSON.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gepsea_net::testbed::NetnsBridge;
+use serde::Serialize;
+use serde_json::json;
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterBenchArgs {
+    /// FASTA database.
+    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")]
+    pub db: PathBuf,
+    /// FASTA queries (the first --queries are used).
+    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz")]
+    pub query: PathBuf,
+    #[arg(long, default_value_t = 60)]
+    pub queries: usize,
+    #[arg(long, default_value_t = 4)]
+    pub fragments: usize,
+    /// Node counts to run, comma-separated.
+    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    pub nodes: Vec<usize>,
+    /// BLAST output format (0, pairwise, is the result-heavy one).
+    #[arg(long, default_value = "0")]
+    pub outfmt: String,
+    /// Query batches (each merged and written as one part): enough that the
+    /// assignment of merging and writing to agents matters.
+    #[arg(long, default_value_t = 16)]
+    pub batches: usize,
+    /// Rate of the link to the storage node holding the output location, Mbit/s
+    /// (0: the output stays on this machine's disk).
+    #[arg(long, default_value_t = 100)]
+    pub storage_mbit: u32,
+    /// Write results as JSON here; the plots go to the same directory.
+    #[arg(long, default_value = "bench/out/cluster.json")]
+    pub json: PathBuf,
+}
+
+/// One measured run.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    nodes: usize,
+    variant: &'static str,
+    wall_seconds: f64,
+    speedup: f64,
+    search_fraction: f64,
+    agent_cpu_percent: f64,
+    bytes_wire: u64,
+    bytes_raw: u64,
+    mergers: usize,
+}
+
+const VARIANTS: [(&str, &[&str]); 5] = [
+    ("no agent (mpiBLAST)", &["--no-agent"]),
+    ("agents, dynamic", &[]),
+    ("agents, static", &["--merge-assign", "static"]),
+    ("agents, one merger", &["--merge-assign", "single"]),
+    ("agents, no compression", &["--no-compress"]),
+];
+
+/// The output location on a storage node behind a rate-limited link: `sshd` in the
+/// storage namespace, the directory mounted here with `sshfs` (run in node 0's network
+/// namespace, mounted in this machine's mount namespace so every node sees it), and a
+/// token bucket (`tc tbf`) on the bridge port towards the storage node. Writes to the
+/// output cross that link as they would to a cluster's file server.
+struct StorageMount {
+    mountpoint: PathBuf,
+    sshd: std::process::Child,
+}
+
+impl StorageMount {
+    fn new(bed: &NetnsBridge, storage: usize, client: usize, mbit: u32, dir: &Path) -> Result<StorageMount> {
+        let keys = dir.join("ssh");
+        let export = dir.join("storage-export");
+        let mountpoint = dir.join("storage");
+        for d in [&keys, &export, &mountpoint] {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::create_dir_all("/run/sshd")?;
+        if !keys.join("host").exists() {
+            run_ok(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(keys.join("host")))?;
+            run_ok(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(keys.join("client")))?;
+        }
+        std::fs::copy(keys.join("client.pub"), keys.join("authorized_keys"))?;
+        let config = format!(
+            "Port 22\nListenAddress {}\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\nPidFile {}\n",
+            bed.ip[storage],
+            keys.join("host").display(),
+            keys.join("authorized_keys").display(),
+            keys.join("sshd.pid").display()
+        );
+        std::fs::write(keys.join("sshd_config"), config)?;
+        let sshd = bed.cmd(storage, "/usr/sbin/sshd").arg("-D").arg("-f").arg(keys.join("sshd_config")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting sshd")?;
+        let mut m = StorageMount { mountpoint: mountpoint.clone(), sshd };
+        // The switch's port towards the storage node carries every write to it.
+        run_ok(Command::new("ip").args(["netns", "exec", &bed.switch_name(), "tc", "qdisc", "add", "dev", &format!("p{storage}"), "root", "tbf", "rate", &format!("{mbit}mbit"), "burst", "64kb", "latency", "50ms"]))?;
+        let target = format!("root@{}:{}", bed.ip[storage], export.display());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let o = Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", bed.ns[client]))
+                .args(["sshfs", &target])
+                .arg(&mountpoint)
+                .args(["-o", &format!("IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR", keys.join("client").display())])
+                .output()?;
+            if o.status.success() {
+                return Ok(m);
+            }
+            if Instant::now() > deadline {
+                let _ = m.sshd.kill();
+                bail!("sshfs mount of {target} failed: {}", String::from_utf8_lossy(&o.stderr));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for StorageMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount").arg("-u").arg(&self.mountpoint).status();
+        let _ = self.sshd.kill();
+        let _ = self.sshd.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn run_ok(c: &mut Command) -> Result<std::process::Output> {
+    let o = c.output().with_context(|| format!("running {c:?}"))?;
+    if !o.status.success() {
+        bail!("{c:?} failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(o)
+}
+
+/// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
+/// last sample of each agent is its total (agents live only as long as the job).
+fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<u32, f64>> {
+    std::thread::spawn(move || {
+        let mut last = BTreeMap::new();
+        let needle = format!("agent\0--namespace\0{ns}");
+        while !stop.load(Ordering::Relaxed) {
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                if String::from_utf8_lossy(&cmd).contains(&needle) {
+                    if let Some(c) = crate::procstat::cpu_seconds(pid, true) {
+                        last.insert(pid, c);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        last
+    })
+}
+
+/// The namespace `gepsea search` derives for a cluster job writing `out`.
+fn job_namespace(out: &Path) -> String {
+    let key = format!("{}", std::path::absolute(out).unwrap_or(out.to_path_buf()).display());
+    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    format!("job{h:012x}")
+}
+
+fn same_output(got: &Path, want: &Path) -> Result<bool> {
+    let strip = |p: &Path| -> Result<Vec<String>> {
+        Ok(std::fs::read_to_string(p).with_context(|| p.display().to_string())?.lines().filter(|l| !l.trim_start().starts_with("Posted date:")).map(str::to_string).collect())
+    };
+    Ok(strip(got)? == strip(want)?)
+}
+
+pub fn run(a: &ClusterBenchArgs) -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench cluster builds network namespaces: run it as root");
+    }
+    let gepsea = std::env::current_exe()?;
+    let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
+    let d = &dir.0;
+    std::fs::create_dir_all(d.join("ref"))?;
+    let unzip = |p: &Path| -> Result<Vec<u8>> {
+        if p.extension().is_some_and(|e| e == "gz") {
+            Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
+        } else {
+            Ok(std::fs::read(p)?)
+        }
+    };
+    std::fs::write(d.join("db.fasta"), unzip(&a.db)?)?;
+    let q = String::from_utf8(unzip(&a.query)?)?;
+    let mut n = 0;
+    let queries: String = q
+        .lines()
+        .filter(|l| {
+            if l.starts_with('>') {
+                n += 1;
+            }
+            n <= a.queries
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let residues: usize = queries.lines().filter(|l| !l.starts_with('>')).map(|l| l.trim().len()).sum();
+    let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
+    std::fs::write(d.join("q.fasta"), queries)?;
+    run_ok(Command::new("makeblastdb").args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"]).current_dir(d.join("ref")))?;
+    run_ok(Command::new(&gepsea).args(["db", "format", "--fragments", &a.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
+    let serial_out = d.join("serial.out");
+    let t = Instant::now();
+    run_ok(Command::new("blastp").env("BLASTDB", d.join("ref")).args(["-db", "DB", "-outfmt", &a.outfmt, "-query"]).arg(d.join("q.fasta")).arg("-out").arg(&serial_out))?;
+    let serial = t.elapsed().as_secs_f64();
+    let out_bytes = std::fs::metadata(&serial_out)?.len();
+    eprintln!(
+        "bench cluster: {} queries in {} batches, {} fragments, outfmt {} ({:.1} MB of output), output location {}; serial blastp {serial:.2} s",
+        a.queries,
+        a.batches,
+        a.fragments,
+        a.outfmt,
+        out_bytes as f64 / 1e6,
+        if a.storage_mbit > 0 { format!("on a storage node behind a {} Mbit/s link (sshfs)", a.storage_mbit) } else { "on local disk".into() }
+    );
+
+    let mut rows: Vec<Row> = Vec::new();
+    let mut base = None;
+    for &nodes in &a.nodes {
+        // Nodes 0..n compute; node n holds the output location.
+        let bed = NetnsBridge::new(&format!("bc{nodes}"), nodes + 1).context("building the testbed")?;
+        let storage = if a.storage_mbit > 0 { Some(StorageMount::new(&bed, nodes, 0, a.storage_mbit, d)?) } else { None };
+        let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
+        let subnet = bed.subnet();
+        // One worker per node; the master shares the first node.
+        let slots: Vec<usize> = (0..nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
+        for (variant, flags) in VARIANTS {
+            let out = out_dir.join(format!("out-{nodes}"));
+            let summary = d.join("summary.json");
+            let _ = std::fs::remove_file(&summary);
+            let rv = d.join(format!("rv-{nodes}-{}", rows.len()));
+            let mut c = bed.mpirun(d, &slots, nodes + 1)?;
+            c.arg(&gepsea).args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"]).arg(d.join("g")).arg("--query").arg(d.join("q.fasta"));
+            c.arg("--out").arg(&out).arg("--rendezvous").arg(&rv).args(["--agent-net", &subnet]).arg("--summary-json").arg(&summary).args(["--nodes", &nodes.to_string(), "--batch-residues", &batch_residues]).args(flags);
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            let stop = Arc::new(AtomicBool::new(false));
+            let sampler = sample_agents(job_namespace(&out), stop.clone());
+            let o = c.output()?;
+            stop.store(true, Ordering::Relaxed);
+            let agent_cpu: f64 = sampler.join().unwrap_or_default().values().sum();
+            if !o.status.success() {
+                bail!("{nodes} nodes, {variant}: mpirun failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            }
+            if !same_output(&out, &serial_out)? {
+                bail!("{nodes} nodes, {variant}: the output differs from serial blastp");
+            }
+            let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+            let wall = s["wall_seconds"].as_f64().unwrap_or(0.0);
+            let frac = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
+            let base_wall = *base.get_or_insert(wall);
+            let agents = if flags.contains(&"--no-agent") { 0 } else { nodes };
+            let row = Row {
+                nodes,
+                variant,
+                wall_seconds: wall,
+                speedup: base_wall / wall,
+                search_fraction: frac,
+                agent_cpu_percent: if agents == 0 { 0.0 } else { 100.0 * agent_cpu / (wall * agents as f64) },
+                bytes_wire: s["accel"]["bytes_wire"].as_u64().unwrap_or(0),
+                bytes_raw: s["accel"]["bytes_raw"].as_u64().unwrap_or(0),
+                mergers: s["accel"]["mergers"].as_object().map_or(1, |m| m.len()),
+            };
+            eprintln!(
+                "  {nodes} node(s), {variant:<24} {wall:7.2} s  speed-up {:.2}  in BLAST+ {:5.1} %  agent CPU {:4.1} %  results across nodes {:.2} MB ({:.2} MB raw), {} merger(s); identical to serial",
+                row.speedup,
+                100.0 * frac,
+                row.agent_cpu_percent,
+                row.bytes_wire as f64 / 1e6,
+                row.bytes_raw as f64 / 1e6,
+                row.mergers
+            );
+            rows.push(row);
+            let _ = std::fs::remove_file(&out);
+        }
+        drop(storage);
+        drop(bed);
+    }
+    println!("\nserial blastp (reference): {serial:.2} s\n");
+    println!("| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | agent CPU | MB across nodes (raw) |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.2} ({:.2}) |",
+            r.nodes,
+            r.variant,
+            r.wall_seconds,
+            r.wall_seconds / serial,
+            r.speedup,
+            100.0 * r.search_fraction,
+            r.agent_cpu_percent,
+            r.bytes_wire as f64 / 1e6,
+            r.bytes_raw as f64 / 1e6
+        );
+    }
+    let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(
+        &a.json,
+        serde_json::to_string_pretty(&json!({"queries": a.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}))?,
+    )?;
+    crate::plots::lines(&out_dir.join("cluster_wall.png"), "Wall time (s)", "emulated nodes", &series(&rows, |r| r.wall_seconds))?;
+    crate::plots::lines(&out_dir.join("cluster_search_fraction.png"), "Worker time inside BLAST+ (%)", "emulated nodes", &series(&rows, |r| 100.0 * r.search_fraction))?;
+    crate::plots::lines(&out_dir.join("cluster_agent_cpu.png"), "Agent CPU (% of one core per agent)", "emulated nodes", &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>())?;
+    eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
+    Ok(())
+}
+
+fn series(rows: &[Row], y: impl Fn(&Row) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
+    VARIANTS.iter().map(|(v, _)| (v.to_string(), rows.iter().filter(|r| r.variant == *v).map(|r| (r.nodes as f64, y(r))).collect())).collect()
+}

@@ -1,0 +1,360 @@
+//! The BLAST plug-in: metadata = which database sequences each query hit.
+//!
+//! A BLAST report is a deterministic function of (queries, options, database); the hits
+//! are a tiny subset of the database. So the compute site records, per query, the
+//! global OIDs of its hit subjects (plus the queries, the options and a SHA-256 of the
+//! output), and the storage site searches the queries again against only those
+//! subjects of its own replica, through an `OIDLIST` alias that keeps the whole
+//! database's title, sequence count and length (so statistics, header and footer are
+//! those of the whole database) and its volumes (so even the "Posted date" is the
+//! same). Nothing is copied out of the replica.
+//!
+//! Regeneration first searches all queries against the union of their subjects (one
+//! BLAST+ run). That is exact unless a query's whole-database search overflowed BLAST's
+//! preliminary hit list; the output's SHA-256 tells. If it differs, each query is
+//! searched against its own subjects and the reports are joined. If that differs too,
+//! decoding fails: a different output is never returned.
+//!
+//! Trade-off: metadata size `x` (here ≈ 2 bytes per hit after compression) against
+//! regeneration work; see `docs/paramedic.md` for where it wins (`D − x > B·(f(x) + g(x))`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use gepsea_blast::{db, fasta, tools};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::plugin::{MetadataPlugin, PluginError};
+
+/// What the compute site searched (everything but the output itself).
+#[derive(Clone, Debug)]
+pub struct BlastJob {
+    /// The gepsea database directory (`gepsea db format`).
+    pub db_dir: PathBuf,
+    pub query: PathBuf,
+    pub outfmt: String,
+    pub blast_args: Vec<String>,
+}
+
+/// The metadata of one report.
+#[derive(Debug, Serialize, Deserialize)]
+struct BlastMeta {
+    program: String,
+    outfmt: String,
+    blast_args: Vec<String>,
+    /// The whole database's name (the `-db` of the report).
+    db_name: String,
+    /// SHA-256 over the database's files: the replica must be the same database.
+    db_fingerprint: String,
+    /// The query FASTA, as searched.
+    #[serde(with = "serde_bytes")]
+    queries: Vec<u8>,
+    /// Per query (input order), the global OIDs of its hit subjects, ascending.
+    subjects: Vec<Vec<u32>>,
+    output_len: u64,
+    output_sha256: [u8; 32],
+}
+
+/// The BLAST plug-in, at the compute site (encodes) or the storage site (decodes).
+pub struct BlastPlugin {
+    job: Option<BlastJob>,
+    replica: PathBuf,
+}
+
+impl BlastPlugin {
+    /// The compute site: encodes reports of `job` (and can decode them too).
+    pub fn compute_site(job: BlastJob) -> BlastPlugin {
+        BlastPlugin { replica: job.db_dir.clone(), job: Some(job) }
+    }
+
+    /// The storage site: regenerates reports from its replica of the database.
+    pub fn storage_site(replica: &Path) -> BlastPlugin {
+        BlastPlugin { job: None, replica: replica.to_path_buf() }
+    }
+}
+
+fn bad(m: impl Into<String>) -> PluginError {
+    PluginError::BadInput(m.into())
+}
+
+fn failed(m: impl std::fmt::Display) -> PluginError {
+    PluginError::Failed(m.to_string())
+}
+
+/// SHA-256 over every fragment file's checksum in the manifest.
+fn fingerprint(m: &db::Manifest) -> String {
+    let mut h = Sha256::new();
+    for f in &m.fragments {
+        for (name, sum) in &f.files {
+            h.update(name.as_bytes());
+            h.update(sum.as_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Per query (by index), the subject accessions the report names, in report order.
+fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
+    let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
+    let mut current: Option<usize> = None;
+    let mut sections = 0usize;
+    let mut next_section = |line: &str| -> Result<usize, PluginError> {
+        sections += 1;
+        if sections > nq {
+            return Err(bad(format!("the report has more queries than the query file ({nq}); at {line:?}")));
+        }
+        Ok(sections - 1)
+    };
+    for (i, line) in output.lines().enumerate() {
+        match fmt {
+            0 => {
+                if line.starts_with("Query= ") {
+                    current = Some(next_section(line)?);
+                } else if let Some(rest) = line.strip_prefix('>') {
+                    let q = current.ok_or_else(|| bad(format!("line {}: a hit before any \"Query=\"", i + 1)))?;
+                    per[q].push(rest.split_whitespace().next().unwrap_or("").to_string());
+                }
+            }
+            5 => {
+                let t = line.trim_start();
+                if t.starts_with("<Iteration>") {
+                    current = Some(next_section(line)?);
+                } else if let Some(rest) = t.strip_prefix("<Hit_accession>") {
+                    let q = current.ok_or_else(|| bad(format!("line {}: a hit outside an <Iteration>", i + 1)))?;
+                    per[q].push(rest.trim_end_matches("</Hit_accession>").to_string());
+                }
+            }
+            6 | 7 => {
+                if line.starts_with('#') || line.is_empty() {
+                    continue;
+                }
+                let mut cols = line.split('\t');
+                let (Some(qid), Some(sid)) = (cols.next(), cols.next()) else {
+                    return Err(bad(format!("line {}: not a tabular hit line", i + 1)));
+                };
+                let q = *query_ids.get(qid).ok_or_else(|| bad(format!("line {}: query {qid:?} is not in the query file", i + 1)))?;
+                if per[q].last().map(String::as_str) != Some(sid) {
+                    per[q].push(sid.to_string());
+                }
+            }
+            other => return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in (0, 5, 6, 7 are); use the zstd plug-in"))),
+        }
+    }
+    Ok(per)
+}
+
+/// Global OIDs of `accessions` in the database `name` under `db_dir`.
+fn oids(db_dir: &Path, name: &str, dbtype: &str, accessions: &BTreeSet<&str>, scratch: &Path) -> Result<HashMap<String, u32>, PluginError> {
+    if accessions.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let list = scratch.join("accessions.txt");
+    std::fs::write(&list, accessions.iter().map(|a| format!("{a}\n")).collect::<String>()).map_err(failed)?;
+    let db_dir = std::fs::canonicalize(db_dir).map_err(|e| failed(format!("{}: {e}", db_dir.display())))?;
+    let out = tools::run("blastdbcmd", &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"], Some(&db_dir), Some(scratch)).map_err(failed)?;
+    let mut map = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (acc, oid) = line.split_once('\t').ok_or_else(|| failed(format!("blastdbcmd printed {line:?}")))?;
+        let oid: u32 = oid.trim().parse().map_err(|_| failed(format!("blastdbcmd printed {line:?}")))?;
+        // An accession of several sequences keeps its first; the report names it once.
+        map.entry(acc.to_string()).or_insert(oid);
+    }
+    Ok(map)
+}
+
+struct Scratch(PathBuf);
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(tag: &str) -> Result<Scratch, PluginError> {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("gepsea-paramedic-{tag}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&d).map_err(|e| failed(format!("{}: {e}", d.display())))?;
+    Ok(Scratch(d))
+}
+
+/// An `OIDLIST` mask of one volume: its number of sequences (u32, big-endian), then one
+/// bit per OID of the volume, the most significant bit of each byte first.
+fn oid_mask(total: u64, oids: &BTreeSet<u32>) -> Vec<u8> {
+    let mut v = (total as u32).to_be_bytes().to_vec();
+    let mut bits = vec![0u8; (total as usize).div_ceil(8)];
+    for &o in oids {
+        bits[o as usize / 8] |= 0x80 >> (o % 8);
+    }
+    v.extend_from_slice(&bits);
+    v
+}
+
+impl BlastPlugin {
+    /// Searches `queries` against `subjects` of the replica, as the original search did.
+    fn regenerate(&self, m: &BlastMeta, manifest: &db::Manifest, queries: &[u8], subjects: &BTreeSet<u32>) -> Result<Vec<u8>, PluginError> {
+        let s = scratch("regen")?;
+        let dbdir = s.0.join("db");
+        std::fs::create_dir_all(&dbdir).map_err(failed)?;
+        let replica = std::fs::canonicalize(&self.replica).map_err(|e| failed(format!("{}: {e}", self.replica.display())))?;
+        let letter = gepsea_blast::db::alias_letter(manifest.dbtype);
+        // An OIDLIST applies to each volume of its alias's DBLIST with the volume's own
+        // numbering: one masked alias per fragment, and the whole-database alias (the
+        // report's -db name, title and counts) over those.
+        let mut members = Vec::new();
+        for f in &manifest.fragments {
+            let local: BTreeSet<u32> = subjects.range(f.first_oid as u32..(f.first_oid + f.sequences) as u32).map(|o| o - f.first_oid as u32).collect();
+            std::fs::write(dbdir.join(format!("{}.msk", f.name)), oid_mask(f.sequences, &local)).map_err(failed)?;
+            std::fs::write(dbdir.join(format!("{}.sub.{letter}al", f.name)), format!("DBLIST {}\nOIDLIST {}.msk\n", replica.join(&f.name).display(), f.name)).map_err(failed)?;
+            members.push(format!("{}.sub", f.name));
+        }
+        std::fs::write(
+            dbdir.join(format!("{}.{letter}al", m.db_name)),
+            format!("TITLE {}\nDBLIST {}\nNSEQ {}\nLENGTH {}\n", manifest.title, members.join(" "), manifest.sequences, manifest.residues),
+        )
+        .map_err(failed)?;
+        let q = s.0.join("queries.fasta");
+        std::fs::write(&q, queries).map_err(failed)?;
+        let out = s.0.join("report");
+        let qs = q.to_string_lossy().into_owned();
+        let os = out.to_string_lossy().into_owned();
+        let mut args: Vec<&str> = vec!["-query", &qs, "-db", &m.db_name, "-outfmt", &m.outfmt, "-out", &os];
+        args.extend(m.blast_args.iter().map(String::as_str));
+        tools::run(&m.program, &args, Some(&dbdir), Some(&s.0)).map_err(failed)?;
+        std::fs::read(&out).map_err(failed)
+    }
+}
+
+fn matches(m: &BlastMeta, out: &[u8]) -> bool {
+    out.len() as u64 == m.output_len && Sha256::digest(out).as_slice() == m.output_sha256
+}
+
+impl MetadataPlugin for BlastPlugin {
+    fn name(&self) -> &'static str {
+        "blast"
+    }
+
+    fn encode(&self, output: &[u8]) -> Result<Vec<u8>, PluginError> {
+        let job = self.job.as_ref().ok_or_else(|| bad("encoding needs the compute site's job (database, queries, options)"))?;
+        let manifest = db::open(&job.db_dir).map_err(failed)?;
+        let queries = fasta::read(&job.query).map_err(failed)?;
+        let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
+        let fmt = gepsea_blast::report::base_format(&job.outfmt);
+        let ids: HashMap<String, usize> = queries.iter().enumerate().map(|(i, q)| (q.defline[1..].split_whitespace().next().unwrap_or("").to_string(), i)).collect();
+        let text = std::str::from_utf8(output).map_err(|_| bad("the output is not text"))?;
+        let per = subjects_in_report(text, fmt, &ids, queries.len())?;
+        let all: BTreeSet<&str> = per.iter().flatten().map(String::as_str).collect();
+        let s = scratch("encode")?;
+        let map = oids(&job.db_dir, &manifest.name, manifest.dbtype.as_str(), &all, &s.0)?;
+        let mut subjects = Vec::with_capacity(per.len());
+        for (q, accs) in per.iter().enumerate() {
+            let mut v: Vec<u32> = accs.iter().map(|a| map.get(a).copied().ok_or_else(|| bad(format!("query {}: subject {a:?} is not in the database {}", q + 1, job.db_dir.display())))).collect::<Result<_, _>>()?;
+            v.sort_unstable();
+            v.dedup();
+            subjects.push(v);
+        }
+        let program = if manifest.dbtype == fasta::MolType::Prot { "blastp" } else { "blastn" };
+        let meta = BlastMeta {
+            program: program.into(),
+            outfmt: job.outfmt.clone(),
+            blast_args: job.blast_args.clone(),
+            db_name: manifest.name.clone(),
+            db_fingerprint: fingerprint(&manifest),
+            queries: query_bytes,
+            subjects: delta(&subjects),
+            output_len: output.len() as u64,
+            output_sha256: Sha256::digest(output).into(),
+        };
+        let raw = postcard::to_stdvec(&meta).map_err(failed)?;
+        zstd::bulk::compress(&raw, 19).map_err(failed)
+    }
+
+    fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
+        let raw = zstd::stream::decode_all(metadata).map_err(|e| bad(format!("BLAST metadata is not a zstd stream: {e}")))?;
+        let mut m: BlastMeta = postcard::from_bytes(&raw).map_err(|e| bad(format!("BLAST metadata does not decode: {e}")))?;
+        m.subjects = undelta(&m.subjects);
+        let manifest = db::open(&self.replica).map_err(failed)?;
+        if fingerprint(&manifest) != m.db_fingerprint {
+            return Err(bad(format!("the replica {} is not the database the compute site searched (its files differ)", self.replica.display())));
+        }
+        if m.subjects.iter().flatten().any(|&o| o as u64 >= manifest.sequences) {
+            return Err(bad("a subject OID lies beyond the database"));
+        }
+        // One search over the union of all queries' subjects.
+        let union: BTreeSet<u32> = m.subjects.iter().flatten().copied().collect();
+        let out = self.regenerate(&m, &manifest, &m.queries, &union)?;
+        if matches(&m, &out) {
+            return Ok(out);
+        }
+        // Some query's whole-database search overflowed its preliminary list: each
+        // query against its own subjects, joined like parallel BLAST's parts.
+        let records = fasta::read_from(&m.queries[..], Path::new("metadata queries")).map_err(failed)?;
+        if records.len() != m.subjects.len() {
+            return Err(bad(format!("metadata lists {} queries, its query file has {}", m.subjects.len(), records.len())));
+        }
+        let mut parts = Vec::with_capacity(records.len());
+        for (r, subj) in records.iter().zip(&m.subjects) {
+            let mut q = Vec::new();
+            r.write_to(&mut q);
+            let set: BTreeSet<u32> = subj.iter().copied().collect();
+            parts.push(String::from_utf8(self.regenerate(&m, &manifest, &q, &set)?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
+        }
+        let joined = gepsea_blast::accel::assemble(&parts, gepsea_blast::report::base_format(&m.outfmt)).map_err(failed)?.into_bytes();
+        if matches(&m, &joined) {
+            return Ok(joined);
+        }
+        Err(PluginError::Mismatch(format!(
+            "the regenerated report ({} bytes) differs from the original ({} bytes); nothing was written",
+            joined.len(),
+            m.output_len
+        )))
+    }
+}
+
+/// Ascending OIDs as gaps (small numbers: short varints).
+fn delta(v: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    v.iter().map(|l| l.iter().scan(0u32, |prev, &o| Some(std::mem::replace(prev, o).wrapping_neg().wrapping_add(o))).collect()).collect()
+}
+
+fn undelta(v: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    v.iter()
+        .map(|l| {
+            l.iter()
+                .scan(0u32, |acc, &d| {
+                    *acc = acc.wrapping_add(d);
+                    Some(*acc)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Sizes of what the plug-in ships, for reports.
+pub fn metadata_summary(metadata: &[u8]) -> Option<BTreeMap<&'static str, u64>> {
+    let raw = zstd::stream::decode_all(metadata).ok()?;
+    let m: BlastMeta = postcard::from_bytes(&raw).ok()?;
+    let mut s = BTreeMap::new();
+    s.insert("queries", m.subjects.len() as u64);
+    s.insert("subjects", m.subjects.iter().map(|l| l.len() as u64).sum());
+    s.insert("output_bytes", m.output_len);
+    s.insert("metadata_bytes", metadata.len() as u64);
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_round_trip() {
+        let v = vec![vec![0, 3, 4, 100, 19_999], vec![], vec![7]];
+        assert_eq!(undelta(&delta(&v)), v);
+        assert_eq!(delta(&v)[0], vec![0, 3, 1, 96, 19_899]);
+    }
+
+    #[test]
+    fn mask_sets_one_bit_per_oid_msb_first() {
+        let m = oid_mask(20, &[0, 9, 19].into_iter().collect());
+        assert_eq!(m, vec![0, 0, 0, 20, 0b1000_0000, 0b0100_0000, 0b0001_0000]);
+    }
+}
