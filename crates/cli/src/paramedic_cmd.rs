@@ -81,15 +81,20 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
         ParamedicCmd::Decode(a) => {
             let data = std::fs::read(&a.metadata).with_context(|| format!("reading {}", a.metadata.display()))?;
             let (name, _) = container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
-            let plugin: Box<dyn MetadataPlugin> = match name.as_str() {
-                "zstd" => Box::new(ZstdPlugin::default()),
+            let output = match name.as_str() {
+                "zstd" => container::open(&ZstdPlugin::default(), &data),
                 "blast" => {
                     let Some(db) = &a.db else { bail!("{}: BLAST metadata: give --db, this site's replica of the database", a.metadata.display()) };
-                    Box::new(BlastPlugin::storage_site(db))
+                    let p = BlastPlugin::storage_site(db);
+                    let out = container::open(&p, &data);
+                    if p.last_runs() > 1 {
+                        eprintln!("gepsea paramedic: the search over all subjects differed (a query overflowed BLAST's preliminary hit list): regenerated per query, {} BLAST+ runs", p.last_runs());
+                    }
+                    out
                 }
                 other => bail!("{}: made by plug-in {other:?}, which this build does not have", a.metadata.display()),
-            };
-            let output = container::open(plugin.as_ref(), &data).with_context(|| format!("{}", a.metadata.display()))?;
+            }
+            .with_context(|| format!("{}", a.metadata.display()))?;
             write_atomically(&a.out, &output)?;
             eprintln!("gepsea paramedic: regenerated {} bytes from {} bytes of {name} metadata, {}", output.len(), data.len(), a.out.display());
             Ok(())

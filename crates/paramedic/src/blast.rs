@@ -60,17 +60,25 @@ struct BlastMeta {
 pub struct BlastPlugin {
     job: Option<BlastJob>,
     replica: PathBuf,
+    /// BLAST+ runs of the last `decode` (1: the union search was exact).
+    runs: std::sync::atomic::AtomicUsize,
 }
 
 impl BlastPlugin {
     /// The compute site: encodes reports of `job` (and can decode them too).
     pub fn compute_site(job: BlastJob) -> BlastPlugin {
-        BlastPlugin { replica: job.db_dir.clone(), job: Some(job) }
+        BlastPlugin { replica: job.db_dir.clone(), job: Some(job), runs: Default::default() }
+    }
+
+    /// BLAST+ runs the last `decode` needed: 1 when the search over the union of all
+    /// subjects was exact, 1 + queries when each query was searched on its own.
+    pub fn last_runs(&self) -> usize {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The storage site: regenerates reports from its replica of the database.
     pub fn storage_site(replica: &Path) -> BlastPlugin {
-        BlastPlugin { job: None, replica: replica.to_path_buf() }
+        BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default() }
     }
 }
 
@@ -99,6 +107,9 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
     let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
     let mut current: Option<usize> = None;
     let mut sections = 0usize;
+    // Pairwise: the one-line descriptions list more subjects (-num_descriptions) than
+    // get alignments (-num_alignments); 0 = outside, 1 = before its blank line, 2 = in.
+    let mut descriptions = 0u8;
     let mut next_section = |line: &str| -> Result<usize, PluginError> {
         sections += 1;
         if sections > nq {
@@ -111,6 +122,15 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
             0 => {
                 if line.starts_with("Query= ") {
                     current = Some(next_section(line)?);
+                } else if line.starts_with("Sequences producing significant alignments") {
+                    descriptions = 1;
+                } else if descriptions > 0 {
+                    if line.is_empty() {
+                        descriptions = if descriptions == 1 { 2 } else { 0 };
+                    } else {
+                        let q = current.ok_or_else(|| bad(format!("line {}: descriptions before any \"Query=\"", i + 1)))?;
+                        per[q].push(line.split_whitespace().next().unwrap_or("").to_string());
+                    }
                 } else if let Some(rest) = line.strip_prefix('>') {
                     let q = current.ok_or_else(|| bad(format!("line {}: a hit before any \"Query=\"", i + 1)))?;
                     per[q].push(rest.split_whitespace().next().unwrap_or("").to_string());
@@ -283,6 +303,7 @@ impl MetadataPlugin for BlastPlugin {
         // One search over the union of all queries' subjects.
         let union: BTreeSet<u32> = m.subjects.iter().flatten().copied().collect();
         let out = self.regenerate(&m, &manifest, &m.queries, &union)?;
+        self.runs.store(1, std::sync::atomic::Ordering::Relaxed);
         if matches(&m, &out) {
             return Ok(out);
         }
@@ -299,6 +320,7 @@ impl MetadataPlugin for BlastPlugin {
             let set: BTreeSet<u32> = subj.iter().copied().collect();
             parts.push(String::from_utf8(self.regenerate(&m, &manifest, &q, &set)?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
         }
+        self.runs.store(1 + records.len(), std::sync::atomic::Ordering::Relaxed);
         let joined = gepsea_blast::accel::assemble(&parts, gepsea_blast::report::base_format(&m.outfmt)).map_err(failed)?.into_bytes();
         if matches(&m, &joined) {
             return Ok(joined);

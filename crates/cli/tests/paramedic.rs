@@ -1,0 +1,249 @@
+//! ParaMEDIC on files: `gepsea paramedic encode` at the "compute site", `decode` at the
+//! "storage site" against its own replica (a copy) of the database. The regenerated
+//! output must be byte-identical to the output, in every supported format; damaged
+//! metadata or a different replica must fail clearly and write nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
+const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gepsea() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gepsea"));
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn run_ok(mut c: Command) -> Output {
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{c:?}: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+fn fails(mut c: Command) -> String {
+    let o = c.output().unwrap();
+    assert!(!o.status.success(), "{c:?} should have failed");
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The first `n` records of a gzipped FASTA file.
+fn head(gz: &str, n: usize) -> String {
+    let text = String::from_utf8(run_ok({
+        let mut c = Command::new("zcat");
+        c.arg(gz);
+        c
+    })
+    .stdout)
+    .unwrap();
+    let mut k = 0;
+    text.lines()
+        .filter(|l| {
+            if l.starts_with('>') {
+                k += 1;
+            }
+            k <= n
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+struct Fixture {
+    dir: TempDir,
+}
+
+fn fixture_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("gepsea-paramedic-test-{}", std::process::id()))
+}
+
+extern "C" fn remove_fixture() {
+    let _ = std::fs::remove_dir_all(fixture_dir());
+}
+
+/// A 3-fragment database, its replica (a copy, as the storage site would hold), and 30
+/// queries; built once for all tests of this file.
+fn fixture() -> &'static Fixture {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    F.get_or_init(|| {
+        let dir = TempDir(fixture_dir());
+        std::fs::create_dir_all(&dir.0).unwrap();
+        // A static is never dropped: remove the directory when the test process exits.
+        // SAFETY: registering a plain C callback that only removes a directory.
+        unsafe { libc::atexit(remove_fixture) };
+        std::fs::write(dir.0.join("q.fasta"), head(QUERY_GZ, 30)).unwrap();
+        let mut c = gepsea();
+        c.args(["db", "format", "--fragments", "3", "--title", "T", "--name", "DB", "--input", DB_GZ, "--out"]).arg(dir.0.join("db"));
+        run_ok(c);
+        run_ok({
+            let mut c = Command::new("cp");
+            c.arg("-a").arg(dir.0.join("db")).arg(dir.0.join("replica"));
+            c
+        });
+        Fixture { dir }
+    })
+}
+
+fn search(f: &Fixture, query: &Path, fmt: &str, extra: &[&str], out: &Path) {
+    let mut c = gepsea();
+    c.args(["search", "--quiet", "--workers", "2", "--outfmt", fmt, "--db"]).arg(f.dir.0.join("db")).arg("--query").arg(query).arg("--out").arg(out);
+    if !extra.is_empty() {
+        c.arg("--").args(extra);
+    }
+    run_ok(c);
+}
+
+fn encode(f: &Fixture, output: &Path, query: &Path, fmt: &str, extra: &[&str], meta: &Path) {
+    let mut c = gepsea();
+    c.args(["paramedic", "encode", "--outfmt", fmt, "--output"]).arg(output).arg("--out").arg(meta).arg("--db").arg(f.dir.0.join("db")).arg("--query").arg(query);
+    if !extra.is_empty() {
+        c.arg("--").args(extra);
+    }
+    run_ok(c);
+}
+
+fn decode(f: &Fixture, meta: &Path, out: &Path) -> Command {
+    let mut c = gepsea();
+    c.args(["paramedic", "decode", "--metadata"]).arg(meta).arg("--out").arg(out).arg("--db").arg(f.dir.0.join("replica"));
+    c
+}
+
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains("gepsea-tmp")).collect()
+}
+
+#[test]
+fn blast_metadata_regenerates_every_format_exactly() {
+    let f = fixture();
+    let d = &f.dir.0;
+    let q = d.join("q.fasta");
+    for fmt in ["0", "5", "6", "7"] {
+        let out = d.join(format!("direct.{fmt}"));
+        search(f, &q, fmt, &[], &out);
+        let meta = d.join(format!("meta.{fmt}"));
+        encode(f, &out, &q, fmt, &[], &meta);
+        let regen = d.join(format!("regen.{fmt}"));
+        run_ok(decode(f, &meta, &regen));
+        let (want, got) = (std::fs::read(&out).unwrap(), std::fs::read(&regen).unwrap());
+        assert!(want == got, "outfmt {fmt}: regenerated {} bytes differ from the {} bytes written directly", got.len(), want.len());
+        let m = std::fs::metadata(&meta).unwrap().len() as usize;
+        if fmt == "0" {
+            // ParaMEDIC's point: pairwise output shrinks by two orders of magnitude.
+            assert!(m * 100 < want.len(), "pairwise: {m} bytes of metadata for {} bytes of output", want.len());
+        }
+        if fmt == "6" {
+            // The data include a query with many hits.
+            let mut per_query = std::collections::HashMap::<&str, usize>::new();
+            let text = String::from_utf8(want.clone()).unwrap();
+            for l in text.lines() {
+                *per_query.entry(l.split('\t').next().unwrap()).or_default() += 1;
+            }
+            assert!(per_query.values().any(|n| *n >= 200), "no query with 200+ hit lines: {per_query:?}");
+        }
+    }
+}
+
+/// At `-evalue 1000` whole-database searches overflow BLAST's preliminary hit list, so a
+/// search over the union of subjects differs; each query is then regenerated against
+/// its own subjects, and the output is still exact.
+#[test]
+fn overflowing_queries_are_regenerated_one_by_one() {
+    let f = fixture();
+    let d = &f.dir.0;
+    let q = d.join("q4.fasta");
+    std::fs::write(&q, head(QUERY_GZ, 4)).unwrap();
+    for fmt in ["0", "6"] {
+        let out = d.join(format!("e1000.{fmt}"));
+        search(f, &q, fmt, &["-evalue", "1000"], &out);
+        let meta = d.join(format!("e1000.meta.{fmt}"));
+        encode(f, &out, &q, fmt, &["-evalue", "1000"], &meta);
+        let regen = d.join(format!("e1000.regen.{fmt}"));
+        let o = run_ok(decode(f, &meta, &regen));
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(log.contains("regenerated per query, 5 BLAST+ runs"), "outfmt {fmt}: the per-query path was not taken: {log}");
+        assert!(std::fs::read(&out).unwrap() == std::fs::read(&regen).unwrap(), "outfmt {fmt} at -evalue 1000");
+    }
+}
+
+#[test]
+fn damaged_metadata_or_another_database_fails_and_writes_nothing() {
+    let f = fixture();
+    let d = &f.dir.0.join("damage");
+    std::fs::create_dir_all(d).unwrap();
+    let q = f.dir.0.join("q.fasta");
+    let out = d.join("direct.6");
+    search(f, &q, "6", &[], &out);
+    let meta = d.join("meta");
+    encode(f, &out, &q, "6", &[], &meta);
+    let good = std::fs::read(&meta).unwrap();
+    let target = d.join("regen.6");
+
+    let mut flipped = good.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x10;
+    std::fs::write(&meta, &flipped).unwrap();
+    let e = fails(decode(f, &meta, &target));
+    assert!(e.contains("metadata corrupted: SHA-256"), "{e}");
+    assert!(!target.exists() && leftovers(d).is_empty());
+
+    std::fs::write(&meta, &good[..good.len() - 100]).unwrap();
+    let e = fails(decode(f, &meta, &target));
+    assert!(e.contains("metadata truncated"), "{e}");
+    assert!(!target.exists() && leftovers(d).is_empty());
+
+    std::fs::write(&meta, b"not metadata at all").unwrap();
+    let e = fails(decode(f, &meta, &target));
+    assert!(e.contains("not ParaMEDIC metadata"), "{e}");
+
+    // A replica that is not the database searched (fewer sequences).
+    std::fs::write(&meta, &good).unwrap();
+    std::fs::write(d.join("small.fasta"), head(DB_GZ, 500)).unwrap();
+    let mut c = gepsea();
+    c.args(["db", "format", "--fragments", "2", "--title", "T", "--name", "DB", "--input"]).arg(d.join("small.fasta")).arg("--out").arg(d.join("other"));
+    run_ok(c);
+    let mut c = gepsea();
+    c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&target).arg("--db").arg(d.join("other"));
+    let e = fails(c);
+    assert!(e.contains("is not the database the compute site searched"), "{e}");
+    assert!(!target.exists() && leftovers(d).is_empty());
+
+    // The intact metadata still decodes.
+    run_ok(decode(f, &meta, &target));
+    assert!(std::fs::read(&target).unwrap() == std::fs::read(&out).unwrap());
+}
+
+#[test]
+fn zstd_plugin_round_trips_any_file() {
+    let f = fixture();
+    let d = &f.dir.0.join("zstd");
+    std::fs::create_dir_all(d).unwrap();
+    // Incompressible and compressible bytes, every byte value.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut data: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    data.extend((0..=255u8).cycle().take(100_000));
+    let input = d.join("input.bin");
+    std::fs::write(&input, &data).unwrap();
+    let meta = d.join("input.pmd");
+    let mut c = gepsea();
+    c.args(["paramedic", "encode", "--plugin", "zstd", "--output"]).arg(&input).arg("--out").arg(&meta);
+    run_ok(c);
+    let back = d.join("back.bin");
+    let mut c = gepsea();
+    c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&back);
+    run_ok(c);
+    assert!(std::fs::read(&back).unwrap() == data);
+}
