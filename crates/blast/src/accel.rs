@@ -989,7 +989,8 @@ fn read_fragment(spec: &JobSpec, files: &BTreeMap<String, String>) -> Result<Vec
     postcard::to_stdvec(&contents).map_err(failed)
 }
 
+/// Hex SHA-256, as the manifest records it (`db::format`).
 fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};
-    Sha256::digest(data).iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", Sha256::digest(data))
 }
