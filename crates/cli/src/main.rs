@@ -136,6 +136,13 @@ struct SearchArgs {
     /// Cluster mode: number of nodes (default: processes / processes per node).
     #[arg(long)]
     nodes: Option<usize>,
+    /// ParaMEDIC: also send the output to the storage site as BLAST metadata, where
+    /// `gepsea paramedic serve` regenerates it (as the --out file name).
+    #[arg(long, requires = "storage_site")]
+    paramedic: bool,
+    /// The storage site's address (`gepsea paramedic serve --listen`).
+    #[arg(long, requires = "paramedic")]
+    storage_site: Option<std::net::SocketAddr>,
     /// Also write the run's summary (times, counts, agent statistics) as JSON here.
     #[arg(long)]
     summary_json: Option<PathBuf>,
@@ -200,6 +207,7 @@ fn main() -> Result<()> {
         }
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+            let paramedic_job = paramedic::blast::BlastJob { db_dir: a.db.clone(), query: a.query.clone(), outfmt: a.outfmt.clone(), blast_args: a.blast_args.clone() };
             let opts = search::SearchOptions {
                 db: a.db,
                 query: a.query,
@@ -235,6 +243,13 @@ fn main() -> Result<()> {
                 }
                 None => search::run(&opts)?,
             };
+            if let (true, Some(site)) = (a.paramedic, a.storage_site) {
+                let output = std::fs::read(&s.output).with_context(|| format!("reading {}", s.output.display()))?;
+                let sealed = paramedic::container::seal(&paramedic::blast::BlastPlugin::compute_site(paramedic_job), &output).context("encoding the output as ParaMEDIC metadata")?;
+                eprintln!("gepsea search: {} bytes of output -> {} bytes of metadata for the storage site", output.len(), sealed.len());
+                let name = s.output.file_name().unwrap_or_default().to_string_lossy().into_owned();
+                paramedic_cmd::send_to_storage(site, None, &name, &sealed)?;
+            }
             if let Some(p) = &a.summary_json {
                 std::fs::write(p, serde_json::to_string_pretty(&s)?).with_context(|| format!("writing {}", p.display()))?;
             }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use paramedic::blast::{BlastJob, BlastPlugin};
-use paramedic::container;
+use paramedic::{container, transfer};
 use paramedic::{MetadataPlugin, ZstdPlugin};
 
 #[derive(clap::Subcommand)]
@@ -13,6 +13,43 @@ pub enum ParamedicCmd {
     Encode(EncodeArgs),
     /// Regenerate the exact output from metadata (at the storage site).
     Decode(DecodeArgs),
+    /// The storage site: receive metadata over the network, regenerate, write outputs.
+    Serve(ServeArgs),
+    /// Send a metadata file to a storage site (`paramedic serve`).
+    Send(SendArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// This site's replica of the database (for BLAST metadata).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Directory the regenerated outputs are written to.
+    #[arg(long)]
+    out: PathBuf,
+    /// Address to listen on (e.g. 10.0.0.9:7500).
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// Stop after this many objects (default: serve until killed).
+    #[arg(long)]
+    count: Option<usize>,
+}
+
+#[derive(clap::Args)]
+pub struct SendArgs {
+    /// The metadata file.
+    #[arg(long)]
+    metadata: PathBuf,
+    /// The storage site's address (`paramedic serve --listen`).
+    #[arg(long)]
+    to: std::net::SocketAddr,
+    /// Name of the output at the storage site (default: the metadata file's name
+    /// without its extension).
+    #[arg(long)]
+    name: Option<String>,
+    /// This host's address towards the storage site (default: chosen by the route).
+    #[arg(long)]
+    from: Option<std::net::IpAddr>,
 }
 
 #[derive(clap::Args)]
@@ -54,16 +91,77 @@ pub struct DecodeArgs {
     db: Option<PathBuf>,
 }
 
-/// Writes `data` to `path` through a temporary file renamed into place.
 fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.gepsea-tmp{}", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, data).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+    transfer::write_atomically(path, data).with_context(|| format!("writing {}", path.display()))
+}
+
+/// This host's address on the route to `to` (a connected UDP socket sends nothing).
+pub fn local_ip_towards(to: std::net::SocketAddr) -> Result<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+    s.connect(to).with_context(|| format!("no route to {to}"))?;
+    Ok(s.local_addr()?.ip())
+}
+
+/// Sends `container` to the storage site at `to` as `name`; prints what happened.
+pub fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8]) -> Result<()> {
+    let ip = match from {
+        Some(ip) => ip,
+        None => local_ip_towards(to)?,
+    };
+    let ns = format!("paramedic{}", std::process::id());
+    let port = transfer::compute_port(&ns, std::process::id(), std::net::SocketAddr::new(ip, 0), to).context("opening the network port")?;
+    let started = std::time::Instant::now();
+    let ack = transfer::send(&port, transfer::STORAGE, name, container, port.listen_addr()).with_context(|| format!("sending {name} to {to}"))?;
+    let st = port.stats();
+    eprintln!(
+        "gepsea paramedic: {} bytes of metadata sent to {to} in {:.2} s; the storage site wrote {} ({} bytes); {} reconnect(s), {} frame(s) resent",
+        container.len(),
+        started.elapsed().as_secs_f64(),
+        ack.name,
+        ack.result.as_ref().copied().unwrap_or(0),
+        st.connections_established.saturating_sub(1),
+        st.frames_replayed
+    );
+    drop(port);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    Ok(())
 }
 
 pub fn run(cmd: &ParamedicCmd) -> Result<()> {
     match cmd {
+        ParamedicCmd::Serve(a) => {
+            std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+            let ns = format!("paramedic-storage{}", std::process::id());
+            let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
+            eprintln!("gepsea paramedic: storage site listening on {}, writing to {}", a.listen, a.out.display());
+            let db = a.db.clone();
+            let mut sink = transfer::RegenerateInto {
+                dir: a.out.clone(),
+                plugins: move |name: &str| -> Option<Box<dyn MetadataPlugin>> {
+                    match name {
+                        "zstd" => Some(Box::new(ZstdPlugin::default())),
+                        "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d)) as Box<dyn MetadataPlugin>),
+                        _ => None,
+                    }
+                },
+            };
+            transfer::serve(&port, &mut sink, a.count, |ack| match &ack.result {
+                Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes)", ack.name),
+                Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
+            })?;
+            drop(port);
+            let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+            Ok(())
+        }
+        ParamedicCmd::Send(a) => {
+            let data = std::fs::read(&a.metadata).with_context(|| format!("reading {}", a.metadata.display()))?;
+            container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
+            let name = match &a.name {
+                Some(n) => n.clone(),
+                None => a.metadata.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
+            };
+            send_to_storage(a.to, a.from, &name, &data)
+        }
         ParamedicCmd::Encode(a) => {
             let output = std::fs::read(&a.output).with_context(|| format!("reading {}", a.output.display()))?;
             let plugin: Box<dyn MetadataPlugin> = match a.plugin.as_str() {

@@ -13,6 +13,8 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 pub struct NetnsPair {
     pub ns: [String; 2],
     pub ip: [String; 2],
+    /// Each side's end of the veth pair (e.g. for `tc`).
+    pub dev: [String; 2],
 }
 
 fn run(args: &[&str]) -> std::io::Result<()> {
@@ -31,12 +33,12 @@ impl NetnsPair {
         let pid = std::process::id();
         let tag = format!("{prefix}{pid}x{n}");
         let subnet = format!("10.{}.{}", 200 + (n % 50), pid % 250);
-        let pair = NetnsPair { ns: [format!("{tag}a"), format!("{tag}b")], ip: [format!("{subnet}.1"), format!("{subnet}.2")] };
-        run(&["ip", "netns", "add", &pair.ns[0]])?;
-        run(&["ip", "netns", "add", &pair.ns[1]])?;
         // Interface names are limited to 15 characters.
         let va = format!("v{}a", &tag[tag.len().saturating_sub(12)..]);
         let vb = format!("v{}b", &tag[tag.len().saturating_sub(12)..]);
+        let pair = NetnsPair { ns: [format!("{tag}a"), format!("{tag}b")], ip: [format!("{subnet}.1"), format!("{subnet}.2")], dev: [va.clone(), vb.clone()] };
+        run(&["ip", "netns", "add", &pair.ns[0]])?;
+        run(&["ip", "netns", "add", &pair.ns[1]])?;
         run(&["ip", "link", "add", &va, "netns", &pair.ns[0], "type", "veth", "peer", "name", &vb, "netns", &pair.ns[1]])?;
         for (i, dev) in [&va, &vb].iter().enumerate() {
             run(&["ip", "-n", &pair.ns[i], "addr", "add", &format!("{}/24", pair.ip[i]), "dev", dev])?;
