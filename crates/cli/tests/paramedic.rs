@@ -301,3 +301,28 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     assert!(reconnects >= 1, "the connection was not re-established: {log}");
     assert!(resent < pieces / 2, "{resent} of {pieces} pieces resent: {log}");
 }
+
+/// `gepsea search --paramedic --storage-site`: the compute site searches, ships the
+/// report as metadata, and the storage site (`paramedic serve`) writes the same bytes.
+#[test]
+fn search_ships_metadata_and_the_storage_site_writes_the_report() {
+    let f = fixture();
+    let d = &f.dir.0.join("ship");
+    std::fs::create_dir_all(d.join("storage")).unwrap();
+    // A free port on loopback for the storage site.
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let mut serve = gepsea();
+    serve.args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--out"]).arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
+    let serve = serve.spawn().unwrap();
+    let q = d.join("q8.fasta");
+    std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
+    let out = d.join("hits.0");
+    let mut c = gepsea();
+    c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--paramedic", "--storage-site", &listen, "--db"]).arg(f.dir.0.join("db")).arg("--query").arg(&q).arg("--out").arg(&out);
+    let o = run_ok(c);
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(log.contains("the storage site wrote hits.0"), "{log}");
+    let served = serve.wait_with_output().unwrap();
+    assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
+    assert!(std::fs::read(d.join("storage/hits.0")).unwrap() == std::fs::read(&out).unwrap(), "the storage site's report differs");
+}
