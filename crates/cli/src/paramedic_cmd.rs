@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use paramedic::blast::{BlastJob, BlastPlugin};
 use paramedic::{container, transfer};
+use paramedic::trace::TracePlugin;
 use paramedic::{MetadataPlugin, ZstdPlugin};
 
 #[derive(clap::Subcommand)]
@@ -61,8 +62,9 @@ pub struct EncodeArgs {
     #[arg(long)]
     out: PathBuf,
     /// blast: semantic metadata of a BLAST report (needs --db, --query, --outfmt and the
-    /// BLAST+ options after `--`); zstd: byte-stream compression of any file.
-    #[arg(long, default_value = "blast", value_parser = ["blast", "zstd"])]
+    /// BLAST+ options after `--`); trace: a communication trace (`<ns>\t<kind>\t<peer>\t<bytes>`
+    /// lines) as its first period plus differences; zstd: byte-stream compression of any file.
+    #[arg(long, default_value = "blast", value_parser = ["blast", "trace", "zstd"])]
     plugin: String,
     /// The gepsea database the report was searched against.
     #[arg(long)]
@@ -140,6 +142,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 plugins: move |name: &str| -> Option<Box<dyn MetadataPlugin>> {
                     match name {
                         "zstd" => Some(Box::new(ZstdPlugin::default())),
+                        "trace" => Some(Box::new(TracePlugin)),
                         "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d)) as Box<dyn MetadataPlugin>),
                         _ => None,
                     }
@@ -166,6 +169,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let output = std::fs::read(&a.output).with_context(|| format!("reading {}", a.output.display()))?;
             let plugin: Box<dyn MetadataPlugin> = match a.plugin.as_str() {
                 "zstd" => Box::new(ZstdPlugin::default()),
+                "trace" => Box::new(TracePlugin),
                 _ => {
                     let (Some(db), Some(query)) = (&a.db, &a.query) else { bail!("the blast plug-in needs --db (the database searched) and --query (its queries)") };
                     Box::new(BlastPlugin::compute_site(BlastJob { db_dir: db.clone(), query: query.clone(), outfmt: a.outfmt.clone(), blast_args: a.blast_args.clone() }))
@@ -181,6 +185,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let (name, _) = container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
             let output = match name.as_str() {
                 "zstd" => container::open(&ZstdPlugin::default(), &data),
+                "trace" => container::open(&TracePlugin, &data),
                 "blast" => {
                     let Some(db) = &a.db else { bail!("{}: BLAST metadata: give --db, this site's replica of the database", a.metadata.display()) };
                     let p = BlastPlugin::storage_site(db);

@@ -15,6 +15,7 @@
 pub mod blast;
 pub mod container;
 pub mod plugin;
+pub mod trace;
 pub mod transfer;
 
 pub use container::{open, seal, ContainerError};
