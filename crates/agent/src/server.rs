@@ -441,9 +441,10 @@ impl Agent {
         let (done_tx, done_rx) = crossbeam_channel::unbounded::<JobDone>();
         let engine = Arc::new(engine);
         let mut jobs = Vec::new();
+        let template = InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) };
         for i in 0..2 * cfg.jobs.max(1) {
             let (tx, rx) = crossbeam_channel::unbounded::<Job>();
-            let inproc = InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) };
+            let inproc = template.clone();
             let done_tx = done_tx.clone();
             let waker = waker.clone();
             std::thread::Builder::new()
@@ -520,7 +521,7 @@ impl Agent {
             settle_deadline: None,
             deferred: Vec::new(),
             jobs,
-            nested: (InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) }, done_tx.clone()),
+            nested: (template, done_tx.clone()),
             calls_rx,
             done_rx,
             shutdown,

@@ -322,14 +322,12 @@ impl BlastPlugin {
         let dir = ctx.scratch.join(&object);
         let lock = self.staging.lock().entry(object.clone()).or_default().clone();
         let _held = lock.lock();
-        let (dir, source) = self.stage_locked(ctx, spec, fragment, dir, &object)?;
+        let (dir, source) = self.stage_locked(ctx, spec, name, files, dir, &object)?;
         self.stage_counts.lock().entry(job.to_path_buf()).or_default()[source as usize] += 1;
         Ok((dir, source))
     }
 
-    fn stage_locked(&self, ctx: &Context<'_>, spec: &JobSpec, fragment: usize, dir: PathBuf, object: &str) -> Result<(PathBuf, StageSource), PluginError> {
-        let name = &spec.fragments[fragment];
-        let files = &spec.fragment_files[fragment];
+    fn stage_locked(&self, ctx: &Context<'_>, spec: &JobSpec, name: &str, files: &BTreeMap<String, String>, dir: PathBuf, object: &str) -> Result<(PathBuf, StageSource), PluginError> {
         if dir.is_dir() {
             return Ok((dir, StageSource::Staged));
         }
@@ -701,18 +699,20 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let mut work = WorkStats::default();
         // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
         let blastdb = match &payload {
-            TaskPayload::Fragment { fragment, .. } if spec.hot_swap && staged_dirs.get(&(job.clone(), *fragment)).is_some_and(|d| d.is_dir()) => Ok(staged_dirs[&(job.clone(), *fragment)].clone()),
-            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
-                let started = Instant::now();
-                let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
-                let staged = client.plugin("blast", &req).map_err(|e| e.to_string()).and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
-                work.input_seconds = started.elapsed().as_secs_f64();
-                staged.map(|s| {
-                    work.staged[s.source as usize] += 1;
-                    staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
-                    s.dir
-                })
-            }
+            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => match staged_dirs.get(&(job.clone(), *fragment)).filter(|d| d.is_dir()) {
+                Some(d) => Ok(d.clone()),
+                None => {
+                    let started = Instant::now();
+                    let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
+                    let staged = client.plugin("blast", &req).map_err(|e| e.to_string()).and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
+                    work.input_seconds = started.elapsed().as_secs_f64();
+                    staged.map(|s| {
+                        work.staged[s.source as usize] += 1;
+                        staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
+                        s.dir
+                    })
+                }
+            },
             _ => Ok(spec.db_dir.clone()),
         };
         let q = query_file.to_string_lossy().to_string();

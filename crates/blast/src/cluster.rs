@@ -107,9 +107,9 @@ pub fn local_ip(cidr: Option<&str>) -> Result<IpAddr, SearchError> {
     found.ok_or_else(|| SearchError::Io(format!("no local address in {}", cidr.unwrap_or("any network (give --agent-net)"))))
 }
 
-/// The agents' namespace of this job: the same on every node.
-fn namespace(opts: &SearchOptions) -> String {
-    let key = format!("{}", std::path::absolute(&opts.out).unwrap_or(opts.out.clone()).display());
+/// The agents' namespace of the job writing `out`: the same on every node.
+pub fn namespace(out: &std::path::Path) -> String {
+    let key = format!("{}", std::path::absolute(out).unwrap_or(out.to_path_buf()).display());
     let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
     format!("job{h:012x}")
 }
@@ -156,7 +156,7 @@ fn connect(ns: &str, node: u32, name: &str) -> Result<gepsea_client::Client, Sea
 
 /// Runs this process's part of a launched search. Rank 0 returns the summary.
 pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<Option<Summary>, SearchError> {
-    let ns = namespace(opts);
+    let ns = namespace(&opts.out);
     if opts.no_agent {
         // The mpiBLAST baseline: rank 0 merges and writes everything itself.
         let net = crate::search::ClusterNet { namespace: ns, ip: local_ip(c.agent_net.as_deref())?, directory: c.rendezvous.join("net"), workers: launch.size - 1 };

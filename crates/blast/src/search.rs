@@ -325,19 +325,13 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let tmp_out = out_dir.join(format!(".{}.gepsea-tmp{}", opts.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    // Workers on other nodes read the batch files: in cluster mode they go next to the
-    // output (shared storage), not in this node's /tmp.
-    let scratch = match &env {
-        Env::ClusterNoAgent(_) => out_dir.join(format!(".gepsea-search-{}", std::process::id())),
-        _ => std::env::temp_dir().join(format!("gepsea-search-{}", std::process::id())),
-    };
-    let ns = match &env {
-        Env::ClusterNoAgent(net) => net.namespace.clone(),
-        _ => format!("search{}", std::process::id()),
-    };
-    let ns_dir = match &env {
-        Env::ClusterNoAgent(_) => gepsea_net::namespace_dir(&ns).join(format!("node-{}", MASTER.node)),
-        _ => gepsea_net::namespace_dir(&ns),
+    // In a launched job, workers on other nodes read the batch files, so they go next
+    // to the output (shared storage), and only the master's node directory of the job's
+    // namespace is ours to remove; locally, /tmp and a namespace of our own.
+    let pid = std::process::id();
+    let (scratch, ns, ns_dir) = match &env {
+        Env::ClusterNoAgent(net) => (out_dir.join(format!(".gepsea-search-{pid}")), net.namespace.clone(), gepsea_net::namespace_dir(&net.namespace).join(format!("node-{}", MASTER.node))),
+        _ => (std::env::temp_dir().join(format!("gepsea-search-{pid}")), format!("search{pid}"), gepsea_net::namespace_dir(&format!("search{pid}"))),
     };
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;

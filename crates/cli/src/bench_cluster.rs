@@ -180,13 +180,6 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
     })
 }
 
-/// The namespace `gepsea search` derives for a cluster job writing `out`.
-fn job_namespace(out: &Path) -> String {
-    let key = format!("{}", std::path::absolute(out).unwrap_or(out.to_path_buf()).display());
-    let h = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    format!("job{h:012x}")
-}
-
 fn same_output(got: &Path, want: &Path) -> Result<bool> {
     let strip = |p: &Path| -> Result<Vec<String>> {
         Ok(std::fs::read_to_string(p).with_context(|| p.display().to_string())?.lines().filter(|l| !l.trim_start().starts_with("Posted date:")).map(str::to_string).collect())
@@ -263,7 +256,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             c.arg("--out").arg(&out).arg("--rendezvous").arg(&rv).args(["--agent-net", &subnet]).arg("--summary-json").arg(&summary).args(["--nodes", &nodes.to_string(), "--batch-residues", &batch_residues]).args(flags);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
             let stop = Arc::new(AtomicBool::new(false));
-            let sampler = sample_agents(job_namespace(&out), stop.clone());
+            let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
             let o = c.output()?;
             stop.store(true, Ordering::Relaxed);
             let agent_cpu: f64 = sampler.join().unwrap_or_default().values().sum();

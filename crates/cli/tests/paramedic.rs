@@ -115,18 +115,6 @@ fn decode(f: &Fixture, meta: &Path, out: &Path) -> Command {
     c
 }
 
-/// Incompressible bytes (xorshift), the same for the same seed.
-fn pseudo_random(n: usize, mut x: u64) -> Vec<u8> {
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains("gepsea-tmp")).collect()
 }
@@ -237,7 +225,7 @@ fn zstd_plugin_round_trips_any_file() {
     let d = &f.dir.0.join("zstd");
     std::fs::create_dir_all(d).unwrap();
     // Incompressible and compressible bytes, every byte value.
-    let mut data = pseudo_random(200_000, 0x9e37_79b9_7f4a_7c15);
+    let mut data = gepsea_net::testkit::pattern(1, 200_000);
     data.extend((0..=255u8).cycle().take(100_000));
     let input = d.join("input.bin");
     std::fs::write(&input, &data).unwrap();
@@ -268,7 +256,7 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     let sites = gepsea_net::testbed::NetnsPair::new("pm").unwrap();
     let tc = Command::new("ip").args(["netns", "exec", &sites.ns[0], "tc", "qdisc", "add", "dev", &sites.dev[0], "root", "tbf", "rate", "100mbit", "burst", "64kb", "latency", "100ms"]).status().unwrap();
     assert!(tc.success());
-    let data = pseudo_random(24_000_000, 0x2545_f491_4f6c_dd1d);
+    let data = gepsea_net::testkit::pattern(2, 24_000_000);
     std::fs::write(d.join("big.bin"), &data).unwrap();
     let mut c = gepsea();
     c.args(["paramedic", "encode", "--plugin", "zstd", "--output"]).arg(d.join("big.bin")).arg("--out").arg(d.join("big.pmd"));

@@ -20,8 +20,6 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
-
-
 use crate::core::Client;
 use crate::wire::Task;
 
@@ -188,15 +186,15 @@ impl Scheduler {
         if self.settling() {
             return out;
         }
-        // Queued ids whose payload is gone (finished meanwhile) are dropped here.
-        self.queue.retain(|id| self.payloads.contains_key(id));
         while !self.queue.is_empty() && !self.waiting.is_empty() {
-            let (op, client) = self.waiting.pop_front().unwrap();
-            let i = self.pick(client.node);
-            let id = self.queue.remove(i).unwrap();
+            let (op, client) = self.waiting.front().copied().unwrap();
+            let id = self.queue.remove(self.pick(client.node)).unwrap();
+            // Queued ids always have a payload (`done` removes both); skip one that does not.
+            let Some(task) = self.payloads.get(&id).cloned() else { continue };
+            self.waiting.pop_front();
             self.assigned.insert(id, client);
             self.assigned_total += 1;
-            out.push(Assignment { op, client, task: self.payloads[&id].clone() });
+            out.push(Assignment { op, client, task });
         }
         out
     }
