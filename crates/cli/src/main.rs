@@ -136,13 +136,19 @@ struct SearchArgs {
     /// Cluster mode: number of nodes (default: processes / processes per node).
     #[arg(long)]
     nodes: Option<usize>,
-    /// ParaMEDIC: also send the output to the storage site as BLAST metadata, where
-    /// `gepsea paramedic serve` regenerates it (as the --out file name).
+    /// Also deliver the output to a storage site (`gepsea paramedic serve --listen`
+    /// there), under the --out file name: the output itself, or with --paramedic its
+    /// BLAST metadata, from which the storage site regenerates the identical output.
+    #[arg(long)]
+    storage_site: Option<std::net::SocketAddr>,
+    /// ParaMEDIC: send BLAST metadata (a few hundred times smaller for pairwise or XML
+    /// output) instead of the output to the --storage-site.
     #[arg(long, requires = "storage_site")]
     paramedic: bool,
-    /// The storage site's address (`gepsea paramedic serve --listen`).
-    #[arg(long, requires = "paramedic")]
-    storage_site: Option<std::net::SocketAddr>,
+    /// Encrypt the transfer to the storage site under this key (`gepsea paramedic
+    /// keygen`; the storage site's `serve --key` holds the same file).
+    #[arg(long, requires = "storage_site")]
+    storage_key: Option<PathBuf>,
     /// Also write the run's summary (times, counts, agent statistics) as JSON here.
     #[arg(long)]
     summary_json: Option<PathBuf>,
@@ -243,15 +249,27 @@ fn main() -> Result<()> {
                 }
                 None => search::run(&opts)?,
             };
-            if let (true, Some(site)) = (a.paramedic, a.storage_site) {
+            let mut shipped = None;
+            if let Some(site) = a.storage_site {
+                let key = paramedic_cmd::read_key(a.storage_key.as_deref())?;
                 let output = std::fs::read(&s.output).with_context(|| format!("reading {}", s.output.display()))?;
-                let sealed = paramedic::container::seal(&paramedic::blast::BlastPlugin::compute_site(paramedic_job), &output).context("encoding the output as ParaMEDIC metadata")?;
-                eprintln!("gepsea search: {} bytes of output -> {} bytes of metadata for the storage site", output.len(), sealed.len());
+                let started = std::time::Instant::now();
+                let (plugin, sealed) = if a.paramedic {
+                    let sealed = paramedic::container::seal(&paramedic::blast::BlastPlugin::compute_site(paramedic_job), &output).context("encoding the output as ParaMEDIC metadata")?;
+                    eprintln!("gepsea search: {} bytes of output -> {} bytes of metadata for the storage site", output.len(), sealed.len());
+                    ("blast", sealed)
+                } else {
+                    ("raw", paramedic::container::seal(&paramedic::RawPlugin, &output)?)
+                };
+                let encode_seconds = started.elapsed().as_secs_f64();
                 let name = s.output.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                paramedic_cmd::send_to_storage(site, None, &name, &sealed)?;
+                let sent = paramedic_cmd::send_to_storage(site, None, &name, &sealed, key.as_ref())?;
+                shipped = Some(serde_json::json!({"plugin": plugin, "output_bytes": output.len(), "encode_seconds": encode_seconds, "transfer": sent}));
             }
             if let Some(p) = &a.summary_json {
-                std::fs::write(p, serde_json::to_string_pretty(&s)?).with_context(|| format!("writing {}", p.display()))?;
+                let mut summary = serde_json::to_value(&s)?;
+                summary["ship"] = shipped.unwrap_or_default();
+                std::fs::write(p, serde_json::to_string_pretty(&summary)?).with_context(|| format!("writing {}", p.display()))?;
             }
             if !opts.quiet {
                 eprintln!(

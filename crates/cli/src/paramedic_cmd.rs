@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use paramedic::blast::{BlastJob, BlastPlugin};
 use paramedic::{container, transfer};
 use paramedic::trace::TracePlugin;
-use paramedic::{MetadataPlugin, ZstdPlugin};
+use paramedic::{MetadataPlugin, RawPlugin, ZstdPlugin};
 
 #[derive(clap::Subcommand)]
 pub enum ParamedicCmd {
@@ -18,6 +18,15 @@ pub enum ParamedicCmd {
     Serve(ServeArgs),
     /// Send a metadata file to a storage site (`paramedic serve`).
     Send(SendArgs),
+    /// Write a new random key for encrypted transfers (give the same file to both sites).
+    Keygen(KeygenArgs),
+}
+
+#[derive(clap::Args)]
+pub struct KeygenArgs {
+    /// Where to write the key (created readable by its owner only; never overwritten).
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -34,6 +43,10 @@ pub struct ServeArgs {
     /// Stop after this many objects (default: serve until killed).
     #[arg(long)]
     count: Option<usize>,
+    /// Accept only transfers encrypted under this key (`paramedic keygen`); without
+    /// it, only unencrypted ones.
+    #[arg(long)]
+    key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -51,6 +64,9 @@ pub struct SendArgs {
     /// This host's address towards the storage site (default: chosen by the route).
     #[arg(long)]
     from: Option<std::net::IpAddr>,
+    /// Encrypt under this key (`paramedic keygen`); the storage site must hold it too.
+    #[arg(long)]
+    key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -104,52 +120,85 @@ pub fn local_ip_towards(to: std::net::SocketAddr) -> Result<std::net::IpAddr> {
     Ok(s.local_addr()?.ip())
 }
 
+/// What shipping one object to the storage site measured.
+#[derive(Debug, serde::Serialize)]
+pub struct Shipped {
+    pub bytes: u64,
+    pub encrypted: bool,
+    /// From opening the connection to the storage site's acknowledgement.
+    pub seconds: f64,
+    /// The storage site's share of that: checks, regeneration, writing.
+    pub storage_seconds: f64,
+    pub bytes_written_at_storage: u64,
+    pub reconnects: u64,
+    pub frames_resent: u64,
+}
+
+/// Reads a key file given on the command line.
+pub fn read_key(path: Option<&Path>) -> Result<Option<transfer::Key>> {
+    path.map(|p| transfer::Key::read(p).context("reading the transfer key")).transpose()
+}
+
 /// Sends `container` to the storage site at `to` as `name`; prints what happened.
-pub fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8]) -> Result<()> {
+pub fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&transfer::Key>) -> Result<Shipped> {
     let ip = match from {
         Some(ip) => ip,
         None => local_ip_towards(to)?,
     };
     let ns = format!("paramedic{}", std::process::id());
-    let port = transfer::compute_port(&ns, std::process::id(), std::net::SocketAddr::new(ip, 0), to).context("opening the network port")?;
     let started = std::time::Instant::now();
-    let ack = transfer::send(&port, transfer::STORAGE, name, container, port.listen_addr()).with_context(|| format!("sending {name} to {to}"))?;
+    let port = transfer::compute_port(&ns, std::process::id(), std::net::SocketAddr::new(ip, 0), to).context("opening the network port")?;
+    let sent = transfer::send(&port, transfer::STORAGE, name, container, port.listen_addr(), key).with_context(|| format!("sending {name} to {to}"));
     let st = port.stats();
-    eprintln!(
-        "gepsea paramedic: {} bytes of metadata sent to {to} in {:.2} s; the storage site wrote {} ({} bytes); {} reconnect(s), {} frame(s) resent",
-        container.len(),
-        started.elapsed().as_secs_f64(),
-        ack.name,
-        ack.result.as_ref().copied().unwrap_or(0),
-        st.connections_established.saturating_sub(1),
-        st.frames_replayed
-    );
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-    Ok(())
+    let ack = sent?;
+    let shipped = Shipped {
+        bytes: container.len() as u64,
+        encrypted: key.is_some(),
+        seconds: started.elapsed().as_secs_f64(),
+        storage_seconds: ack.seconds,
+        bytes_written_at_storage: ack.result.as_ref().copied().unwrap_or(0),
+        reconnects: st.connections_established.saturating_sub(1),
+        frames_resent: st.frames_replayed,
+    };
+    eprintln!(
+        "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
+        shipped.bytes,
+        if shipped.encrypted { " encrypted" } else { "" },
+        shipped.seconds,
+        ack.name,
+        shipped.bytes_written_at_storage,
+        shipped.storage_seconds,
+        shipped.reconnects,
+        shipped.frames_resent
+    );
+    Ok(shipped)
 }
 
 pub fn run(cmd: &ParamedicCmd) -> Result<()> {
     match cmd {
         ParamedicCmd::Serve(a) => {
             std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+            let key = read_key(a.key.as_deref())?;
             let ns = format!("paramedic-storage{}", std::process::id());
             let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
-            eprintln!("gepsea paramedic: storage site listening on {}, writing to {}", a.listen, a.out.display());
+            eprintln!("gepsea paramedic: storage site listening on {}{}, writing to {}", a.listen, if key.is_some() { " (encrypted transfers only)" } else { "" }, a.out.display());
             let db = a.db.clone();
             let mut sink = transfer::RegenerateInto {
                 dir: a.out.clone(),
                 plugins: move |name: &str| -> Option<Box<dyn MetadataPlugin>> {
                     match name {
                         "zstd" => Some(Box::new(ZstdPlugin::default())),
+                        "raw" => Some(Box::new(RawPlugin)),
                         "trace" => Some(Box::new(TracePlugin)),
                         "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d)) as Box<dyn MetadataPlugin>),
                         _ => None,
                     }
                 },
             };
-            transfer::serve(&port, &mut sink, a.count, |ack| match &ack.result {
-                Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes)", ack.name),
+            transfer::serve(&port, &mut sink, a.count, key.as_ref(), |ack| match &ack.result {
+                Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
                 Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
             })?;
             drop(port);
@@ -163,7 +212,12 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 Some(n) => n.clone(),
                 None => a.metadata.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
             };
-            send_to_storage(a.to, a.from, &name, &data)
+            send_to_storage(a.to, a.from, &name, &data, read_key(a.key.as_deref())?.as_ref()).map(|_| ())
+        }
+        ParamedicCmd::Keygen(a) => {
+            transfer::Key::generate().context("reading /dev/urandom")?.write_new(&a.out).context("writing the key")?;
+            eprintln!("gepsea paramedic: wrote a new key to {} (give the same file to the storage site's `serve --key` and the compute site's `--key`)", a.out.display());
+            Ok(())
         }
         ParamedicCmd::Encode(a) => {
             let output = std::fs::read(&a.output).with_context(|| format!("reading {}", a.output.display()))?;
@@ -185,6 +239,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let (name, _) = container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
             let output = match name.as_str() {
                 "zstd" => container::open(&ZstdPlugin::default(), &data),
+                "raw" => container::open(&RawPlugin, &data),
                 "trace" => container::open(&TracePlugin, &data),
                 "blast" => {
                     let Some(db) = &a.db else { bail!("{}: BLAST metadata: give --db, this site's replica of the database", a.metadata.display()) };

@@ -241,10 +241,11 @@ fn zstd_plugin_round_trips_any_file() {
 }
 
 /// Two sites as network namespaces joined by a veth pair, the compute site's side
-/// limited to 100 Mbit/s: a 24 MB object is on the wire for ≈2 s, and its TCP connection
-/// is destroyed (`ss -K`, as a failing network would) in the middle. The transfer
-/// resumes on a new connection, resends only what the storage site had not
-/// acknowledged, and the storage site writes the exact bytes.
+/// limited to 100 Mbit/s: a 24 MB object is on the wire for ≈2 s, encrypted, and its
+/// TCP connection is destroyed (`ss -K`, as a failing network would) in the middle. The
+/// transfer resumes on a new connection within the same encrypted session, resends only
+/// what the storage site had not acknowledged, and the storage site writes the exact
+/// bytes.
 #[test]
 fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     if std::env::var_os("GEPSEA_SKIP_NETNS").is_some() {
@@ -261,13 +262,17 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     let mut c = gepsea();
     c.args(["paramedic", "encode", "--plugin", "zstd", "--output"]).arg(d.join("big.bin")).arg("--out").arg(d.join("big.pmd"));
     run_ok(c);
+    let key = d.join("key");
+    let mut c = gepsea();
+    c.args(["paramedic", "keygen", "--out"]).arg(&key);
+    run_ok(c);
     let listen = format!("{}:7600", sites.ip[1]);
     let mut serve = sites.cmd(1, env!("CARGO_BIN_EXE_gepsea"));
-    serve.args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--out"]).arg(d.join("storage")).stderr(std::process::Stdio::piped());
+    serve.args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).stderr(std::process::Stdio::piped());
     let serve = serve.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut send = sites.cmd(0, env!("CARGO_BIN_EXE_gepsea"));
-    send.args(["paramedic", "send", "--name", "big.bin", "--to", &listen, "--metadata"]).arg(d.join("big.pmd")).stderr(std::process::Stdio::piped());
+    send.args(["paramedic", "send", "--name", "big.bin", "--to", &listen, "--key"]).arg(&key).arg("--metadata").arg(d.join("big.pmd")).stderr(std::process::Stdio::piped());
     let send = send.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(800));
     let cut = Command::new("ip").args(["netns", "exec", &sites.ns[0], "ss", "-K", "-t", "dst", &sites.ip[1]]).output().unwrap();
@@ -277,6 +282,7 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     let log = String::from_utf8_lossy(&sent.stderr).into_owned();
     assert!(sent.status.success(), "send: {log}\nserve: {}", String::from_utf8_lossy(&served.stderr));
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
+    assert!(log.contains("encrypted"), "{log}");
     assert!(std::fs::read(d.join("storage/big.bin")).unwrap() == data, "the storage site's copy differs");
     let num = |after: &str| -> u64 { log.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
     let (reconnects, resent) = (num(" reconnect(s)"), num(" frame(s) resent"));
@@ -286,27 +292,47 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     assert!(resent < pieces / 2, "{resent} of {pieces} pieces resent: {log}");
 }
 
-/// `gepsea search --paramedic --storage-site`: the compute site searches, ships the
-/// report as metadata, and the storage site (`paramedic serve`) writes the same bytes.
+/// `gepsea search --storage-site [--paramedic] --storage-key`: the compute site searches
+/// and ships, encrypted, once the report as metadata and once the report itself; the
+/// storage site (`paramedic serve --key`) writes the same bytes both times.
 #[test]
-fn search_ships_metadata_and_the_storage_site_writes_the_report() {
+fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_report() {
     let f = fixture();
     let d = &f.dir.0.join("ship");
     std::fs::create_dir_all(d.join("storage")).unwrap();
+    let key = d.join("key");
+    let mut c = gepsea();
+    c.args(["paramedic", "keygen", "--out"]).arg(&key);
+    run_ok(c);
     // A free port on loopback for the storage site.
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut serve = gepsea();
-    serve.args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--out"]).arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
+    serve.args(["paramedic", "serve", "--count", "2", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
     let serve = serve.spawn().unwrap();
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
-    let out = d.join("hits.0");
-    let mut c = gepsea();
-    c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--paramedic", "--storage-site", &listen, "--db"]).arg(f.dir.0.join("db")).arg("--query").arg(&q).arg("--out").arg(&out);
-    let o = run_ok(c);
-    let log = String::from_utf8_lossy(&o.stderr);
-    assert!(log.contains("the storage site wrote hits.0"), "{log}");
+    let mut sent = Vec::new();
+    for (name, paramedic) in [("hits.0", true), ("direct.0", false)] {
+        let out = d.join(name);
+        let summary = d.join(format!("{name}.json"));
+        let mut c = gepsea();
+        c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"]).arg(&key).arg("--db").arg(f.dir.0.join("db")).arg("--query").arg(&q).arg("--out").arg(&out).arg("--summary-json").arg(&summary);
+        if paramedic {
+            c.arg("--paramedic");
+        }
+        let o = run_ok(c);
+        let log = String::from_utf8_lossy(&o.stderr);
+        assert!(log.contains(&format!("encrypted in")) && log.contains(&format!("the storage site wrote {name}")), "{log}");
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        let output = std::fs::metadata(&out).unwrap().len();
+        assert_eq!(s["ship"]["output_bytes"].as_u64(), Some(output));
+        assert_eq!(s["ship"]["transfer"]["bytes_written_at_storage"].as_u64(), Some(output));
+        assert_eq!(s["ship"]["plugin"], if paramedic { "blast" } else { "raw" });
+        sent.push(s["ship"]["transfer"]["bytes"].as_u64().unwrap());
+        assert!(std::fs::read(d.join("storage").join(name)).unwrap() == std::fs::read(&out).unwrap(), "the storage site's {name} differs");
+    }
     let served = serve.wait_with_output().unwrap();
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
-    assert!(std::fs::read(d.join("storage/hits.0")).unwrap() == std::fs::read(&out).unwrap(), "the storage site's report differs");
+    // The metadata is far smaller than the report it stands for.
+    assert!(sent[0] * 10 < sent[1], "metadata {} bytes vs output {} bytes", sent[0], sent[1]);
 }

@@ -19,4 +19,4 @@ pub mod trace;
 pub mod transfer;
 
 pub use container::{open, seal, ContainerError};
-pub use plugin::{MetadataPlugin, PluginError, ZstdPlugin};
+pub use plugin::{MetadataPlugin, PluginError, RawPlugin, ZstdPlugin};

@@ -51,3 +51,20 @@ impl MetadataPlugin for ZstdPlugin {
         zstd::stream::decode_all(metadata).map_err(|e| PluginError::BadInput(format!("not a zstd stream: {e}")))
     }
 }
+
+/// The output itself, unchanged: for shipping output directly (the baseline ParaMEDIC
+/// is compared against), through the same transfer, checks and encryption.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawPlugin;
+
+impl MetadataPlugin for RawPlugin {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+    fn encode(&self, output: &[u8]) -> Result<Vec<u8>, PluginError> {
+        Ok(output.to_vec())
+    }
+    fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
+        Ok(metadata.to_vec())
+    }
+}
