@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent bench-cluster demo clean
+.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent bench-cluster bench-paramedic demo clean
 
 all: build
 
@@ -49,7 +49,11 @@ bench-agent: build | $(OUT)
 bench-cluster: build | $(OUT)
 	./target/release/gepsea bench cluster --json $(OUT)/cluster.json
 
-bench: bench-net bench-search bench-agent bench-cluster
+# The ParaMEDIC experiments: two namespace sites behind an emulated wide-area link (root).
+bench-paramedic: build | $(OUT)
+	./target/release/gepsea bench paramedic --json $(OUT)/paramedic.json
+
+bench: bench-net bench-search bench-agent bench-cluster bench-paramedic
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data

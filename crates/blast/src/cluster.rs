@@ -191,7 +191,7 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
         // this run's master stopped their workers, long after this).
         let _ = std::fs::remove_file(&done);
         let client = connect(&ns, launch.node, "gepsea search (master)")?;
-        let result = crate::search::run_master(opts, &client, launch.size - 1);
+        let result = crate::search::run_master(opts, &client, launch.size - 1, &c.rendezvous);
         std::fs::write(&done, if result.is_ok() { "ok\n" } else { "failed\n" }).map_err(|e| SearchError::Io(format!("{}: {e}", done.display())))?;
         // Keep this node's agent until the other nodes' agents have left, then drop the flag.
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -248,8 +248,9 @@ impl Progress {
 enum Env<'c> {
     /// Start this node's agent and the workers here.
     Local,
-    /// A launcher started them (cluster mode); this is rank 0.
-    Cluster { client: &'c gepsea_client::Client, workers: usize },
+    /// A launcher started them (cluster mode); this is rank 0. `shared` is a directory
+    /// every node sees (the rendezvous), for the job's batch files and parts.
+    Cluster { client: &'c gepsea_client::Client, workers: usize, shared: &'c Path },
     /// A launcher started `workers` workers without agents (the mpiBLAST baseline on a
     /// cluster); they find this master's TCP address in `directory`.
     ClusterNoAgent(ClusterNet),
@@ -296,9 +297,11 @@ pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u
 }
 
 /// Rank 0 of a launched (cluster-mode) search: the agents and `workers` workers run
-/// elsewhere; `client` is registered with this node's agent.
-pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers: usize) -> Result<Summary, SearchError> {
-    run_with(opts, Env::Cluster { client, workers })
+/// elsewhere; `client` is registered with this node's agent; `shared` is a directory
+/// every node sees (batch files and the agents' parts go there, not next to the
+/// output, which may be on a distant file system).
+pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers: usize, shared: &Path) -> Result<Summary, SearchError> {
+    run_with(opts, Env::Cluster { client, workers, shared })
 }
 
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
@@ -578,7 +581,12 @@ struct Accel<'a> {
 fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env<'_>) -> Result<Summary, SearchError> {
     use crate::accel;
     let id = format!("{}-{}", std::process::id(), a.started.elapsed().as_nanos());
-    let job = a.out_dir.join(format!(".gepsea-job-{}", std::process::id()));
+    let job_parent = match &env {
+        // Absolute: agents on other nodes read the job's paths.
+        Env::Cluster { shared, .. } => std::fs::canonicalize(shared).map_err(|e| SearchError::Io(format!("{}: {e}", shared.display())))?,
+        _ => a.out_dir.clone(),
+    };
+    let job = job_parent.join(format!(".gepsea-job-{}", std::process::id()));
     std::fs::create_dir_all(&job).map_err(|e| SearchError::Output { path: job.clone(), source: e })?;
     let _job_guard = RemoveDir(job.clone());
     for (b, r) in a.batch_ranges.iter().enumerate() {
@@ -612,7 +620,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
     let (stats, agent, own_client, workers) = match env {
-        Env::Cluster { client, workers } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers),
+        Env::Cluster { client, workers, .. } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers),
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
             let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;

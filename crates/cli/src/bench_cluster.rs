@@ -78,18 +78,19 @@ const VARIANTS: [(&str, &[&str]); 5] = [
     ("agents, no compression", &["--no-compress"]),
 ];
 
-/// The output location on a storage node behind a rate-limited link: `sshd` in the
-/// storage namespace, the directory mounted here with `sshfs` (run in node 0's network
-/// namespace, mounted in this machine's mount namespace so every node sees it), and a
-/// token bucket (`tc tbf`) on the bridge port towards the storage node. Writes to the
-/// output cross that link as they would to a cluster's file server.
-struct StorageMount {
-    mountpoint: PathBuf,
+/// The output location on a storage node: `sshd` in the storage node's namespace, the
+/// directory mounted here with `sshfs` (run in a compute node's network namespace,
+/// mounted in this machine's mount namespace so every node sees it). Writes to the
+/// output cross the network to the storage node as they would to a file server.
+pub(crate) struct StorageMount {
+    pub mountpoint: PathBuf,
     sshd: std::process::Child,
 }
 
 impl StorageMount {
-    fn new(bed: &NetnsBridge, storage: usize, client: usize, mbit: u32, dir: &Path) -> Result<StorageMount> {
+    /// `storage_ns`/`storage_ip`: the storage node; `client_ns`: the namespace whose
+    /// network the mount uses; `dir`: where keys, the export and the mount point go.
+    pub fn new(storage_ns: &str, storage_ip: &str, client_ns: &str, dir: &Path) -> Result<StorageMount> {
         let keys = dir.join("ssh");
         let export = dir.join("storage-export");
         let mountpoint = dir.join("storage");
@@ -104,21 +105,19 @@ impl StorageMount {
         std::fs::copy(keys.join("client.pub"), keys.join("authorized_keys"))?;
         let config = format!(
             "Port 22\nListenAddress {}\nHostKey {}\nAuthorizedKeysFile {}\nPermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\nUsePAM no\nSubsystem sftp internal-sftp\nPidFile {}\n",
-            bed.ip[storage],
+            storage_ip,
             keys.join("host").display(),
             keys.join("authorized_keys").display(),
             keys.join("sshd.pid").display()
         );
         std::fs::write(keys.join("sshd_config"), config)?;
-        let sshd = bed.cmd(storage, "/usr/sbin/sshd").arg("-D").arg("-f").arg(keys.join("sshd_config")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting sshd")?;
+        let sshd = Command::new("ip").args(["netns", "exec", storage_ns, "/usr/sbin/sshd"]).arg("-D").arg("-f").arg(keys.join("sshd_config")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting sshd")?;
         let mut m = StorageMount { mountpoint: mountpoint.clone(), sshd };
-        // The switch's port towards the storage node carries every write to it.
-        run_ok(Command::new("ip").args(["netns", "exec", &bed.switch_name(), "tc", "qdisc", "add", "dev", &format!("p{storage}"), "root", "tbf", "rate", &format!("{mbit}mbit"), "burst", "64kb", "latency", "50ms"]))?;
-        let target = format!("root@{}:{}", bed.ip[storage], export.display());
+        let target = format!("root@{storage_ip}:{}", export.display());
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let o = Command::new("nsenter")
-                .arg(format!("--net=/run/netns/{}", bed.ns[client]))
+                .arg(format!("--net=/run/netns/{client_ns}"))
                 .args(["sshfs", &target])
                 .arg(&mountpoint)
                 .args(["-o", &format!("IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR", keys.join("client").display())])
@@ -143,14 +142,14 @@ impl Drop for StorageMount {
     }
 }
 
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub PathBuf);
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-fn run_ok(c: &mut Command) -> Result<std::process::Output> {
+pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
     let o = c.output().with_context(|| format!("running {c:?}"))?;
     if !o.status.success() {
         bail!("{c:?} failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
@@ -180,11 +179,39 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
     })
 }
 
-fn same_output(got: &Path, want: &Path) -> Result<bool> {
+pub(crate) fn same_output(got: &Path, want: &Path) -> Result<bool> {
     let strip = |p: &Path| -> Result<Vec<String>> {
         Ok(std::fs::read_to_string(p).with_context(|| p.display().to_string())?.lines().filter(|l| !l.trim_start().starts_with("Posted date:")).map(str::to_string).collect())
     };
     Ok(strip(got)? == strip(want)?)
+}
+
+/// Writes the database FASTA as `dir/db.fasta` and its first `queries` queries as
+/// `dir/q.fasta` (either may be gzipped); returns the queries' residues.
+pub(crate) fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usize> {
+    let unzip = |p: &Path| -> Result<Vec<u8>> {
+        if p.extension().is_some_and(|e| e == "gz") {
+            Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
+        } else {
+            Ok(std::fs::read(p)?)
+        }
+    };
+    std::fs::write(d.join("db.fasta"), unzip(db)?)?;
+    let q = String::from_utf8(unzip(query)?)?;
+    let mut n = 0;
+    let queries: String = q
+        .lines()
+        .filter(|l| {
+            if l.starts_with('>') {
+                n += 1;
+            }
+            n <= count
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let residues: usize = queries.lines().filter(|l| !l.starts_with('>')).map(|l| l.trim().len()).sum();
+    std::fs::write(d.join("q.fasta"), queries)?;
+    Ok(residues)
 }
 
 pub fn run(a: &ClusterBenchArgs) -> Result<()> {
@@ -196,29 +223,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
     let d = &dir.0;
     std::fs::create_dir_all(d.join("ref"))?;
-    let unzip = |p: &Path| -> Result<Vec<u8>> {
-        if p.extension().is_some_and(|e| e == "gz") {
-            Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
-        } else {
-            Ok(std::fs::read(p)?)
-        }
-    };
-    std::fs::write(d.join("db.fasta"), unzip(&a.db)?)?;
-    let q = String::from_utf8(unzip(&a.query)?)?;
-    let mut n = 0;
-    let queries: String = q
-        .lines()
-        .filter(|l| {
-            if l.starts_with('>') {
-                n += 1;
-            }
-            n <= a.queries
-        })
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let residues: usize = queries.lines().filter(|l| !l.starts_with('>')).map(|l| l.trim().len()).sum();
+    let residues = prepare_inputs(&a.db, &a.query, a.queries, d)?;
     let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
-    std::fs::write(d.join("q.fasta"), queries)?;
     run_ok(Command::new("makeblastdb").args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"]).current_dir(d.join("ref")))?;
     run_ok(Command::new(&gepsea).args(["db", "format", "--fragments", &a.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
     let serial_out = d.join("serial.out");
@@ -241,7 +247,13 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     for &nodes in &a.nodes {
         // Nodes 0..n compute; node n holds the output location.
         let bed = NetnsBridge::new(&format!("bc{nodes}"), nodes + 1).context("building the testbed")?;
-        let storage = if a.storage_mbit > 0 { Some(StorageMount::new(&bed, nodes, 0, a.storage_mbit, d)?) } else { None };
+        let storage = if a.storage_mbit > 0 {
+            // The switch's port towards the storage node carries every write to it.
+            run_ok(Command::new("ip").args(["netns", "exec", &bed.switch_name(), "tc", "qdisc", "add", "dev", &format!("p{nodes}"), "root", "tbf", "rate", &format!("{}mbit", a.storage_mbit), "burst", "64kb", "latency", "50ms"]))?;
+            Some(StorageMount::new(&bed.ns[nodes], &bed.ip[nodes], &bed.ns[0], d)?)
+        } else {
+            None
+        };
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
         // One worker per node; the master shares the first node.

@@ -14,6 +14,8 @@ mod bench_net;
 mod bench_search;
 mod plots;
 mod paramedic_cmd;
+mod testbed_cmd;
+mod bench_paramedic;
 mod procstat;
 
 #[derive(Parser)]
@@ -47,6 +49,9 @@ enum Cmd {
     /// (internal) A search worker registered with its node's agent.
     #[command(hide = true)]
     AgentWorker(AgentWorkerArgs),
+    /// Tools the wide-area benchmark runs inside its namespaces (link delay, RTT probe).
+    #[command(hide = true, subcommand)]
+    Testbed(testbed_cmd::TestbedCmd),
     /// (internal) A search worker process, started by `gepsea search`.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -192,6 +197,9 @@ enum Bench {
     /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
     /// without agents (needs root).
     Cluster(bench_cluster::ClusterBenchArgs),
+    /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
+    /// output written directly vs shipped as metadata (needs root).
+    Paramedic(bench_paramedic::ParamedicBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -294,11 +302,13 @@ fn main() -> Result<()> {
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
         Cmd::Paramedic { what } => paramedic_cmd::run(&what),
+        Cmd::Testbed(t) => testbed_cmd::run(&t),
         Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
         Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),
         Cmd::Bench { what: Bench::Cluster(a) } => bench_cluster::run(&a),
+        Cmd::Bench { what: Bench::Paramedic(a) } => bench_paramedic::run(&a),
     }
 }

@@ -1,6 +1,8 @@
 //! "Nodes" as network namespaces, for multi-node tests and benchmarks (needs root): two
-//! joined by a veth pair ([`NetnsPair`]), or any number on one Linux bridge that lives
-//! in a namespace of its own ([`NetnsBridge`]), so the host's network is never touched. Everything is torn down on drop: processes inside the
+//! joined by a veth pair ([`NetnsPair`]), any number on one Linux bridge that lives
+//! in a namespace of its own ([`NetnsBridge`]), or two sites joined by a router whose
+//! wide-area link can be rate-limited and delayed ([`WanSites`]), so the host's network
+//! is never touched. Everything is torn down on drop: processes inside the
 //! namespaces are killed first, then the namespaces (and with them the veths) deleted.
 //! Names carry the creating process's id and a counter so concurrent runs never collide.
 
@@ -162,5 +164,119 @@ impl Drop for NetnsBridge {
         for ns in self.ns.iter().chain(std::iter::once(&self.switch)) {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
+    }
+}
+
+/// Two sites joined through a router: a compute site of `n` nodes on a bridge (a
+/// [`NetnsBridge`], whose switch namespace is the router) and a storage site of one
+/// node on a subnet of its own behind the router's `wan0`. Traffic between the sites is
+/// routed, so the router is where the wide-area link is emulated: [`WanSites::set_rate`]
+/// puts a token bucket on both of the router's egresses, [`WanSites::queue_wan_traffic`]
+/// hands every packet between the sites (and only those: traffic inside the compute
+/// site is bridged and untouched) to an NFQUEUE, where a user-space daemon can hold it
+/// for the one-way delay (this kernel has no `netem`).
+pub struct WanSites {
+    pub compute: NetnsBridge,
+    pub storage_ns: String,
+    pub storage_ip: String,
+    /// The compute site's gateway (the router's address on the bridge).
+    pub gateway: String,
+}
+
+impl WanSites {
+    pub fn new(prefix: &str, n: usize) -> std::io::Result<WanSites> {
+        let compute = NetnsBridge::new(prefix, n)?;
+        let router = compute.switch_name();
+        let net = compute.ip[0].rsplit_once('.').map(|(net, _)| net.to_string()).unwrap_or_default();
+        // The storage subnet: the compute subnet's second octet minus 50 (150..199),
+        // a range no other testbed here uses.
+        let mut octets: Vec<u32> = net.split('.').map(|o| o.parse().unwrap_or(0)).collect();
+        octets[1] -= 50;
+        let storage_net = format!("{}.{}.{}", octets[0], octets[1], octets[2]);
+        let sites = WanSites { storage_ns: format!("{}st", &router[..router.len() - 1]), storage_ip: format!("{storage_net}.1"), gateway: format!("{net}.254"), compute };
+        let st = &sites.storage_ns;
+        run(&["ip", "netns", "add", st])?;
+        run(&["ip", "-n", &router, "addr", "add", &format!("{}/24", sites.gateway), "dev", "br0"])?;
+        run(&["ip", "link", "add", "wan0", "netns", &router, "type", "veth", "peer", "name", "eth0", "netns", st])?;
+        run(&["ip", "-n", &router, "addr", "add", &format!("{storage_net}.254/24"), "dev", "wan0"])?;
+        run(&["ip", "-n", &router, "link", "set", "wan0", "up"])?;
+        run(&["ip", "-n", st, "addr", "add", &format!("{}/24", sites.storage_ip), "dev", "eth0"])?;
+        run(&["ip", "-n", st, "link", "set", "eth0", "up"])?;
+        run(&["ip", "-n", st, "link", "set", "lo", "up"])?;
+        run(&["ip", "-n", st, "route", "add", "default", "via", &format!("{storage_net}.254")])?;
+        for ns in &sites.compute.ns {
+            run(&["ip", "-n", ns, "route", "add", "default", "via", &sites.gateway])?;
+        }
+        run(&["ip", "netns", "exec", &router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        Ok(sites)
+    }
+
+    pub fn router(&self) -> String {
+        self.compute.switch_name()
+    }
+
+    /// `program` to be run inside the storage node's namespace.
+    pub fn storage_cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.storage_ns]).arg(program);
+        c
+    }
+
+    /// `program` to be run inside the router's namespace.
+    pub fn router_cmd(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.router()]).arg(program);
+        c
+    }
+
+    fn storage_subnet(&self) -> String {
+        format!("{}.0/24", self.storage_ip.rsplit_once('.').map_or("", |(net, _)| net))
+    }
+
+    /// Limits the wide-area link to `mbit` Mbit/s in each direction (`tc tbf` on the
+    /// router's egress towards each site), replacing any earlier limit.
+    pub fn set_rate(&self, mbit: u32) -> std::io::Result<()> {
+        let router = self.router();
+        // A bucket of ≥ 2 ms at the rate, so a 64 KB segment burst passes whole.
+        let burst = format!("{}kb", (mbit as u64 * 2 / 8).max(64));
+        for dev in ["wan0", "br0"] {
+            let _ = Command::new("ip").args(["netns", "exec", &router, "tc", "qdisc", "del", "dev", dev, "root"]).output();
+            run(&["ip", "netns", "exec", &router, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", &format!("{mbit}mbit"), "burst", &burst, "latency", "100ms"])?;
+        }
+        Ok(())
+    }
+
+    /// Sends every packet between the sites, both ways, to NFQUEUE `queue` (bypassed
+    /// while no daemon listens) or, with `None`, stops doing so.
+    pub fn queue_wan_traffic(&self, queue: Option<u16>) -> std::io::Result<()> {
+        let router = self.router();
+        let _ = Command::new("ip").args(["netns", "exec", &router, "iptables", "-F", "FORWARD"]).output();
+        if let Some(q) = queue {
+            let storage = self.storage_subnet();
+            for dir in ["-s", "-d"] {
+                run(&["ip", "netns", "exec", &router, "iptables", "-A", "FORWARD", dir, &storage, "-j", "NFQUEUE", "--queue-num", &q.to_string(), "--queue-bypass"])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets `key=value` sysctls in every node's namespace (TCP settings are per
+    /// namespace).
+    pub fn sysctl_nodes(&self, settings: &[&str]) -> std::io::Result<()> {
+        for ns in self.compute.ns.iter().chain(std::iter::once(&self.storage_ns)) {
+            for kv in settings {
+                run(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for WanSites {
+    fn drop(&mut self) {
+        kill_ns(&self.storage_ns);
+        kill_ns(&self.router());
+        let _ = Command::new("ip").args(["netns", "del", &self.storage_ns]).status();
+        // The compute site and the router go with `compute`.
     }
 }

@@ -74,7 +74,8 @@ pub struct Ack {
     pub name: String,
     /// Bytes of output written, or why nothing was.
     pub result: Result<u64, String>,
-    /// Seconds the storage site spent checking, regenerating and writing the object.
+    /// Seconds the storage site spent, once the object had arrived, decrypting,
+    /// checking, regenerating and writing it.
     pub seconds: f64,
 }
 
@@ -294,15 +295,17 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
     while count.is_none_or(|c| handled < c) {
         let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
         let from = h.src;
-        let started = std::time::Instant::now();
+        // Reset once the body is in: the storage site's time excludes the transfer.
+        let mut started;
         let header: Header = postcard::from_bytes(&h.data).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
         if let Some(a) = header.reply_to {
             port.add_route(from, a);
         }
-        let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: started.elapsed().as_secs_f64() };
+        let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
         let ack = match (header.object, header.noise, key) {
             (Some(object), None, key) => {
                 let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
+                started = std::time::Instant::now();
                 let ack = if key.is_some() {
                     refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)")
                 } else {
@@ -334,6 +337,7 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
                 let mut t = hs.into_transport_mode().map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
                 port.send(from, TAG_HANDSHAKE, answer)?;
                 let body = port.recv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize)?;
+                started = std::time::Instant::now();
                 let result = match open_body(&mut t, &body.data) {
                     Ok(plain) => store_checked(sink, &object, &plain),
                     Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),

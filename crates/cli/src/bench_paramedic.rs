@@ -1,0 +1,350 @@
+//! `gepsea bench paramedic`: the ParaMEDIC paper's experiments at this machine's scale.
+//!
+//! Two sites as network namespaces ([`WanSites`]): a compute site of `--compute-nodes`
+//! nodes on a bridge, a storage site of one node, joined through a router that
+//! emulates the wide-area link: a token bucket per direction for the rate, and a
+//! user-space NFQUEUE daemon (`gepsea testbed delay`) for the one-way delay (this kernel
+//! has no `netem`). TCP is tuned inside every node as for a long fat network (64 MiB
+//! buffers, BBR, no cached metrics); the round-trip time is measured, not assumed.
+//!
+//! The same search (`mpirun` over the compute nodes, agents on) delivers its output to
+//! the storage site in each variant:
+//! - **direct**: the output itself, streamed over one TCP connection as soon as the
+//!   search ends (through the same transfer code as ParaMEDIC, so the comparison is of
+//!   bytes, not of implementations), optionally encrypted (Noise, ChaCha20-Poly1305);
+//! - **remote file system**: the search writes its output into an `sshfs` mount of the
+//!   storage node (SSH: always encrypted; its ≈2 MB channel window caps it per RTT);
+//! - **ParaMEDIC**: BLAST metadata, from which the storage site's `paramedic serve`
+//!   regenerates the identical report from its replica, optionally encrypted.
+//!
+//! Every run's output at the storage site is compared byte for byte with the output of
+//! a search that shipped nothing (the reference run, measured in the same bench).
+//! Reported: end-to-end time (launch to the output complete at the storage site),
+//! ParaMEDIC's speed-up over each direct variant, the metadata reduction, regeneration
+//! time relative to the search, and the break-even link rate below which ParaMEDIC wins.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use gepsea_net::testbed::WanSites;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::bench_cluster::{prepare_inputs, run_ok, same_output, StorageMount, TempDir};
+
+#[derive(clap::Args, Debug)]
+pub struct ParamedicBenchArgs {
+    /// FASTA database.
+    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")]
+    pub db: PathBuf,
+    /// FASTA queries (the first --queries are used).
+    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz")]
+    pub query: PathBuf,
+    #[arg(long, default_value_t = 60)]
+    pub queries: usize,
+    #[arg(long, default_value_t = 4)]
+    pub fragments: usize,
+    /// Nodes of the compute site (one BLAST worker each; the master shares node 0).
+    #[arg(long, default_value_t = 2)]
+    pub compute_nodes: usize,
+    /// BLAST output format (0, pairwise, is the bulky one ParaMEDIC is made for).
+    #[arg(long, default_value = "0")]
+    pub outfmt: String,
+    /// One-way delays of the wide-area link, ms, comma-separated.
+    #[arg(long, default_value = "0,10,50,100", value_delimiter = ',')]
+    pub delays_ms: Vec<f64>,
+    /// Rates of the wide-area link, Mbit/s, comma-separated.
+    #[arg(long, default_value = "1000,100,10", value_delimiter = ',')]
+    pub rates_mbit: Vec<u32>,
+    /// Write results as JSON here; the plots go to the same directory.
+    #[arg(long, default_value = "bench/out/paramedic.json")]
+    pub json: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ship {
+    Direct,
+    RemoteFs,
+    Paramedic,
+}
+
+struct Variant {
+    name: &'static str,
+    ship: Ship,
+    encrypted: bool,
+}
+
+const VARIANTS: [Variant; 5] = [
+    Variant { name: "direct", ship: Ship::Direct, encrypted: false },
+    Variant { name: "direct, encrypted", ship: Ship::Direct, encrypted: true },
+    Variant { name: "remote FS (sshfs, encrypted)", ship: Ship::RemoteFs, encrypted: true },
+    Variant { name: "ParaMEDIC", ship: Ship::Paramedic, encrypted: false },
+    Variant { name: "ParaMEDIC, encrypted", ship: Ship::Paramedic, encrypted: true },
+];
+
+/// One measured run.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    rate_mbit: u32,
+    delay_ms: f64,
+    rtt_ms: f64,
+    variant: &'static str,
+    encrypted: bool,
+    /// Launch to the output complete at the storage site.
+    wall_seconds: f64,
+    /// The search itself (inside `gepsea search`, before shipping).
+    search_seconds: f64,
+    /// Encoding and transfer, including the storage site's work (not for the remote
+    /// file system, where the search writes through the mount).
+    delivery_seconds: Option<f64>,
+    shipped_bytes: Option<u64>,
+    /// Checking, regenerating and writing at the storage site.
+    storage_seconds: Option<f64>,
+    encode_seconds: Option<f64>,
+}
+
+/// Child processes killed when the bench ends, however it ends.
+struct Children(Vec<Child>);
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+const PLAIN_PORT: u16 = 7500;
+const KEYED_PORT: u16 = 7501;
+const RTT_PORT: u16 = 7600;
+
+/// Median round-trip time between compute node 0 and the storage node, ms.
+fn measure_rtt(sites: &WanSites, gepsea: &Path) -> Result<f64> {
+    let at = format!("{}:{RTT_PORT}", sites.storage_ip);
+    let listener = Children(vec![sites.storage_cmd(gepsea).args(["testbed", "rtt", "--count", "7", "--listen", &at]).spawn()?]);
+    std::thread::sleep(Duration::from_millis(200));
+    let o = run_ok(sites.compute.cmd(0, gepsea).args(["testbed", "rtt", "--count", "7", "--to", &at]))?;
+    drop(listener);
+    Ok(String::from_utf8_lossy(&o.stdout).trim().parse()?)
+}
+
+pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("bench paramedic builds network namespaces: run it as root");
+    }
+    if a.compute_nodes < 1 {
+        bail!("--compute-nodes must be at least 1");
+    }
+    let gepsea = std::env::current_exe()?;
+    let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-paramedic-{}", std::process::id())));
+    let d = &dir.0;
+    for sub in ["local", "at-storage/plain", "at-storage/keyed"] {
+        std::fs::create_dir_all(d.join(sub))?;
+    }
+    prepare_inputs(&a.db, &a.query, a.queries, d)?;
+    run_ok(Command::new(&gepsea).args(["db", "format", "--fragments", &a.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
+    // The storage site's replica: the same database files, its own copy.
+    run_ok(Command::new("cp").arg("-a").arg(d.join("g")).arg(d.join("replica")))?;
+    run_ok(Command::new(&gepsea).args(["paramedic", "keygen", "--out"]).arg(d.join("key")))?;
+
+    let sites = WanSites::new("pmb", a.compute_nodes).context("building the two sites")?;
+    sites.sysctl_nodes(&["net.ipv4.tcp_rmem=4096 131072 67108864", "net.ipv4.tcp_wmem=4096 16384 67108864", "net.ipv4.tcp_no_metrics_save=1", "net.ipv4.tcp_congestion_control=bbr"])?;
+    let storage_addr = |port: u16| format!("{}:{port}", sites.storage_ip);
+    let mut servers = Children(Vec::new());
+    for (port, out, keyed) in [(PLAIN_PORT, "plain", false), (KEYED_PORT, "keyed", true)] {
+        let mut c = sites.storage_cmd(&gepsea);
+        c.args(["paramedic", "serve", "--listen", &storage_addr(port), "--db"]).arg(d.join("replica")).arg("--out").arg(d.join("at-storage").join(out));
+        if keyed {
+            c.arg("--key").arg(d.join("key"));
+        }
+        c.stderr(std::fs::File::create(d.join(format!("serve-{out}.log")))?);
+        servers.0.push(c.spawn().context("starting the storage site")?);
+    }
+    let mount = StorageMount::new(&sites.storage_ns, &sites.storage_ip, &sites.compute.ns[0], d)?;
+    let export = d.join("storage-export");
+    let subnet = sites.compute.subnet();
+    let slots: Vec<usize> = (0..a.compute_nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
+    let mut runs = 0usize;
+
+    // One search under mpirun, delivering as `ship` says; returns the wall time, the
+    // summary and where the output must now be.
+    let mut search = |ship: Option<&Variant>| -> Result<(f64, serde_json::Value, PathBuf)> {
+        runs += 1;
+        let name = format!("run{runs}.out");
+        let out = match ship {
+            Some(v) if v.ship == Ship::RemoteFs => mount.mountpoint.join(&name),
+            _ => d.join("local").join(&name),
+        };
+        let summary = d.join("summary.json");
+        let _ = std::fs::remove_file(&summary);
+        let mut c = sites.compute.mpirun(d, &slots, a.compute_nodes + 1)?;
+        c.arg(&gepsea).args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"]).arg(d.join("g")).arg("--query").arg(d.join("q.fasta"));
+        c.arg("--out").arg(&out).arg("--rendezvous").arg(d.join(format!("rv{runs}"))).args(["--agent-net", &subnet, "--nodes", &a.compute_nodes.to_string()]).arg("--summary-json").arg(&summary);
+        let mut at_storage = out.clone();
+        if let Some(v) = ship.filter(|v| v.ship != Ship::RemoteFs) {
+            c.args(["--storage-site", &storage_addr(if v.encrypted { KEYED_PORT } else { PLAIN_PORT })]);
+            if v.encrypted {
+                c.arg("--storage-key").arg(d.join("key"));
+            }
+            if v.ship == Ship::Paramedic {
+                c.arg("--paramedic");
+            }
+            at_storage = d.join("at-storage").join(if v.encrypted { "keyed" } else { "plain" }).join(&name);
+        } else if ship.is_some() {
+            at_storage = export.join(&name);
+        }
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let t = Instant::now();
+        let o = c.output()?;
+        let wall = t.elapsed().as_secs_f64();
+        if !o.status.success() {
+            bail!("{}: mpirun failed: {}{}", ship.map_or("reference", |v| v.name), String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        }
+        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+        Ok((wall, s, at_storage))
+    };
+
+    // The reference: the same search, delivering nothing.
+    let (ref_wall, ref_summary, reference) = search(None)?;
+    let output_bytes = std::fs::metadata(&reference)?.len();
+    let ref_search = ref_summary["wall_seconds"].as_f64().unwrap_or(0.0);
+    eprintln!(
+        "bench paramedic: {} queries, outfmt {}, {} fragments, {} compute node(s) + 1 storage node; the reference search (nothing shipped): {ref_wall:.2} s end to end, {ref_search:.2} s searching, {:.2} MB of output",
+        a.queries,
+        a.outfmt,
+        a.fragments,
+        a.compute_nodes,
+        output_bytes as f64 / 1e6
+    );
+
+    let mut rows: Vec<Row> = Vec::new();
+    for &rate in &a.rates_mbit {
+        sites.set_rate(rate)?;
+        for &delay in &a.delays_ms {
+            let _daemon = if delay > 0.0 {
+                let daemon = Children(vec![sites.router_cmd(&gepsea).args(["testbed", "delay", "--queue", "0", "--delay-ms", &delay.to_string()]).spawn().context("starting the delay daemon")?]);
+                std::thread::sleep(Duration::from_millis(300));
+                sites.queue_wan_traffic(Some(0))?;
+                Some(daemon)
+            } else {
+                None
+            };
+            let rtt = measure_rtt(&sites, &gepsea)?;
+            eprintln!("  link {rate} Mbit/s, one-way delay {delay} ms: measured RTT {rtt:.2} ms");
+            for v in &VARIANTS {
+                let (wall, s, at_storage) = search(Some(v))?;
+                if !same_output(&at_storage, &reference)? {
+                    bail!("{rate} Mbit/s, {delay} ms, {}: the output at the storage site differs from the reference run's", v.name);
+                }
+                let ship = &s["ship"];
+                let f = |v: &serde_json::Value| v.as_f64();
+                let row = Row {
+                    rate_mbit: rate,
+                    delay_ms: delay,
+                    rtt_ms: rtt,
+                    variant: v.name,
+                    encrypted: v.encrypted,
+                    wall_seconds: wall,
+                    search_seconds: s["wall_seconds"].as_f64().unwrap_or(0.0),
+                    delivery_seconds: f(&ship["encode_seconds"]).zip(f(&ship["transfer"]["seconds"])).map(|(e, t)| e + t),
+                    shipped_bytes: ship["transfer"]["bytes"].as_u64(),
+                    storage_seconds: f(&ship["transfer"]["storage_seconds"]),
+                    encode_seconds: f(&ship["encode_seconds"]),
+                };
+                let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2} s"));
+                eprintln!(
+                    "    {:<30} {wall:6.2} s end to end (search {:.2} s, delivery {}, storage site {}), {} bytes shipped; identical at the storage site",
+                    v.name,
+                    row.search_seconds,
+                    opt(row.delivery_seconds),
+                    opt(row.storage_seconds),
+                    row.shipped_bytes.map_or("-".to_string(), |b| b.to_string())
+                );
+                rows.push(row);
+                let _ = std::fs::remove_file(&at_storage);
+            }
+            sites.queue_wan_traffic(None)?;
+        }
+    }
+    drop(mount);
+    drop(servers);
+    drop(sites);
+    let _ = std::fs::remove_file(&reference);
+    report(a, &rows, output_bytes, ref_search)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f64) -> Result<()> {
+    let wall = |rate: u32, delay: f64, variant: &str| rows.iter().find(|r| r.rate_mbit == rate && r.delay_ms == delay && r.variant == variant).map(|r| r.wall_seconds);
+    println!("\n| link | one-way delay | RTT | variant | end to end s | search s | delivery s | storage site s | bytes shipped | ParaMEDIC speed-up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        // ParaMEDIC (same encryption) against this row's way of delivering.
+        let pm = wall(r.rate_mbit, r.delay_ms, if r.encrypted { "ParaMEDIC, encrypted" } else { "ParaMEDIC" });
+        let speedup = match (r.variant.starts_with("ParaMEDIC"), pm) {
+            (false, Some(pm)) => format!("{:.2}×", r.wall_seconds / pm),
+            _ => String::new(),
+        };
+        let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+        println!(
+            "| {} Mbit/s | {} ms | {:.1} ms | {} | {:.2} | {:.2} | {} | {} | {} | {speedup} |",
+            r.rate_mbit,
+            r.delay_ms,
+            r.rtt_ms,
+            r.variant,
+            r.wall_seconds,
+            r.search_seconds,
+            opt(r.delivery_seconds),
+            opt(r.storage_seconds),
+            r.shipped_bytes.map_or("-".to_string(), |b| b.to_string())
+        );
+    }
+    let pm_rows: Vec<&Row> = rows.iter().filter(|r| r.variant.starts_with("ParaMEDIC")).collect();
+    let meta = median(pm_rows.iter().filter_map(|r| r.shipped_bytes.map(|b| b as f64)).collect());
+    let regen = median(pm_rows.iter().filter_map(|r| r.storage_seconds).collect());
+    let encode = median(pm_rows.iter().filter_map(|r| r.encode_seconds).collect());
+    // ParaMEDIC wins when the link needs longer for the bytes it saves than encoding
+    // and regeneration take: (D − x) / B > f + g.
+    let break_even_mbit = (output_bytes as f64 - meta) * 8.0 / 1e6 / (encode + regen);
+    println!(
+        "\nmetadata: {meta:.0} bytes for {output_bytes} bytes of output ({:.0}× smaller); encoding {encode:.2} s; regeneration at the storage site {regen:.2} s = {:.2}× the search ({ref_search:.2} s)",
+        output_bytes as f64 / meta,
+        regen / ref_search
+    );
+    println!("break-even: ParaMEDIC wins where the link delivers less than {break_even_mbit:.1} Mbit/s end to end ((D − x)·8 / (f + g))");
+    let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    std::fs::create_dir_all(&out_dir)?;
+    std::fs::write(
+        &a.json,
+        serde_json::to_string_pretty(&json!({
+            "queries": a.queries, "fragments": a.fragments, "compute_nodes": a.compute_nodes, "outfmt": a.outfmt,
+            "output_bytes": output_bytes, "metadata_bytes": meta, "reference_search_seconds": ref_search,
+            "encode_seconds": encode, "regenerate_seconds": regen, "break_even_mbit": break_even_mbit,
+            "tcp": "BBR, 64 MiB buffers", "runs": rows,
+        }))?,
+    )?;
+    for &rate in &a.rates_mbit {
+        let series: Vec<(String, Vec<(f64, f64)>)> = VARIANTS.iter().map(|v| (v.name.to_string(), rows.iter().filter(|r| r.rate_mbit == rate && r.variant == v.name).map(|r| (r.delay_ms, r.wall_seconds)).collect())).collect();
+        crate::plots::lines(&out_dir.join(format!("paramedic_wall_{rate}mbit.png")), &format!("End-to-end time (s), {rate} Mbit/s link"), "one-way delay (ms)", &series)?;
+    }
+    let mut speedups = Vec::new();
+    for &rate in &a.rates_mbit {
+        for (base, pm) in [("direct, encrypted", "ParaMEDIC, encrypted"), ("remote FS (sshfs, encrypted)", "ParaMEDIC, encrypted")] {
+            let pts = a.delays_ms.iter().filter_map(|&dl| Some((dl, wall(rate, dl, base)? / wall(rate, dl, pm)?))).collect();
+            speedups.push((format!("{rate} Mbit/s, vs {base}"), pts));
+        }
+    }
+    crate::plots::lines(&out_dir.join("paramedic_speedup.png"), "ParaMEDIC speed-up (encrypted)", "one-way delay (ms)", &speedups)?;
+    eprintln!("bench paramedic: JSON {} and plots paramedic_*.png in {}", a.json.display(), out_dir.display());
+    Ok(())
+}
