@@ -296,7 +296,7 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
         let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
         let from = h.src;
         // Reset once the body is in: the storage site's time excludes the transfer.
-        let mut started;
+        let started;
         let header: Header = postcard::from_bytes(&h.data).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
         if let Some(a) = header.reply_to {
             port.add_route(from, a);
