@@ -53,6 +53,20 @@ pub struct SearchOptions {
     pub assign: crate::accel::MergeAssign,
     /// Agent mode: stage fragments in node-local scratch through the agents (hot-swap).
     pub hot_swap: bool,
+    /// Where the finished output goes next (e.g. a distant storage site).
+    pub deliver: Option<Deliver>,
+}
+
+/// Hands the complete output on (e.g. ships it to a storage site), once it is in
+/// place: called with the output's path and, in agent mode, a client of this node's
+/// agent, so the agent can do the work. Its report lands in [`Summary::delivery`].
+#[derive(Clone)]
+pub struct Deliver(pub std::sync::Arc<dyn Fn(&Path, Option<&gepsea_client::Client>) -> Result<serde_json::Value, String> + Send + Sync>);
+
+impl std::fmt::Debug for Deliver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deliver(..)")
+    }
 }
 
 /// What a finished search reports.
@@ -70,6 +84,8 @@ pub struct Summary {
     pub output: PathBuf,
     /// Agent mode only: what the agents did.
     pub accel: Option<crate::accel::AccelStats>,
+    /// What [`SearchOptions::deliver`] reported (its time is not in `wall_seconds`).
+    pub delivery: Option<serde_json::Value>,
 }
 
 /// Why a search failed.
@@ -85,6 +101,8 @@ pub enum SearchError {
     Report(#[from] ReportError),
     #[error("communication: {0}")]
     Net(#[from] NetError),
+    #[error("{path} is complete, but delivering it failed: {reason}")]
+    Delivery { path: PathBuf, reason: String },
     #[error("{query}: looks like {query_type} sequences but the database {db} holds {db_type} sequences")]
     TypeMismatch { query: PathBuf, query_type: &'static str, db: PathBuf, db_type: &'static str },
     #[error("--program {program} cannot search a {db_type} database (use {expected})")]
@@ -545,6 +563,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     };
     report::write(&spec, &hsps, &tmp_out)?;
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let wall = started.elapsed().as_secs_f64();
+    let delivery = deliver(opts, None)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in cleanup.children.iter_mut() {
         while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
@@ -556,11 +576,12 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         hits,
         tasks: sched.len(),
         whole_db_fallbacks: fallbacks,
-        wall_seconds: started.elapsed().as_secs_f64(),
+        wall_seconds: wall,
         blast_seconds,
         worker_seconds,
         output: opts.out.clone(),
         accel: None,
+        delivery,
     })
 }
 
@@ -619,8 +640,8 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
-    let (stats, agent, own_client, workers) = match env {
-        Env::Cluster { client, workers, .. } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers),
+    let (stats, agent, own_client, workers, cluster_client) = match env {
+        Env::Cluster { client, workers, .. } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers, Some(client)),
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
             let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
@@ -654,11 +675,13 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
                 Ok(())
             };
             let stats = accel::master(&client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), watch)?;
-            (stats, Some(agent), Some(client), workers)
+            (stats, Some(agent), Some(client), workers, None)
         }
     };
     progress.finish();
     std::fs::rename(&a.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let wall = a.started.elapsed().as_secs_f64();
+    let delivery = deliver(opts, cluster_client.or(own_client.as_ref()))?;
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in cleanup.children.iter_mut() {
         while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
@@ -667,7 +690,6 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     }
     drop(own_client);
     drop(agent);
-    let wall = a.started.elapsed().as_secs_f64();
     Ok(Summary {
         queries: a.queries.len(),
         hits: stats.hits,
@@ -678,7 +700,15 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         worker_seconds: stats.worker_span_seconds * workers as f64,
         output: opts.out.clone(),
         accel: Some(stats),
+        delivery,
     })
+}
+
+fn deliver(opts: &SearchOptions, agent: Option<&gepsea_client::Client>) -> Result<Option<serde_json::Value>, SearchError> {
+    match &opts.deliver {
+        Some(d) => Ok(Some((d.0)(&opts.out, agent).map_err(|e| SearchError::Delivery { path: opts.out.clone(), reason: e })?)),
+        None => Ok(None),
+    }
 }
 
 struct RemoveDir(PathBuf);

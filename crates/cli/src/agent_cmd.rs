@@ -175,6 +175,7 @@ pub fn run(a: &AgentArgs) -> Result<()> {
     let shutdown = Shutdown::new();
     let mut plugins = gepsea_agent::plugin::Registry::with_builtins();
     plugins.register(std::sync::Arc::new(gepsea_blast::accel::BlastPlugin::default())).map_err(anyhow::Error::msg)?;
+    plugins.register(std::sync::Arc::new(paramedic::agent::ShipPlugin)).map_err(anyhow::Error::msg)?;
     let agent = Agent::start(cfg, plugins, Default::default(), shutdown.clone())?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
     let s2 = shutdown.clone();

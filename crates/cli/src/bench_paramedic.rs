@@ -239,7 +239,7 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
                 if !same_output(&at_storage, &reference)? {
                     bail!("{rate} Mbit/s, {delay} ms, {}: the output at the storage site differs from the reference run's", v.name);
                 }
-                let ship = &s["ship"];
+                let ship = &s["delivery"];
                 let f = |v: &serde_json::Value| v.as_f64();
                 let row = Row {
                     rate_mbit: rate,
@@ -249,9 +249,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
                     encrypted: v.encrypted,
                     wall_seconds: wall,
                     search_seconds: s["wall_seconds"].as_f64().unwrap_or(0.0),
-                    delivery_seconds: f(&ship["encode_seconds"]).zip(f(&ship["transfer"]["seconds"])).map(|(e, t)| e + t),
-                    shipped_bytes: ship["transfer"]["bytes"].as_u64(),
-                    storage_seconds: f(&ship["transfer"]["storage_seconds"]),
+                    delivery_seconds: f(&ship["encode_seconds"]).zip(f(&ship["transfer_seconds"])).map(|(e, t)| e + t),
+                    shipped_bytes: ship["bytes"].as_u64(),
+                    storage_seconds: f(&ship["storage_seconds"]),
                     encode_seconds: f(&ship["encode_seconds"]),
                 };
                 let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2} s"));

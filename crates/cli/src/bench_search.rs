@@ -97,6 +97,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             compress: true,
             assign: Default::default(),
             hot_swap: true,
+            deliver: None,
         };
         let t = Instant::now();
         let s = search::run(&opts).context("gepsea search")?;

@@ -221,7 +221,10 @@ fn main() -> Result<()> {
         }
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            let paramedic_job = paramedic::blast::BlastJob { db_dir: a.db.clone(), query: a.query.clone(), outfmt: a.outfmt.clone(), blast_args: a.blast_args.clone() };
+            let deliver = match a.storage_site {
+                Some(storage) => Some(paramedic_cmd::deliver_to(storage, a.storage_key.as_deref(), a.paramedic.then(|| (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice())))?),
+                None => None,
+            };
             let opts = search::SearchOptions {
                 db: a.db,
                 query: a.query,
@@ -236,6 +239,7 @@ fn main() -> Result<()> {
                 no_agent: a.no_agent,
                 compress: !a.no_compress,
                 hot_swap: !a.no_hot_swap,
+                deliver,
                 assign: match a.merge_assign.as_str() {
                     "static" => gepsea_blast::accel::MergeAssign::Static,
                     "single" => gepsea_blast::accel::MergeAssign::Single,
@@ -257,27 +261,27 @@ fn main() -> Result<()> {
                 }
                 None => search::run(&opts)?,
             };
-            let mut shipped = None;
-            if let Some(site) = a.storage_site {
-                let key = paramedic_cmd::read_key(a.storage_key.as_deref())?;
-                let output = std::fs::read(&s.output).with_context(|| format!("reading {}", s.output.display()))?;
-                let started = std::time::Instant::now();
-                let (plugin, sealed) = if a.paramedic {
-                    let sealed = paramedic::container::seal(&paramedic::blast::BlastPlugin::compute_site(paramedic_job), &output).context("encoding the output as ParaMEDIC metadata")?;
-                    eprintln!("gepsea search: {} bytes of output -> {} bytes of metadata for the storage site", output.len(), sealed.len());
-                    ("blast", sealed)
-                } else {
-                    ("raw", paramedic::container::seal(&paramedic::RawPlugin, &output)?)
-                };
-                let encode_seconds = started.elapsed().as_secs_f64();
-                let name = s.output.file_name().unwrap_or_default().to_string_lossy().into_owned();
-                let sent = paramedic_cmd::send_to_storage(site, None, &name, &sealed, key.as_ref())?;
-                shipped = Some(serde_json::json!({"plugin": plugin, "output_bytes": output.len(), "encode_seconds": encode_seconds, "transfer": sent}));
+            if let Some(d) = &s.delivery {
+                if let Ok(sh) = serde_json::from_value::<paramedic::agent::Shipped>(d.clone()) {
+                    eprintln!(
+                        "gepsea search: {} bytes of output shipped as {} bytes of {} to {}{} by {} in {:.2} s (encoding {:.2} s); the storage site wrote {} bytes ({:.2} s there); {} reconnect(s), {} frame(s) resent",
+                        sh.output_bytes,
+                        sh.bytes,
+                        if sh.plugin == "blast" { "ParaMEDIC metadata" } else { "output" },
+                        a.storage_site.map(|s| s.to_string()).unwrap_or_default(),
+                        if sh.encrypted { ", encrypted," } else { "" },
+                        if sh.by_agent { "the agent" } else { "this process" },
+                        sh.transfer_seconds,
+                        sh.encode_seconds,
+                        sh.bytes_written_at_storage,
+                        sh.storage_seconds,
+                        sh.reconnects,
+                        sh.frames_resent
+                    );
+                }
             }
             if let Some(p) = &a.summary_json {
-                let mut summary = serde_json::to_value(&s)?;
-                summary["ship"] = shipped.unwrap_or_default();
-                std::fs::write(p, serde_json::to_string_pretty(&summary)?).with_context(|| format!("writing {}", p.display()))?;
+                std::fs::write(p, serde_json::to_string_pretty(&s)?).with_context(|| format!("writing {}", p.display()))?;
             }
             if !opts.quiet {
                 eprintln!(

@@ -47,6 +47,9 @@ pub struct ServeArgs {
     /// it, only unencrypted ones.
     #[arg(long)]
     key: Option<PathBuf>,
+    /// BLAST+ threads per regeneration (default: this machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(clap::Args)]
@@ -107,31 +110,17 @@ pub struct DecodeArgs {
     /// This site's replica of the database (for BLAST metadata).
     #[arg(long)]
     db: Option<PathBuf>,
+    /// BLAST+ threads for the regeneration (default: this machine's cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     transfer::write_atomically(path, data).with_context(|| format!("writing {}", path.display()))
 }
 
-/// This host's address on the route to `to` (a connected UDP socket sends nothing).
-pub fn local_ip_towards(to: std::net::SocketAddr) -> Result<std::net::IpAddr> {
-    let s = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
-    s.connect(to).with_context(|| format!("no route to {to}"))?;
-    Ok(s.local_addr()?.ip())
-}
-
-/// What shipping one object to the storage site measured.
-#[derive(Debug, serde::Serialize)]
-pub struct Shipped {
-    pub bytes: u64,
-    pub encrypted: bool,
-    /// From opening the connection to the storage site's acknowledgement.
-    pub seconds: f64,
-    /// The storage site's share of that: checks, regeneration, writing.
-    pub storage_seconds: f64,
-    pub bytes_written_at_storage: u64,
-    pub reconnects: u64,
-    pub frames_resent: u64,
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Reads a key file given on the command line.
@@ -140,10 +129,10 @@ pub fn read_key(path: Option<&Path>) -> Result<Option<transfer::Key>> {
 }
 
 /// Sends `container` to the storage site at `to` as `name`; prints what happened.
-pub fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&transfer::Key>) -> Result<Shipped> {
+fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&transfer::Key>) -> Result<()> {
     let ip = match from {
         Some(ip) => ip,
-        None => local_ip_towards(to)?,
+        None => transfer::local_ip_towards(to).with_context(|| format!("no route to {to}"))?,
     };
     let ns = format!("paramedic{}", std::process::id());
     let started = std::time::Instant::now();
@@ -153,27 +142,47 @@ pub fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>,
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
     let ack = sent?;
-    let shipped = Shipped {
-        bytes: container.len() as u64,
-        encrypted: key.is_some(),
-        seconds: started.elapsed().as_secs_f64(),
-        storage_seconds: ack.seconds,
-        bytes_written_at_storage: ack.result.as_ref().copied().unwrap_or(0),
-        reconnects: st.connections_established.saturating_sub(1),
-        frames_resent: st.frames_replayed,
-    };
     eprintln!(
         "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
-        shipped.bytes,
-        if shipped.encrypted { " encrypted" } else { "" },
-        shipped.seconds,
+        container.len(),
+        if key.is_some() { " encrypted" } else { "" },
+        started.elapsed().as_secs_f64(),
         ack.name,
-        shipped.bytes_written_at_storage,
-        shipped.storage_seconds,
-        shipped.reconnects,
-        shipped.frames_resent
+        ack.result.as_ref().copied().unwrap_or(0),
+        ack.seconds,
+        st.connections_established.saturating_sub(1),
+        st.frames_replayed
     );
-    Ok(shipped)
+    Ok(())
+}
+
+/// `gepsea search --storage-site`: once the output is complete, ship it (or, given the
+/// search's database, queries, format and options, its BLAST metadata) to `storage`,
+/// through the node's agent when there is one.
+pub fn deliver_to(storage: std::net::SocketAddr, key_file: Option<&Path>, blast: Option<(&Path, &Path, &str, &[String])>) -> Result<gepsea_blast::search::Deliver> {
+    // Check the key now, not after the search; the agent reads it again itself.
+    read_key(key_file)?;
+    let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
+    let key_file = key_file.map(abs).transpose()?;
+    let blast = match blast {
+        Some((db, query, outfmt, args)) => Some(BlastJob { db_dir: abs(db)?, query: abs(query)?, outfmt: outfmt.to_string(), blast_args: args.to_vec() }),
+        None => None,
+    };
+    Ok(gepsea_blast::search::Deliver(std::sync::Arc::new(move |out: &Path, agent: Option<&gepsea_client::Client>| {
+        let req = paramedic::agent::ShipRequest {
+            output: std::fs::canonicalize(out).map_err(|e| format!("{}: {e}", out.display()))?,
+            name: out.file_name().unwrap_or_default().to_string_lossy().into_owned(),
+            storage,
+            key_file: key_file.clone(),
+            blast: blast.clone(),
+        };
+        let shipped = match agent {
+            Some(c) => paramedic::agent::ship_via(c, &req),
+            None => paramedic::agent::ship(&req),
+        }
+        .map_err(|e| e.to_string())?;
+        serde_json::to_value(shipped).map_err(|e| e.to_string())
+    })))
 }
 
 pub fn run(cmd: &ParamedicCmd) -> Result<()> {
@@ -185,6 +194,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
             eprintln!("gepsea paramedic: storage site listening on {}{}, writing to {}", a.listen, if key.is_some() { " (encrypted transfers only)" } else { "" }, a.out.display());
             let db = a.db.clone();
+            let threads = a.threads.unwrap_or_else(cores);
             let mut sink = transfer::RegenerateInto {
                 dir: a.out.clone(),
                 plugins: move |name: &str| -> Option<Box<dyn MetadataPlugin>> {
@@ -192,7 +202,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                         "zstd" => Some(Box::new(ZstdPlugin::default())),
                         "raw" => Some(Box::new(RawPlugin)),
                         "trace" => Some(Box::new(TracePlugin)),
-                        "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d)) as Box<dyn MetadataPlugin>),
+                        "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d).with_threads(threads)) as Box<dyn MetadataPlugin>),
                         _ => None,
                     }
                 },
@@ -212,7 +222,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 Some(n) => n.clone(),
                 None => a.metadata.file_stem().unwrap_or_default().to_string_lossy().into_owned(),
             };
-            send_to_storage(a.to, a.from, &name, &data, read_key(a.key.as_deref())?.as_ref()).map(|_| ())
+            send_to_storage(a.to, a.from, &name, &data, read_key(a.key.as_deref())?.as_ref())
         }
         ParamedicCmd::Keygen(a) => {
             transfer::Key::generate().context("reading /dev/urandom")?.write_new(&a.out).context("writing the key")?;
@@ -243,7 +253,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 "trace" => container::open(&TracePlugin, &data),
                 "blast" => {
                     let Some(db) = &a.db else { bail!("{}: BLAST metadata: give --db, this site's replica of the database", a.metadata.display()) };
-                    let p = BlastPlugin::storage_site(db);
+                    let p = BlastPlugin::storage_site(db).with_threads(a.threads.unwrap_or_else(cores));
                     let out = container::open(&p, &data);
                     if p.last_runs() > 1 {
                         eprintln!("gepsea paramedic: the search over all subjects differed (a query overflowed BLAST's preliminary hit list): regenerated per query, {} BLAST+ runs", p.last_runs());

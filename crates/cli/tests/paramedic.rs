@@ -293,8 +293,9 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
 }
 
 /// `gepsea search --storage-site [--paramedic] --storage-key`: the compute site searches
-/// and ships, encrypted, once the report as metadata and once the report itself; the
-/// storage site (`paramedic serve --key`) writes the same bytes both times.
+/// and its agent ships, encrypted, the report as metadata, then the report itself, then
+/// (without agents, from the search process) metadata again; the storage site
+/// (`paramedic serve --key`) writes the same bytes every time.
 #[test]
 fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_report() {
     let f = fixture();
@@ -307,12 +308,12 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     // A free port on loopback for the storage site.
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut serve = gepsea();
-    serve.args(["paramedic", "serve", "--count", "2", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
+    serve.args(["paramedic", "serve", "--count", "3", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
     let serve = serve.spawn().unwrap();
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
     let mut sent = Vec::new();
-    for (name, paramedic) in [("hits.0", true), ("direct.0", false)] {
+    for (name, paramedic, agent) in [("hits.0", true, true), ("direct.0", false, true), ("noagent.0", true, false)] {
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
@@ -320,19 +321,26 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         if paramedic {
             c.arg("--paramedic");
         }
+        if !agent {
+            c.arg("--no-agent");
+        }
         let o = run_ok(c);
         let log = String::from_utf8_lossy(&o.stderr);
-        assert!(log.contains(&format!("encrypted in")) && log.contains(&format!("the storage site wrote {name}")), "{log}");
+        assert!(log.contains(if agent { ", encrypted, by the agent in" } else { ", encrypted, by this process in" }), "{log}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         let output = std::fs::metadata(&out).unwrap().len();
-        assert_eq!(s["ship"]["output_bytes"].as_u64(), Some(output));
-        assert_eq!(s["ship"]["transfer"]["bytes_written_at_storage"].as_u64(), Some(output));
-        assert_eq!(s["ship"]["plugin"], if paramedic { "blast" } else { "raw" });
-        sent.push(s["ship"]["transfer"]["bytes"].as_u64().unwrap());
+        let shipped = &s["delivery"];
+        assert_eq!(shipped["output_bytes"].as_u64(), Some(output), "{s}");
+        assert_eq!(shipped["bytes_written_at_storage"].as_u64(), Some(output));
+        assert_eq!(shipped["plugin"], if paramedic { "blast" } else { "raw" });
+        assert_eq!(shipped["by_agent"], agent, "with agents, the node's agent ships, not the search process");
+        assert_eq!(shipped["encrypted"], true);
+        sent.push(shipped["bytes"].as_u64().unwrap());
         assert!(std::fs::read(d.join("storage").join(name)).unwrap() == std::fs::read(&out).unwrap(), "the storage site's {name} differs");
     }
     let served = serve.wait_with_output().unwrap();
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
     // The metadata is far smaller than the report it stands for.
     assert!(sent[0] * 10 < sent[1], "metadata {} bytes vs output {} bytes", sent[0], sent[1]);
+    assert_eq!(sent[0], sent[2], "the same metadata with or without agents");
 }

@@ -31,6 +31,7 @@ pub mod tcp;
 mod timer;
 pub mod testbed;
 pub mod testkit;
+pub mod trace;
 
 pub use error::NetError;
 pub use frame::{Addr, Channel};

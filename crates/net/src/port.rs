@@ -89,6 +89,9 @@ pub struct PortConfig {
     pub reconnect_timeout: Duration,
     /// How long dropping the port waits for queued output to be delivered.
     pub linger: Duration,
+    /// Write an event trace of the application's messages to this file (see
+    /// [`crate::trace`]). Default: under `$GEPSEA_NET_TRACE` when that is set.
+    pub trace: Option<PathBuf>,
 }
 
 impl PortConfig {
@@ -109,6 +112,7 @@ impl PortConfig {
             lease: Duration::from_micros(50),
             reconnect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(5),
+            trace: std::env::var_os("GEPSEA_NET_TRACE").map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
         }
     }
 
@@ -198,6 +202,7 @@ struct Shared {
     lease: Duration,
     progress: Progress,
     linger: Duration,
+    trace: Option<crate::trace::Tracer>,
 }
 
 /// A process's communication endpoint. Cheap to share between threads (`&Port` is
@@ -262,6 +267,10 @@ impl Port {
         let lease = cfg.lease;
         let progress = cfg.progress;
         let linger = cfg.linger;
+        let trace = match &cfg.trace {
+            Some(p) => Some(crate::trace::Tracer::create(p).map_err(|e| NetError::io(format!("creating the trace {}", p.display()), e))?),
+            None => None,
+        };
         let st = State {
             proto: Proto::new(me, cfg.proto.clone()),
             me,
@@ -300,6 +309,7 @@ impl Port {
             lease,
             progress,
             linger,
+            trace,
         });
         let thread = if progress == Progress::Thread {
             let sh2 = sh.clone();
@@ -367,6 +377,9 @@ impl Port {
     /// threshold, rendezvous above).
     pub fn isend(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
         let data = data.into();
+        if let Some(t) = &self.sh.trace {
+            t.record("send", dst, data.len());
+        }
         self.with(|st| st.proto.isend(dst, tag, data))
     }
 
@@ -385,21 +398,43 @@ impl Port {
     /// Sends a small message into `dst`'s system-channel pool.
     pub fn send_system(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
         let data = data.into();
+        if let Some(t) = &self.sh.trace {
+            t.record("sys-send", dst, data.len());
+        }
         self.with(|st| st.proto.send_system(dst, tag, data))
     }
 
     /// Takes a message from the system pool, if one is there.
     pub fn try_recv_system(&self) -> Option<Message> {
-        self.with(|st| {
+        let m = self.with(|st| {
             st.progress();
             st.proto.recv_system()
-        })
+        });
+        self.traced_system(m)
     }
 
     /// Waits up to `timeout` for a system-channel message.
     pub fn recv_system(&self, timeout: Duration) -> Result<Message, NetError> {
         let deadline = Instant::now() + timeout;
-        self.wait_until(deadline, |st| st.proto.recv_system()).ok_or(NetError::Timeout(timeout))
+        self.traced_system(self.wait_until(deadline, |st| st.proto.recv_system())).ok_or(NetError::Timeout(timeout))
+    }
+
+    fn traced_system(&self, m: Option<Message>) -> Option<Message> {
+        if let (Some(t), Some(m)) = (&self.sh.trace, &m) {
+            t.record("sys-recv", m.src, m.data.len());
+        }
+        m
+    }
+
+    /// Records a receive handed to the application.
+    fn traced<T>(&self, r: T) -> T
+    where
+        T: std::borrow::Borrow<Option<Result<Completion, NetError>>>,
+    {
+        if let (Some(t), Some(Ok(Completion::Received(m)))) = (&self.sh.trace, r.borrow()) {
+            t.record("recv", m.src, m.data.len());
+        }
+        r
     }
 
     /// Exposes a zeroed region of `len` bytes under `region` for remote put/get.
@@ -431,10 +466,10 @@ impl Port {
     /// Makes progress once and returns the request's result if it has finished (the
     /// result is handed out once).
     pub fn test(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
-        self.with(|st| {
+        self.traced(self.with(|st| {
             st.progress();
             st.proto.take(req)
-        })
+        }))
     }
 
     /// Waits for a request to finish.
@@ -448,14 +483,14 @@ impl Port {
             return Err(NetError::UnknownRequest(req));
         }
         let deadline = Instant::now() + timeout;
-        self.wait_until(deadline, |st| st.proto.take(req)).unwrap_or(Err(NetError::Timeout(timeout)))
+        self.traced(self.wait_until(deadline, |st| st.proto.take(req))).unwrap_or(Err(NetError::Timeout(timeout)))
     }
 
     /// Waits until one of `reqs` finishes; returns its index and result.
     pub fn wait_any(&self, reqs: &[ReqId]) -> (usize, Result<Completion, NetError>) {
         let deadline = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-        self.wait_until(deadline, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))
-            .expect("wait_any without deadline")
+        let (i, r) = self.wait_until(deadline, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x)))).expect("wait_any without deadline");
+        (i, self.traced(Some(r)).expect("some"))
     }
 
     /// Cancels a posted receive that has not matched.

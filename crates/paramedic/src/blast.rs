@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 use crate::plugin::{MetadataPlugin, PluginError};
 
 /// What the compute site searched (everything but the output itself).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BlastJob {
     /// The gepsea database directory (`gepsea db format`).
     pub db_dir: PathBuf,
@@ -62,12 +62,14 @@ pub struct BlastPlugin {
     replica: PathBuf,
     /// BLAST+ runs of the last `decode` (1: the union search was exact).
     runs: std::sync::atomic::AtomicUsize,
+    /// BLAST+ threads per regeneration run.
+    threads: usize,
 }
 
 impl BlastPlugin {
     /// The compute site: encodes reports of `job` (and can decode them too).
     pub fn compute_site(job: BlastJob) -> BlastPlugin {
-        BlastPlugin { replica: job.db_dir.clone(), job: Some(job), runs: Default::default() }
+        BlastPlugin { replica: job.db_dir.clone(), job: Some(job), runs: Default::default(), threads: 1 }
     }
 
     /// BLAST+ runs the last `decode` needed: 1 when the search over the union of all
@@ -78,7 +80,14 @@ impl BlastPlugin {
 
     /// The storage site: regenerates reports from its replica of the database.
     pub fn storage_site(replica: &Path) -> BlastPlugin {
-        BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default() }
+        BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default(), threads: 1 }
+    }
+
+    /// Regenerates with `threads` BLAST+ threads (`-num_threads`, which splits the
+    /// database scan and leaves the report identical; `-mt_mode 1`, splitting by query,
+    /// does not, so it is not used). Ignored when the search's own options set threads.
+    pub fn with_threads(self, threads: usize) -> BlastPlugin {
+        BlastPlugin { threads: threads.max(1), ..self }
     }
 }
 
@@ -240,6 +249,10 @@ impl BlastPlugin {
         let os = out.to_string_lossy().into_owned();
         let mut args: Vec<&str> = vec!["-query", &qs, "-db", &m.db_name, "-outfmt", &m.outfmt, "-out", &os];
         args.extend(m.blast_args.iter().map(String::as_str));
+        let threads = self.threads.to_string();
+        if self.threads > 1 && !m.blast_args.iter().any(|a| a == "-num_threads") {
+            args.extend(["-num_threads", &threads]);
+        }
         tools::run(&m.program, &args, Some(&dbdir), Some(&s.0)).map_err(failed)?;
         std::fs::read(&out).map_err(failed)
     }

@@ -12,6 +12,7 @@
 //!   so a corrupted or truncated object is refused with a clear error and never turns
 //!   into a silently different output.
 
+pub mod agent;
 pub mod blast;
 pub mod container;
 pub mod plugin;

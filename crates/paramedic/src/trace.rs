@@ -32,6 +32,8 @@ struct Event {
 struct TraceMeta {
     period: u32,
     kinds: Vec<String>,
+    /// Peers as written (e.g. `3` or gepsea-net's `node.port`), indexed by events.
+    peers: Vec<String>,
     first_time: u64,
     /// The first period: (inter-arrival ns, kind, peer, bytes); the first event's
     /// inter-arrival is 0.
@@ -45,9 +47,19 @@ struct TraceMeta {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TracePlugin;
 
-fn parse(text: &str) -> Result<(Vec<Event>, Vec<String>), PluginError> {
-    let mut kinds: Vec<String> = Vec::new();
-    let mut index: HashMap<String, u32> = HashMap::new();
+/// Index of `name` in `table`, added if new.
+fn intern(table: &mut Vec<String>, index: &mut HashMap<String, u32>, name: &str) -> u32 {
+    if let Some(&i) = index.get(name) {
+        return i;
+    }
+    table.push(name.to_string());
+    index.insert(name.to_string(), table.len() as u32 - 1);
+    table.len() as u32 - 1
+}
+
+fn parse(text: &str) -> Result<(Vec<Event>, Vec<String>, Vec<String>), PluginError> {
+    let (mut kinds, mut peers) = (Vec::new(), Vec::new());
+    let (mut kind_index, mut peer_index) = (HashMap::new(), HashMap::new());
     let mut events = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let f: Vec<&str> = line.split('\t').collect();
@@ -59,25 +71,29 @@ fn parse(text: &str) -> Result<(Vec<Event>, Vec<String>), PluginError> {
         if events.last().is_some_and(|e: &Event| e.t > t) {
             return Err(bad("time goes backwards"));
         }
-        let kind = match index.get(f[1]) {
-            Some(&k) => k,
-            None => {
-                kinds.push(f[1].to_string());
-                index.insert(f[1].to_string(), kinds.len() as u32 - 1);
-                kinds.len() as u32 - 1
-            }
-        };
-        events.push(Event { t, kind, peer: f[2].parse().map_err(|_| bad("bad peer"))?, bytes: f[3].parse().map_err(|_| bad("bad size"))? });
+        if f[2].is_empty() {
+            return Err(bad("empty peer"));
+        }
+        let kind = intern(&mut kinds, &mut kind_index, f[1]);
+        let peer = intern(&mut peers, &mut peer_index, f[2]);
+        events.push(Event { t, kind, peer, bytes: f[3].parse().map_err(|_| bad("bad size"))? });
     }
-    Ok((events, kinds))
+    Ok((events, kinds, peers))
 }
 
-fn format(events: &[Event], kinds: &[String]) -> String {
+fn format(events: &[Event], kinds: &[String], peers: &[String]) -> String {
     let mut s = String::with_capacity(events.len() * 32);
     for e in events {
-        s.push_str(&format!("{}\t{}\t{}\t{}\n", e.t, kinds[e.kind as usize], e.peer, e.bytes));
+        s.push_str(&format!("{}\t{}\t{}\t{}\n", e.t, kinds[e.kind as usize], peers[e.peer as usize], e.bytes));
     }
     s
+}
+
+/// The period, in events, the plug-in finds in a trace (0 or 1: none).
+pub fn period_of(trace: &[u8]) -> Result<usize, PluginError> {
+    let text = std::str::from_utf8(trace).map_err(|_| PluginError::BadInput("the trace is not text".into()))?;
+    let (events, _, _) = parse(text)?;
+    Ok(period(&events.iter().map(signature).collect::<Vec<_>>()))
 }
 
 /// The period (in events) of `signal`: the smallest lag whose autocorrelation, per
@@ -119,8 +135,8 @@ impl MetadataPlugin for TracePlugin {
 
     fn encode(&self, output: &[u8]) -> Result<Vec<u8>, PluginError> {
         let text = std::str::from_utf8(output).map_err(|_| PluginError::BadInput("the trace is not text".into()))?;
-        let (events, kinds) = parse(text)?;
-        if format(&events, &kinds) != text {
+        let (events, kinds, peers) = parse(text)?;
+        if format(&events, &kinds, &peers) != text {
             return Err(PluginError::BadInput("the trace is not in canonical form (integers without leading zeros, one event per line, final newline); use the zstd plug-in".into()));
         }
         let sig: Vec<f64> = events.iter().map(signature).collect();
@@ -134,7 +150,7 @@ impl MetadataPlugin for TracePlugin {
                 (dt(i) as i64 - dt(i - p) as i64, (!same).then_some((e.kind, e.peer, e.bytes)))
             })
             .collect();
-        let meta = TraceMeta { period: p as u32, kinds, first_time: events.first().map_or(0, |e| e.t), first, later };
+        let meta = TraceMeta { period: p as u32, kinds, peers, first_time: events.first().map_or(0, |e| e.t), first, later };
         let raw = postcard::to_stdvec(&meta).map_err(|e| PluginError::Failed(e.to_string()))?;
         let packed = zstd::bulk::compress(&raw, 19).map_err(|e| PluginError::Failed(e.to_string()))?;
         // The contract: decoding gives back exactly this trace.
@@ -151,13 +167,13 @@ impl MetadataPlugin for TracePlugin {
         if p == 0 && !m.later.is_empty() || m.first.len() > p.max(m.first.len().min(p)) {
             return Err(PluginError::BadInput("trace metadata: inconsistent period".into()));
         }
-        let bad_kind = |k: u32| (k as usize) >= m.kinds.len();
+        let bad_kind = |k: u32, p: u32| (k as usize) >= m.kinds.len() || (p as usize) >= m.peers.len();
         let mut dts: Vec<u64> = Vec::with_capacity(m.first.len() + m.later.len());
         let mut events: Vec<Event> = Vec::with_capacity(dts.capacity());
         let mut t = m.first_time;
         for (i, &(dt, kind, peer, bytes)) in m.first.iter().enumerate() {
-            if bad_kind(kind) {
-                return Err(PluginError::BadInput(format!("trace metadata: unknown event kind {kind}")));
+            if bad_kind(kind, peer) {
+                return Err(PluginError::BadInput(format!("trace metadata: unknown event kind {kind} or peer {peer}")));
             }
             t = if i == 0 { t } else { t.checked_add(dt).ok_or_else(|| PluginError::BadInput("trace metadata: time overflows".into()))? };
             dts.push(dt);
@@ -168,14 +184,14 @@ impl MetadataPlugin for TracePlugin {
             let o = events.get(i - p).cloned().ok_or_else(|| PluginError::BadInput("trace metadata: inconsistent period".into()))?;
             let dt = u64::try_from(dts[i - p] as i64 + ddt).map_err(|_| PluginError::BadInput("trace metadata: negative interval".into()))?;
             let (kind, peer, bytes) = lit.unwrap_or((o.kind, o.peer, o.bytes));
-            if bad_kind(kind) {
-                return Err(PluginError::BadInput(format!("trace metadata: unknown event kind {kind}")));
+            if bad_kind(kind, peer) {
+                return Err(PluginError::BadInput(format!("trace metadata: unknown event kind {kind} or peer {peer}")));
             }
             t = t.checked_add(dt).ok_or_else(|| PluginError::BadInput("trace metadata: time overflows".into()))?;
             dts.push(dt);
             events.push(Event { t, kind, peer, bytes });
         }
-        Ok(format(&events, &m.kinds).into_bytes())
+        Ok(format(&events, &m.kinds, &m.peers).into_bytes())
     }
 }
 
@@ -218,7 +234,7 @@ mod tests {
         let sig: Vec<f64> = (0..900).map(|i| [0.1, 0.7, 0.3, 0.9, 0.5, 0.2, 0.8, 0.4, 0.6][i % 9]).collect();
         assert_eq!(period(&sig), 9);
         let t = synthetic(50, 4, 7);
-        let (events, _) = parse(&t).unwrap();
+        let (events, _, _) = parse(&t).unwrap();
         assert_eq!(period(&events.iter().map(signature).collect::<Vec<_>>()), 9);
     }
 
@@ -251,5 +267,59 @@ mod tests {
         assert!(e.contains("line 1") && e.contains("3 fields"), "{e}");
         let e = TracePlugin.encode(b"05\tsend\t1\t10\n").unwrap_err().to_string();
         assert!(e.contains("canonical"), "{e}");
+    }
+}
+
+/// The trace of a real run: gepsea-net's own event trace of a ring exchange.
+#[cfg(test)]
+mod real_trace {
+    use super::*;
+    use gepsea_net::{Addr, Port, PortConfig};
+    use std::time::Duration;
+
+    #[test]
+    fn a_gepsea_net_trace_of_a_ring_exchange_has_the_exchange_as_period_and_round_trips() {
+        let ns = format!("pmtrace{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("gepsea-pmtrace-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ranks, steps) = (3u32, 300u64);
+        let ports: Vec<Port> = (0..ranks)
+            .map(|r| {
+                let mut pc = PortConfig::new(&ns, Addr::new(1, r));
+                pc.trace = Some(dir.join(format!("{r}.trace")));
+                Port::open(pc).unwrap()
+            })
+            .collect();
+        std::thread::scope(|s| {
+            for (r, port) in ports.iter().enumerate() {
+                s.spawn(move || {
+                    let r = r as u32;
+                    let (left, right) = (Addr::new(1, (r + ranks - 1) % ranks), Addr::new(1, (r + 1) % ranks));
+                    for step in 0..steps {
+                        std::thread::sleep(Duration::from_micros(300)); // the compute phase
+                        let from_left = port.irecv(Some(left), Some(step), 4096);
+                        let from_right = port.irecv(Some(right), Some(step), 4096);
+                        let to_left = port.isend(left, step, vec![1u8; 1024]);
+                        let to_right = port.isend(right, step, vec![2u8; 2048]);
+                        for req in [from_left, from_right, to_left, to_right] {
+                            port.wait(req).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        drop(ports);
+        let trace = std::fs::read(dir.join("0.trace")).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+        let text = String::from_utf8(trace.clone()).unwrap();
+        // Per step: send left, send right (as posted), receive left, receive right (as
+        // waited for): exactly four events, the period the FFT must find.
+        assert_eq!(text.lines().count() as u64, steps * 4);
+        assert_eq!(text.lines().take(4).map(|l| l.split('\t').skip(1).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>(), ["send 1.2 1024", "send 1.1 2048", "recv 1.2 2048", "recv 1.1 1024"]);
+        assert_eq!(period_of(&trace).unwrap(), 4);
+        let meta = TracePlugin.encode(&trace).unwrap();
+        assert_eq!(TracePlugin.decode(&meta).unwrap(), trace);
+        eprintln!("real trace: {} bytes, zstd -19 {} bytes, trace plug-in {} bytes", trace.len(), crate::ZstdPlugin::default().encode(&trace).unwrap().len(), meta.len());
     }
 }

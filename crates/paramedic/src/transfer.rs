@@ -362,6 +362,13 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
     Ok(())
 }
 
+/// This host's address on the route to `to` (a connected UDP socket sends nothing).
+pub fn local_ip_towards(to: SocketAddr) -> std::io::Result<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind(("0.0.0.0", 0))?;
+    s.connect(to)?;
+    Ok(s.local_addr()?.ip())
+}
+
 /// A compute-site port for talking to the storage site at `storage` (TCP), listening
 /// on `listen` for the acknowledgements.
 pub fn compute_port(namespace: &str, node: u32, listen: SocketAddr, storage: SocketAddr) -> Result<Port, NetError> {

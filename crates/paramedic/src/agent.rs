@@ -1,0 +1,147 @@
+//! Shipping from the compute site's agent: the `paramedic` agent plug-in.
+//!
+//! An application hands its finished output to its node's agent with a
+//! [`ShipRequest`]; the agent encodes it (BLAST metadata, or the output as it is),
+//! sends it to the storage site over gepsea-net TCP, encrypted when a key file is given,
+//! waits for the storage site's acknowledgement and answers with what it measured
+//! ([`Shipped`]). The application process does none of the encoding, networking or
+//! waiting on the wide-area link itself; without an agent, [`ship`] does the same work
+//! in the calling process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use gepsea_agent::plugin::{Context, Plugin, PluginError as AgentPluginError, Uses};
+use serde::{Deserialize, Serialize};
+
+use crate::blast::{BlastJob, BlastPlugin};
+use crate::plugin::RawPlugin;
+use crate::transfer::{self, Key};
+
+/// The plug-in's name, as applications address it.
+pub const PLUGIN: &str = "paramedic";
+
+/// Ship one output file to the storage site.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShipRequest {
+    /// The complete output (an absolute path: the agent is another process).
+    pub output: PathBuf,
+    /// Its name at the storage site.
+    pub name: String,
+    /// The storage site (`gepsea paramedic serve --listen`).
+    pub storage: SocketAddr,
+    /// Encrypt under the key in this file (the storage site holds the same key).
+    pub key_file: Option<PathBuf>,
+    /// Ship BLAST metadata for this search instead of the output itself.
+    pub blast: Option<BlastJob>,
+}
+
+/// What shipping measured.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Shipped {
+    /// `blast` (metadata) or `raw` (the output itself).
+    pub plugin: String,
+    pub output_bytes: u64,
+    /// Bytes sent (the container: metadata or output, plus its framing).
+    pub bytes: u64,
+    pub encrypted: bool,
+    pub encode_seconds: f64,
+    /// From opening the connection to the storage site's acknowledgement.
+    pub transfer_seconds: f64,
+    /// The storage site's share of that, once the object had arrived: decryption,
+    /// checks, regeneration, writing.
+    pub storage_seconds: f64,
+    pub bytes_written_at_storage: u64,
+    pub reconnects: u64,
+    pub frames_resent: u64,
+    /// Whether the compute site's agent shipped it (rather than the process itself).
+    pub by_agent: bool,
+}
+
+/// Shipping failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ShipError {
+    #[error("{0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Key(#[from] transfer::KeyError),
+    #[error("encoding {0}: {1}")]
+    Encode(PathBuf, crate::container::ContainerError),
+    #[error("no route to the storage site {0}: {1}")]
+    Route(SocketAddr, std::io::Error),
+    #[error("opening the network port: {0}")]
+    Port(gepsea_net::NetError),
+    #[error("sending {name} to {to}: {source}")]
+    Transfer { name: String, to: SocketAddr, source: transfer::TransferError },
+    #[error("the agent: {0}")]
+    Agent(String),
+}
+
+static PORTS: AtomicU64 = AtomicU64::new(0);
+
+/// Encodes and ships in this process.
+pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
+    let key = req.key_file.as_deref().map(Key::read).transpose()?;
+    let output = std::fs::read(&req.output).map_err(|e| ShipError::Read(req.output.clone(), e))?;
+    let started = Instant::now();
+    let (plugin, sealed) = match &req.blast {
+        Some(job) => ("blast", crate::container::seal(&BlastPlugin::compute_site(job.clone()), &output)),
+        None => ("raw", crate::container::seal(&RawPlugin, &output)),
+    };
+    let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
+    let encode_seconds = started.elapsed().as_secs_f64();
+    let ip = transfer::local_ip_towards(req.storage).map_err(|e| ShipError::Route(req.storage, e))?;
+    let ns = format!("paramedic-ship{}-{}", std::process::id(), PORTS.fetch_add(1, Ordering::Relaxed));
+    let started = Instant::now();
+    let port = transfer::compute_port(&ns, std::process::id(), SocketAddr::new(ip, 0), req.storage).map_err(ShipError::Port)?;
+    let sent = transfer::send(&port, transfer::STORAGE, &req.name, &sealed, port.listen_addr(), key.as_ref());
+    let st = port.stats();
+    drop(port);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    let ack = sent.map_err(|source| ShipError::Transfer { name: req.name.clone(), to: req.storage, source })?;
+    Ok(Shipped {
+        plugin: plugin.into(),
+        output_bytes: output.len() as u64,
+        bytes: sealed.len() as u64,
+        encrypted: key.is_some(),
+        encode_seconds,
+        transfer_seconds: started.elapsed().as_secs_f64(),
+        storage_seconds: ack.seconds,
+        bytes_written_at_storage: ack.result.as_ref().copied().unwrap_or(0),
+        reconnects: st.connections_established.saturating_sub(1),
+        frames_resent: st.frames_replayed,
+        by_agent: false,
+    })
+}
+
+/// Asks the node's agent (through `client`) to ship.
+pub fn ship_via(client: &gepsea_client::Client, req: &ShipRequest) -> Result<Shipped, ShipError> {
+    let body = postcard::to_stdvec(req).expect("serialisable");
+    // The wide-area link may be slow and regeneration long: wait as long as it takes.
+    let reply = client.call_timeout(gepsea_agent::wire::Op::Plugin { name: PLUGIN.into(), body }, Duration::from_secs(24 * 3600)).map_err(|e| ShipError::Agent(e.to_string()))?;
+    let gepsea_agent::wire::Reply::Data(bytes) = reply else {
+        return Err(ShipError::Agent(format!("unexpected reply {reply:?}")));
+    };
+    let r: Result<Shipped, String> = postcard::from_bytes(&bytes).map_err(|e| ShipError::Agent(e.to_string()))?;
+    r.map_err(ShipError::Agent)
+}
+
+/// The agent plug-in (see the module docs).
+#[derive(Default)]
+pub struct ShipPlugin;
+
+impl Plugin for ShipPlugin {
+    fn name(&self) -> &str {
+        PLUGIN
+    }
+    fn uses(&self) -> &[Uses] {
+        &[Uses::Compression, Uses::DataStreaming]
+    }
+    fn handle(&self, _ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, AgentPluginError> {
+        let req: ShipRequest = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
+        let r = ship(&req).map(|s| Shipped { by_agent: true, ..s }).map_err(|e| e.to_string());
+        Ok(postcard::to_stdvec(&r).expect("serialisable"))
+    }
+}
