@@ -146,9 +146,13 @@ struct SearchArgs {
     /// BLAST metadata, from which the storage site regenerates the identical output.
     #[arg(long)]
     storage_site: Option<std::net::SocketAddr>,
-    /// ParaMEDIC: send BLAST metadata (a few hundred times smaller for pairwise or XML
-    /// output) instead of the output to the --storage-site.
-    #[arg(long, requires = "storage_site")]
+    /// What goes to the --storage-site: the output itself, the output compressed
+    /// (zstd), or ParaMEDIC's BLAST metadata (a few hundred times smaller than pairwise
+    /// or XML output; the storage site searches again over the hits to regenerate it).
+    #[arg(long, requires = "storage_site", value_parser = ["output", "zstd", "metadata"], default_value = "output")]
+    ship: String,
+    /// ParaMEDIC: the same as --ship metadata.
+    #[arg(long, requires = "storage_site", conflicts_with = "ship")]
     paramedic: bool,
     /// Encrypt the transfer to the storage site under this key (`gepsea paramedic
     /// keygen`; the storage site's `serve --key` holds the same file).
@@ -222,7 +226,7 @@ fn main() -> Result<()> {
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let deliver = match a.storage_site {
-                Some(storage) => Some(paramedic_cmd::deliver_to(storage, a.storage_key.as_deref(), a.paramedic.then(|| (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice())))?),
+                Some(storage) => Some(paramedic_cmd::deliver_to(storage, a.storage_key.as_deref(), if a.paramedic { "metadata" } else { &a.ship }, (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice()))?),
                 None => None,
             };
             let opts = search::SearchOptions {
@@ -267,7 +271,11 @@ fn main() -> Result<()> {
                         "gepsea search: {} bytes of output shipped as {} bytes of {} to {}{} by {} in {:.2} s (encoding {:.2} s); the storage site wrote {} bytes ({:.2} s there); {} reconnect(s), {} frame(s) resent",
                         sh.output_bytes,
                         sh.bytes,
-                        if sh.plugin == "blast" { "ParaMEDIC metadata" } else { "output" },
+                        match sh.plugin.as_str() {
+                            "blast" => "ParaMEDIC metadata",
+                            "zstd" => "compressed output",
+                            _ => "output",
+                        },
                         a.storage_site.map(|s| s.to_string()).unwrap_or_default(),
                         if sh.encrypted { ", encrypted," } else { "" },
                         if sh.by_agent { "the agent" } else { "this process" },

@@ -129,10 +129,17 @@ fn blast_metadata_regenerates_every_format_exactly() {
         search(f, &q, fmt, &[], &out);
         let meta = d.join(format!("meta.{fmt}"));
         encode(f, &out, &q, fmt, &[], &meta);
-        let regen = d.join(format!("regen.{fmt}"));
-        run_ok(decode(f, &meta, &regen));
-        let (want, got) = (std::fs::read(&out).unwrap(), std::fs::read(&regen).unwrap());
-        assert!(want == got, "outfmt {fmt}: regenerated {} bytes differ from the {} bytes written directly", got.len(), want.len());
+        // One BLAST+ process, and three at once over chunks of the queries.
+        for threads in ["1", "3"] {
+            let regen = d.join(format!("regen.{fmt}.{threads}"));
+            let mut c = decode(f, &meta, &regen);
+            c.args(["--threads", threads]);
+            let log = String::from_utf8_lossy(&run_ok(c).stderr).into_owned();
+            assert!(!log.contains("per query"), "outfmt {fmt}, {threads} thread(s): the search over all subjects should have been exact: {log}");
+            let (want, got) = (std::fs::read(&out).unwrap(), std::fs::read(&regen).unwrap());
+            assert!(want == got, "outfmt {fmt}, {threads} thread(s): regenerated {} bytes differ from the {} bytes written directly", got.len(), want.len());
+        }
+        let want = std::fs::read(&out).unwrap();
         let m = std::fs::metadata(&meta).unwrap().len() as usize;
         if fmt == "0" {
             // ParaMEDIC's point: pairwise output shrinks by two orders of magnitude.
@@ -165,7 +172,10 @@ fn overflowing_queries_are_regenerated_one_by_one() {
         let meta = d.join(format!("e1000.meta.{fmt}"));
         encode(f, &out, &q, fmt, &["-evalue", "1000"], &meta);
         let regen = d.join(format!("e1000.regen.{fmt}"));
-        let o = run_ok(decode(f, &meta, &regen));
+        // One BLAST+ process over all queries first, then one per query.
+        let mut c = decode(f, &meta, &regen);
+        c.args(["--threads", "1"]);
+        let o = run_ok(c);
         let log = String::from_utf8_lossy(&o.stderr);
         assert!(log.contains("regenerated per query, 5 BLAST+ runs"), "outfmt {fmt}: the per-query path was not taken: {log}");
         assert!(std::fs::read(&out).unwrap() == std::fs::read(&regen).unwrap(), "outfmt {fmt} at -evalue 1000");
@@ -294,7 +304,7 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
 
 /// `gepsea search --storage-site [--paramedic] --storage-key`: the compute site searches
 /// and its agent ships, encrypted, the report as metadata, then the report itself, then
-/// (without agents, from the search process) metadata again; the storage site
+/// (without agents, from the search process) the report compressed; the storage site
 /// (`paramedic serve --key`) writes the same bytes every time.
 #[test]
 fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_report() {
@@ -313,13 +323,16 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
     let mut sent = Vec::new();
-    for (name, paramedic, agent) in [("hits.0", true, true), ("direct.0", false, true), ("noagent.0", true, false)] {
+    for (name, ship, agent) in [("hits.0", "metadata", true), ("direct.0", "output", true), ("packed.0", "zstd", false)] {
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
         c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"]).arg(&key).arg("--db").arg(f.dir.0.join("db")).arg("--query").arg(&q).arg("--out").arg(&out).arg("--summary-json").arg(&summary);
-        if paramedic {
+        // `--paramedic` is the spelling of `--ship metadata`.
+        if ship == "metadata" {
             c.arg("--paramedic");
+        } else {
+            c.args(["--ship", ship]);
         }
         if !agent {
             c.arg("--no-agent");
@@ -332,7 +345,7 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         let shipped = &s["delivery"];
         assert_eq!(shipped["output_bytes"].as_u64(), Some(output), "{s}");
         assert_eq!(shipped["bytes_written_at_storage"].as_u64(), Some(output));
-        assert_eq!(shipped["plugin"], if paramedic { "blast" } else { "raw" });
+        assert_eq!(shipped["plugin"], [("metadata", "blast"), ("output", "raw"), ("zstd", "zstd")].iter().find(|(s, _)| *s == ship).unwrap().1);
         assert_eq!(shipped["by_agent"], agent, "with agents, the node's agent ships, not the search process");
         assert_eq!(shipped["encrypted"], true);
         sent.push(shipped["bytes"].as_u64().unwrap());
@@ -341,6 +354,5 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     let served = serve.wait_with_output().unwrap();
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
     // The metadata is far smaller than the report it stands for.
-    assert!(sent[0] * 10 < sent[1], "metadata {} bytes vs output {} bytes", sent[0], sent[1]);
-    assert_eq!(sent[0], sent[2], "the same metadata with or without agents");
+    assert!(sent[0] * 10 < sent[2] && sent[2] < sent[1], "metadata {} bytes, compressed {} bytes, output {} bytes", sent[0], sent[2], sent[1]);
 }

@@ -1,7 +1,8 @@
 //! Shipping from the compute site's agent: the `paramedic` agent plug-in.
 //!
 //! An application hands its finished output to its node's agent with a
-//! [`ShipRequest`]; the agent encodes it (BLAST metadata, or the output as it is),
+//! [`ShipRequest`]; the agent encodes it (BLAST metadata, the output compressed, or the
+//! output as it is),
 //! sends it to the storage site over gepsea-net TCP, encrypted when a key file is given,
 //! waits for the storage site's acknowledgement and answers with what it measured
 //! ([`Shipped`]). The application process does none of the encoding, networking or
@@ -17,7 +18,7 @@ use gepsea_agent::plugin::{Context, Plugin, PluginError as AgentPluginError, Use
 use serde::{Deserialize, Serialize};
 
 use crate::blast::{BlastJob, BlastPlugin};
-use crate::plugin::RawPlugin;
+use crate::plugin::{RawPlugin, ZstdPlugin};
 use crate::transfer::{self, Key};
 
 /// The plug-in's name, as applications address it.
@@ -34,14 +35,28 @@ pub struct ShipRequest {
     pub storage: SocketAddr,
     /// Encrypt under the key in this file (the storage site holds the same key).
     pub key_file: Option<PathBuf>,
-    /// Ship BLAST metadata for this search instead of the output itself.
-    pub blast: Option<BlastJob>,
+    /// What crosses the link.
+    pub encoding: Encoding,
+}
+
+/// What is shipped for an output: the ends of the trade-off between bytes on the link
+/// and work at the two sites (`docs/paramedic.md` says where each wins).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Encoding {
+    /// The output itself: most bytes, no work.
+    Output,
+    /// The output compressed (zstd at this level): fewer bytes, a little work, no
+    /// application knowledge.
+    Zstd(i32),
+    /// ParaMEDIC's BLAST metadata of this search: fewest bytes; the storage site
+    /// searches again over the hit subjects.
+    Blast(BlastJob),
 }
 
 /// What shipping measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Shipped {
-    /// `blast` (metadata) or `raw` (the output itself).
+    /// `blast` (metadata), `zstd` (compressed output) or `raw` (the output itself).
     pub plugin: String,
     pub output_bytes: u64,
     /// Bytes sent (the container: metadata or output, plus its framing).
@@ -86,9 +101,10 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     let key = req.key_file.as_deref().map(Key::read).transpose()?;
     let output = std::fs::read(&req.output).map_err(|e| ShipError::Read(req.output.clone(), e))?;
     let started = Instant::now();
-    let (plugin, sealed) = match &req.blast {
-        Some(job) => ("blast", crate::container::seal(&BlastPlugin::compute_site(job.clone()), &output)),
-        None => ("raw", crate::container::seal(&RawPlugin, &output)),
+    let (plugin, sealed) = match &req.encoding {
+        Encoding::Blast(job) => ("blast", crate::container::seal(&BlastPlugin::compute_site(job.clone()), &output)),
+        Encoding::Zstd(level) => ("zstd", crate::container::seal(&ZstdPlugin { level: *level }, &output)),
+        Encoding::Output => ("raw", crate::container::seal(&RawPlugin, &output)),
     };
     let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();

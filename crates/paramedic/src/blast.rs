@@ -10,7 +10,7 @@
 //! same). Nothing is copied out of the replica.
 //!
 //! Regeneration first searches all queries against the union of their subjects (one
-//! BLAST+ run). That is exact unless a query's whole-database search overflowed BLAST's
+//! BLAST+ run, or one per chunk of queries in parallel, joined). That is exact unless a query's whole-database search overflowed BLAST's
 //! preliminary hit list; the output's SHA-256 tells. If it differs, each query is
 //! searched against its own subjects and the reports are joined. If that differs too,
 //! decoding fails: a different output is never returned.
@@ -62,30 +62,38 @@ pub struct BlastPlugin {
     replica: PathBuf,
     /// BLAST+ runs of the last `decode` (1: the union search was exact).
     runs: std::sync::atomic::AtomicUsize,
-    /// BLAST+ threads per regeneration run.
+    /// BLAST+ processes at once per regeneration.
     threads: usize,
+    per_query: std::sync::atomic::AtomicBool,
 }
 
 impl BlastPlugin {
     /// The compute site: encodes reports of `job` (and can decode them too).
     pub fn compute_site(job: BlastJob) -> BlastPlugin {
-        BlastPlugin { replica: job.db_dir.clone(), job: Some(job), runs: Default::default(), threads: 1 }
+        BlastPlugin { replica: job.db_dir.clone(), job: Some(job), runs: Default::default(), threads: 1, per_query: Default::default() }
     }
 
-    /// BLAST+ runs the last `decode` needed: 1 when the search over the union of all
-    /// subjects was exact, 1 + queries when each query was searched on its own.
+    /// BLAST+ runs the last `decode` needed: one per chunk of queries (see
+    /// [`BlastPlugin::with_threads`]) when the search over the union of all subjects was
+    /// exact, plus one per query when each query had to be searched on its own.
     pub fn last_runs(&self) -> usize {
         self.runs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The storage site: regenerates reports from its replica of the database.
-    pub fn storage_site(replica: &Path) -> BlastPlugin {
-        BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default(), threads: 1 }
+    /// Whether the last `decode` had to search each query on its own.
+    pub fn last_went_per_query(&self) -> bool {
+        self.per_query.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Regenerates with `threads` BLAST+ threads (`-num_threads`, which splits the
-    /// database scan and leaves the report identical; `-mt_mode 1`, splitting by query,
-    /// does not, so it is not used). Ignored when the search's own options set threads.
+    /// The storage site: regenerates reports from its replica of the database.
+    pub fn storage_site(replica: &Path) -> BlastPlugin {
+        BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default(), threads: 1, per_query: Default::default() }
+    }
+
+    /// Regenerates with up to `threads` BLAST+ processes at once, each searching a
+    /// contiguous chunk of the queries; their reports are joined as parallel BLAST joins
+    /// its parts. (BLAST+'s own `-num_threads` was measured to change the report in 2
+    /// of 8 runs on 20 example queries, and `-mt_mode 1` every time: not used.)
     pub fn with_threads(self, threads: usize) -> BlastPlugin {
         BlastPlugin { threads: threads.max(1), ..self }
     }
@@ -249,10 +257,6 @@ impl BlastPlugin {
         let os = out.to_string_lossy().into_owned();
         let mut args: Vec<&str> = vec!["-query", &qs, "-db", &m.db_name, "-outfmt", &m.outfmt, "-out", &os];
         args.extend(m.blast_args.iter().map(String::as_str));
-        let threads = self.threads.to_string();
-        if self.threads > 1 && !m.blast_args.iter().any(|a| a == "-num_threads") {
-            args.extend(["-num_threads", &threads]);
-        }
         tools::run(&m.program, &args, Some(&dbdir), Some(&s.0)).map_err(failed)?;
         std::fs::read(&out).map_err(failed)
     }
@@ -313,19 +317,41 @@ impl MetadataPlugin for BlastPlugin {
         if m.subjects.iter().flatten().any(|&o| o as u64 >= manifest.sequences) {
             return Err(bad("a subject OID lies beyond the database"));
         }
-        // One search over the union of all queries' subjects.
-        let union: BTreeSet<u32> = m.subjects.iter().flatten().copied().collect();
-        let out = self.regenerate(&m, &manifest, &m.queries, &union)?;
-        self.runs.store(1, std::sync::atomic::Ordering::Relaxed);
-        if matches(&m, &out) {
-            return Ok(out);
-        }
-        // Some query's whole-database search overflowed its preliminary list: each
-        // query against its own subjects, joined like parallel BLAST's parts.
         let records = fasta::read_from(&m.queries[..], Path::new("metadata queries")).map_err(failed)?;
         if records.len() != m.subjects.len() {
             return Err(bad(format!("metadata lists {} queries, its query file has {}", m.subjects.len(), records.len())));
         }
+        let fmt = gepsea_blast::report::base_format(&m.outfmt);
+        // The queries against the union of all their subjects: one BLAST+ run, or one
+        // per chunk of queries, in parallel, joined like parallel BLAST's parts.
+        let union: BTreeSet<u32> = m.subjects.iter().flatten().copied().collect();
+        let chunks = self.threads.min(records.len()).max(1);
+        let out = if chunks == 1 {
+            self.regenerate(&m, &manifest, &m.queries, &union)?
+        } else {
+            let parts: Vec<Result<Vec<u8>, PluginError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..chunks)
+                    .map(|c| {
+                        let mut q = Vec::new();
+                        for r in &records[c * records.len() / chunks..(c + 1) * records.len() / chunks] {
+                            r.write_to(&mut q);
+                        }
+                        let (m, manifest, union) = (&m, &manifest, &union);
+                        s.spawn(move || self.regenerate(m, manifest, &q, union))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(failed("a regeneration thread panicked")))).collect()
+            });
+            let parts = parts.into_iter().map(|p| String::from_utf8(p?).map_err(|_| failed("BLAST+ wrote non-text output"))).collect::<Result<Vec<_>, _>>()?;
+            gepsea_blast::accel::assemble(&parts, fmt).map_err(failed)?.into_bytes()
+        };
+        self.runs.store(chunks, std::sync::atomic::Ordering::Relaxed);
+        self.per_query.store(false, std::sync::atomic::Ordering::Relaxed);
+        if matches(&m, &out) {
+            return Ok(out);
+        }
+        // Some query's whole-database search overflowed its preliminary list: each
+        // query against its own subjects, joined the same way.
         let mut parts = Vec::with_capacity(records.len());
         for (r, subj) in records.iter().zip(&m.subjects) {
             let mut q = Vec::new();
@@ -333,8 +359,9 @@ impl MetadataPlugin for BlastPlugin {
             let set: BTreeSet<u32> = subj.iter().copied().collect();
             parts.push(String::from_utf8(self.regenerate(&m, &manifest, &q, &set)?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
         }
-        self.runs.store(1 + records.len(), std::sync::atomic::Ordering::Relaxed);
-        let joined = gepsea_blast::accel::assemble(&parts, gepsea_blast::report::base_format(&m.outfmt)).map_err(failed)?.into_bytes();
+        self.runs.store(chunks + records.len(), std::sync::atomic::Ordering::Relaxed);
+        self.per_query.store(true, std::sync::atomic::Ordering::Relaxed);
+        let joined = gepsea_blast::accel::assemble(&parts, fmt).map_err(failed)?.into_bytes();
         if matches(&m, &joined) {
             return Ok(joined);
         }
