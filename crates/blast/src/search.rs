@@ -61,7 +61,10 @@ pub struct SearchOptions {
 /// place: called with the output's path and, in agent mode, a client of this node's
 /// agent, so the agent can do the work. Its report lands in [`Summary::delivery`].
 #[derive(Clone)]
-pub struct Deliver(pub std::sync::Arc<dyn Fn(&Path, Option<&gepsea_client::Client>) -> Result<serde_json::Value, String> + Send + Sync>);
+pub struct Deliver(pub std::sync::Arc<DeliverFn>);
+
+/// The function behind [`Deliver`]: (output, the node's agent) → a report, or why not.
+pub type DeliverFn = dyn Fn(&Path, Option<&gepsea_client::Client>) -> Result<serde_json::Value, String> + Send + Sync;
 
 impl std::fmt::Debug for Deliver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

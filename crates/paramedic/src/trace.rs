@@ -28,6 +28,9 @@ struct Event {
     bytes: u64,
 }
 
+/// An event's (kind, peer, bytes).
+type Identity = (u32, u32, u64);
+
 #[derive(Debug, Serialize, Deserialize)]
 struct TraceMeta {
     period: u32,
@@ -40,7 +43,7 @@ struct TraceMeta {
     first: Vec<(u64, u32, u32, u64)>,
     /// Every later event: change of inter-arrival time against the event one period
     /// earlier, and (kind, peer, bytes) where they differ from that event.
-    later: Vec<(i64, Option<(u32, u32, u64)>)>,
+    later: Vec<(i64, Option<Identity>)>,
 }
 
 /// The trace plug-in (see the module docs).
@@ -57,7 +60,10 @@ fn intern(table: &mut Vec<String>, index: &mut HashMap<String, u32>, name: &str)
     table.len() as u32 - 1
 }
 
-fn parse(text: &str) -> Result<(Vec<Event>, Vec<String>, Vec<String>), PluginError> {
+/// Events, and the kinds and peers they index.
+type Parsed = (Vec<Event>, Vec<String>, Vec<String>);
+
+fn parse(text: &str) -> Result<Parsed, PluginError> {
     let (mut kinds, mut peers) = (Vec::new(), Vec::new());
     let (mut kind_index, mut peer_index) = (HashMap::new(), HashMap::new());
     let mut events = Vec::new();

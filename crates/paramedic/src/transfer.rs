@@ -406,7 +406,9 @@ mod tests {
     /// Runs one transfer per `(sender key, object)` against a storage site holding
     /// `site_key`, over real TCP on the loopback; returns the sender's results and what
     /// the storage site stored.
-    fn transfers(tag: &str, site_key: Option<Key>, sends: Vec<(Option<Key>, Vec<u8>)>) -> (Vec<Result<Ack, TransferError>>, Vec<(String, Vec<u8>)>) {
+    type Outcome = (Vec<Result<Ack, TransferError>>, Vec<(String, Vec<u8>)>);
+
+    fn transfers(tag: &str, site_key: Option<Key>, sends: Vec<(Option<Key>, Vec<u8>)>) -> Outcome {
         let ns_store = format!("pmt-s-{tag}-{}", std::process::id());
         let ns_send = format!("pmt-c-{tag}-{}", std::process::id());
         let storage = storage_port(&ns_store, "127.0.0.1:0".parse().unwrap()).unwrap();
