@@ -353,7 +353,7 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     // Unknown plug-ins, oversized values, unlocking what one does not hold.
     let e = c.plugin("nope", b"").unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::UnknownPlugin));
-    assert!(e.to_string().contains("(it has: append, blast, counter)"), "{e}");
+    assert!(e.to_string().contains("(it has: append, blast, counter, paramedic)"), "{e}");
     let e = c.board_put("big", &vec![0; 64 * 1024 + 1]).unwrap_err();
     assert_eq!(e.kind(), Some(ErrorKind::TooLarge), "{e}");
     assert!(e.to_string().contains("65537 bytes"), "{e}");
