@@ -276,7 +276,12 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         }
     }
     drop(mount);
+    // Killed, the storage sites cannot remove their gepsea-net runtime directories.
+    let server_pids: Vec<u32> = servers.0.iter().map(|c| c.id()).collect();
     drop(servers);
+    for pid in server_pids {
+        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("paramedic-storage{pid}")));
+    }
     drop(sites);
     let _ = std::fs::remove_file(&reference);
     report(a, &rows, output_bytes, ref_search)
