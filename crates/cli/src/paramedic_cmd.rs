@@ -190,6 +190,32 @@ pub fn deliver_to(storage: std::net::SocketAddr, key_file: Option<&Path>, ship: 
     })))
 }
 
+/// `serve` runs until stopped: on SIGINT or SIGTERM remove what this process keeps
+/// (its gepsea-net runtime directory, a half-written output, regeneration scratch) and
+/// exit, so a stopped storage site leaves nothing behind.
+fn stop_cleanly_on_signal(namespace: String, out: PathBuf) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        if let Some(sig) = signals.forever().next() {
+            let pid = std::process::id();
+            let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&namespace));
+            let ours = |dir: &Path, is_ours: &dyn Fn(&str) -> bool| {
+                for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                    if is_ours(&e.file_name().to_string_lossy()) {
+                        let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+                    }
+                }
+            };
+            ours(&out, &|n| n.ends_with(&format!(".gepsea-tmp{pid}")));
+            ours(&std::env::temp_dir(), &|n| n.starts_with("gepsea-paramedic-") && n.contains(&format!("-{pid}-")));
+            eprintln!("gepsea paramedic: storage site stopped by signal {sig}");
+            std::process::exit(128 + sig);
+        }
+    });
+    Ok(())
+}
+
 pub fn run(cmd: &ParamedicCmd) -> Result<()> {
     match cmd {
         ParamedicCmd::Serve(a) => {
@@ -197,6 +223,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let key = read_key(a.key.as_deref())?;
             let ns = format!("paramedic-storage{}", std::process::id());
             let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
+            stop_cleanly_on_signal(ns.clone(), a.out.clone())?;
             eprintln!("gepsea paramedic: storage site listening on {}{}, writing to {}", a.listen, if key.is_some() { " (encrypted transfers only)" } else { "" }, a.out.display());
             let db = a.db.clone();
             let threads = a.threads.unwrap_or_else(cores);

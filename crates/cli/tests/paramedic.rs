@@ -356,3 +356,27 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     // The metadata is far smaller than the report it stands for.
     assert!(sent[0] * 10 < sent[2] && sent[2] < sent[1], "metadata {} bytes, compressed {} bytes, output {} bytes", sent[0], sent[2], sent[1]);
 }
+
+/// A storage site runs until stopped; stopped by SIGTERM it leaves no runtime directory.
+#[test]
+fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
+    let f = fixture();
+    let d = f.dir.0.join("stopped");
+    let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let mut serve = gepsea();
+    serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
+    let mut child = serve.spawn().unwrap();
+    let runtime = std::env::temp_dir().join(format!("gepsea-paramedic-storage{}", child.id()));
+    // It says it listens once its port is open and its signal handler installed.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    assert!(runtime.exists(), "no runtime directory {}", runtime.display());
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{rest}");
+    assert!(!runtime.exists(), "{} left behind", runtime.display());
+}
