@@ -25,8 +25,9 @@ use gepsea_net::testbed::NetnsBridge;
 use serde::Serialize;
 use serde_json::json;
 
+/// What the cluster and ParaMEDIC benchmarks search.
 #[derive(clap::Args, Debug)]
-pub struct ClusterBenchArgs {
+pub struct Workload {
     /// FASTA database.
     #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")]
     pub db: PathBuf,
@@ -37,6 +38,23 @@ pub struct ClusterBenchArgs {
     pub queries: usize,
     #[arg(long, default_value_t = 4)]
     pub fragments: usize,
+}
+
+impl Workload {
+    /// Writes the database FASTA as `dir/db.fasta` and the first `queries` queries as
+    /// `dir/q.fasta` (either input may be gzipped), and formats the database into
+    /// `dir/g` with `gepsea`; returns the queries' residues.
+    pub fn prepare(&self, gepsea: &Path, d: &Path) -> Result<usize> {
+        let residues = prepare_inputs(&self.db, &self.query, self.queries, d)?;
+        run_ok(Command::new(gepsea).args(["db", "format", "--fragments", &self.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
+        Ok(residues)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ClusterBenchArgs {
+    #[command(flatten)]
+    pub workload: Workload,
     /// Node counts to run, comma-separated.
     #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
     pub nodes: Vec<usize>,
@@ -186,9 +204,7 @@ pub(crate) fn same_output(got: &Path, want: &Path) -> Result<bool> {
     Ok(strip(got)? == strip(want)?)
 }
 
-/// Writes the database FASTA as `dir/db.fasta` and its first `queries` queries as
-/// `dir/q.fasta` (either may be gzipped); returns the queries' residues.
-pub(crate) fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usize> {
+fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usize> {
     let unzip = |p: &Path| -> Result<Vec<u8>> {
         if p.extension().is_some_and(|e| e == "gz") {
             Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
@@ -223,10 +239,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
     let d = &dir.0;
     std::fs::create_dir_all(d.join("ref"))?;
-    let residues = prepare_inputs(&a.db, &a.query, a.queries, d)?;
+    let residues = a.workload.prepare(&gepsea, d)?;
     let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
     run_ok(Command::new("makeblastdb").args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"]).current_dir(d.join("ref")))?;
-    run_ok(Command::new(&gepsea).args(["db", "format", "--fragments", &a.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
     let serial_out = d.join("serial.out");
     let t = Instant::now();
     run_ok(Command::new("blastp").env("BLASTDB", d.join("ref")).args(["-db", "DB", "-outfmt", &a.outfmt, "-query"]).arg(d.join("q.fasta")).arg("-out").arg(&serial_out))?;
@@ -234,9 +249,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     let out_bytes = std::fs::metadata(&serial_out)?.len();
     eprintln!(
         "bench cluster: {} queries in {} batches, {} fragments, outfmt {} ({:.1} MB of output), output location {}; serial blastp {serial:.2} s",
-        a.queries,
+        a.workload.queries,
         a.batches,
-        a.fragments,
+        a.workload.fragments,
         a.outfmt,
         out_bytes as f64 / 1e6,
         if a.storage_mbit > 0 { format!("on a storage node behind a {} Mbit/s link (sshfs)", a.storage_mbit) } else { "on local disk".into() }
@@ -330,7 +345,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write(
         &a.json,
-        serde_json::to_string_pretty(&json!({"queries": a.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}))?,
+        serde_json::to_string_pretty(&json!({"queries": a.workload.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}))?,
     )?;
     crate::plots::lines(&out_dir.join("cluster_wall.png"), "Wall time (s)", "emulated nodes", &series(&rows, |r| r.wall_seconds))?;
     crate::plots::lines(&out_dir.join("cluster_search_fraction.png"), "Worker time inside BLAST+ (%)", "emulated nodes", &series(&rows, |r| 100.0 * r.search_fraction))?;

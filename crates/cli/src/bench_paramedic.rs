@@ -34,20 +34,12 @@ use gepsea_net::testbed::WanSites;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::bench_cluster::{prepare_inputs, run_ok, same_output, StorageMount, TempDir};
+use crate::bench_cluster::{run_ok, same_output, StorageMount, TempDir, Workload};
 
 #[derive(clap::Args, Debug)]
 pub struct ParamedicBenchArgs {
-    /// FASTA database.
-    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz")]
-    pub db: PathBuf,
-    /// FASTA queries (the first --queries are used).
-    #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz")]
-    pub query: PathBuf,
-    #[arg(long, default_value_t = 60)]
-    pub queries: usize,
-    #[arg(long, default_value_t = 4)]
-    pub fragments: usize,
+    #[command(flatten)]
+    pub workload: Workload,
     /// Nodes of the compute site (one BLAST worker each; the master shares node 0).
     #[arg(long, default_value_t = 2)]
     pub compute_nodes: usize,
@@ -148,8 +140,7 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     for sub in ["local", "at-storage/plain", "at-storage/keyed"] {
         std::fs::create_dir_all(d.join(sub))?;
     }
-    prepare_inputs(&a.db, &a.query, a.queries, d)?;
-    run_ok(Command::new(&gepsea).args(["db", "format", "--fragments", &a.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
+    a.workload.prepare(&gepsea, d)?;
     // The storage site's replica: the same database files, its own copy.
     run_ok(Command::new("cp").arg("-a").arg(d.join("g")).arg(d.join("replica")))?;
     run_ok(Command::new(&gepsea).args(["paramedic", "keygen", "--out"]).arg(d.join("key")))?;
@@ -219,9 +210,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     let ref_search = ref_summary["wall_seconds"].as_f64().unwrap_or(0.0);
     eprintln!(
         "bench paramedic: {} queries, outfmt {}, {} fragments, {} compute node(s) + 1 storage node; the reference search (nothing shipped): {ref_wall:.2} s end to end, {ref_search:.2} s searching, {:.2} MB of output",
-        a.queries,
+        a.workload.queries,
         a.outfmt,
-        a.fragments,
+        a.workload.fragments,
         a.compute_nodes,
         output_bytes as f64 / 1e6
     );
@@ -342,7 +333,7 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
     std::fs::write(
         &a.json,
         serde_json::to_string_pretty(&json!({
-            "queries": a.queries, "fragments": a.fragments, "compute_nodes": a.compute_nodes, "outfmt": a.outfmt,
+            "queries": a.workload.queries, "fragments": a.workload.fragments, "compute_nodes": a.compute_nodes, "outfmt": a.outfmt,
             "output_bytes": output_bytes, "metadata_bytes": meta, "reference_search_seconds": ref_search,
             "encode_seconds": encode, "regenerate_seconds": regen, "break_even_mbit": break_even_mbit, "break_even_vs_zstd_mbit": break_even_zstd_mbit,
             "tcp": "BBR, 64 MiB buffers", "runs": rows,

@@ -119,6 +119,18 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     transfer::write_atomically(path, data).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The plug-in that regenerates what plug-in `name` encoded (`blast` needs this site's
+/// replica of the database).
+fn decoder(name: &str, replica: Option<&Path>, threads: usize) -> Option<Box<dyn MetadataPlugin>> {
+    match name {
+        "zstd" => Some(Box::new(ZstdPlugin::default())),
+        "raw" => Some(Box::new(RawPlugin)),
+        "trace" => Some(Box::new(TracePlugin)),
+        "blast" => replica.map(|d| Box::new(BlastPlugin::storage_site(d).with_threads(threads)) as Box<dyn MetadataPlugin>),
+        _ => None,
+    }
+}
+
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -130,28 +142,17 @@ pub fn read_key(path: Option<&Path>) -> Result<Option<transfer::Key>> {
 
 /// Sends `container` to the storage site at `to` as `name`; prints what happened.
 fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&transfer::Key>) -> Result<()> {
-    let ip = match from {
-        Some(ip) => ip,
-        None => transfer::local_ip_towards(to).with_context(|| format!("no route to {to}"))?,
-    };
-    let ns = format!("paramedic{}", std::process::id());
-    let started = std::time::Instant::now();
-    let port = transfer::compute_port(&ns, std::process::id(), std::net::SocketAddr::new(ip, 0), to).context("opening the network port")?;
-    let sent = transfer::send(&port, transfer::STORAGE, name, container, port.listen_addr(), key).with_context(|| format!("sending {name} to {to}"));
-    let st = port.stats();
-    drop(port);
-    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-    let ack = sent?;
+    let sent = transfer::send_to(to, from, name, container, key).with_context(|| format!("sending {name} to {to}"))?;
     eprintln!(
         "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
         container.len(),
         if key.is_some() { " encrypted" } else { "" },
-        started.elapsed().as_secs_f64(),
-        ack.name,
-        ack.result.as_ref().copied().unwrap_or(0),
-        ack.seconds,
-        st.connections_established.saturating_sub(1),
-        st.frames_replayed
+        sent.seconds,
+        sent.ack.name,
+        sent.ack.result.as_ref().copied().unwrap_or(0),
+        sent.ack.seconds,
+        sent.reconnects,
+        sent.frames_resent
     );
     Ok(())
 }
@@ -227,18 +228,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             eprintln!("gepsea paramedic: storage site listening on {}{}, writing to {}", a.listen, if key.is_some() { " (encrypted transfers only)" } else { "" }, a.out.display());
             let db = a.db.clone();
             let threads = a.threads.unwrap_or_else(cores);
-            let mut sink = transfer::RegenerateInto {
-                dir: a.out.clone(),
-                plugins: move |name: &str| -> Option<Box<dyn MetadataPlugin>> {
-                    match name {
-                        "zstd" => Some(Box::new(ZstdPlugin::default())),
-                        "raw" => Some(Box::new(RawPlugin)),
-                        "trace" => Some(Box::new(TracePlugin)),
-                        "blast" => db.as_ref().map(|d| Box::new(BlastPlugin::storage_site(d).with_threads(threads)) as Box<dyn MetadataPlugin>),
-                        _ => None,
-                    }
-                },
-            };
+            let mut sink = transfer::RegenerateInto { dir: a.out.clone(), plugins: move |name: &str| decoder(name, db.as_deref(), threads) };
             transfer::serve(&port, &mut sink, a.count, key.as_ref(), |ack| match &ack.result {
                 Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
                 Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
@@ -280,9 +270,6 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let data = std::fs::read(&a.metadata).with_context(|| format!("reading {}", a.metadata.display()))?;
             let (name, _) = container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
             let output = match name.as_str() {
-                "zstd" => container::open(&ZstdPlugin::default(), &data),
-                "raw" => container::open(&RawPlugin, &data),
-                "trace" => container::open(&TracePlugin, &data),
                 "blast" => {
                     let Some(db) = &a.db else { bail!("{}: BLAST metadata: give --db, this site's replica of the database", a.metadata.display()) };
                     let p = BlastPlugin::storage_site(db).with_threads(a.threads.unwrap_or_else(cores));
@@ -292,7 +279,10 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                     }
                     out
                 }
-                other => bail!("{}: made by plug-in {other:?}, which this build does not have", a.metadata.display()),
+                other => match decoder(other, None, 1) {
+                    Some(p) => container::open(p.as_ref(), &data),
+                    None => bail!("{}: made by plug-in {other:?}, which this build does not have", a.metadata.display()),
+                },
             }
             .with_context(|| format!("{}", a.metadata.display()))?;
             write_atomically(&a.out, &output)?;

@@ -171,14 +171,17 @@ fn overflowing_queries_are_regenerated_one_by_one() {
         search(f, &q, fmt, &["-evalue", "1000"], &out);
         let meta = d.join(format!("e1000.meta.{fmt}"));
         encode(f, &out, &q, fmt, &["-evalue", "1000"], &meta);
-        let regen = d.join(format!("e1000.regen.{fmt}"));
-        // One BLAST+ process over all queries first, then one per query.
-        let mut c = decode(f, &meta, &regen);
-        c.args(["--threads", "1"]);
-        let o = run_ok(c);
-        let log = String::from_utf8_lossy(&o.stderr);
-        assert!(log.contains("regenerated per query, 5 BLAST+ runs"), "outfmt {fmt}: the per-query path was not taken: {log}");
-        assert!(std::fs::read(&out).unwrap() == std::fs::read(&regen).unwrap(), "outfmt {fmt} at -evalue 1000");
+        // One BLAST+ process over all 4 queries (or 3 over chunks of them) first, then
+        // one per query (up to 3 at once).
+        for (threads, runs) in [("1", 5), ("3", 7)] {
+            let regen = d.join(format!("e1000.regen.{fmt}.{threads}"));
+            let mut c = decode(f, &meta, &regen);
+            c.args(["--threads", threads]);
+            let o = run_ok(c);
+            let log = String::from_utf8_lossy(&o.stderr);
+            assert!(log.contains(&format!("regenerated per query, {runs} BLAST+ runs")), "outfmt {fmt}, {threads} thread(s): the per-query path was not taken: {log}");
+            assert!(std::fs::read(&out).unwrap() == std::fs::read(&regen).unwrap(), "outfmt {fmt} at -evalue 1000, {threads} thread(s)");
+        }
     }
 }
 

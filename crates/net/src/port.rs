@@ -427,11 +427,8 @@ impl Port {
     }
 
     /// Records a receive handed to the application.
-    fn traced<T>(&self, r: T) -> T
-    where
-        T: std::borrow::Borrow<Option<Result<Completion, NetError>>>,
-    {
-        if let (Some(t), Some(Ok(Completion::Received(m)))) = (&self.sh.trace, r.borrow()) {
+    fn traced(&self, r: Option<Result<Completion, NetError>>) -> Option<Result<Completion, NetError>> {
+        if let (Some(t), Some(Ok(Completion::Received(m)))) = (&self.sh.trace, &r) {
             t.record("recv", m.src, m.data.len());
         }
         r

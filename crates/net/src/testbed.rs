@@ -115,7 +115,7 @@ impl NetnsBridge {
 
     /// The nodes' subnet as CIDR (e.g. `10.203.17.0/24`).
     pub fn subnet(&self) -> String {
-        format!("{}.0/24", self.ip[0].rsplit_once('.').map_or("", |(net, _)| net))
+        format!("{}.0/24", net_of(&self.ip[0]))
     }
 
     /// `mpirun` (OpenMPI) over the first `slots.len()` nodes, reached as hosts by their
@@ -146,6 +146,11 @@ impl NetnsBridge {
     pub fn kill_all(&self, i: usize) {
         kill_ns(&self.ns[i]);
     }
+}
+
+/// The first three octets of an address on one of our /24s.
+fn net_of(ip: &str) -> &str {
+    ip.rsplit_once('.').map_or("", |(net, _)| net)
 }
 
 fn kill_ns(ns: &str) {
@@ -187,7 +192,7 @@ impl WanSites {
     pub fn new(prefix: &str, n: usize) -> std::io::Result<WanSites> {
         let compute = NetnsBridge::new(prefix, n)?;
         let router = compute.switch_name();
-        let net = compute.ip[0].rsplit_once('.').map(|(net, _)| net.to_string()).unwrap_or_default();
+        let net = net_of(&compute.ip[0]).to_string();
         // The storage subnet: the compute subnet's second octet minus 50 (150..199),
         // a range no other testbed here uses.
         let mut octets: Vec<u32> = net.split('.').map(|o| o.parse().unwrap_or(0)).collect();
@@ -230,7 +235,7 @@ impl WanSites {
     }
 
     fn storage_subnet(&self) -> String {
-        format!("{}.0/24", self.storage_ip.rsplit_once('.').map_or("", |(net, _)| net))
+        format!("{}.0/24", net_of(&self.storage_ip))
     }
 
     /// Limits the wide-area link to `mbit` Mbit/s in each direction (`tc tbf` on the

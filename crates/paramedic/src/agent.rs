@@ -11,7 +11,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gepsea_agent::plugin::{Context, Plugin, PluginError as AgentPluginError, Uses};
@@ -84,17 +83,11 @@ pub enum ShipError {
     Key(#[from] transfer::KeyError),
     #[error("encoding {0}: {1}")]
     Encode(PathBuf, crate::container::ContainerError),
-    #[error("no route to the storage site {0}: {1}")]
-    Route(SocketAddr, std::io::Error),
-    #[error("opening the network port: {0}")]
-    Port(gepsea_net::NetError),
     #[error("sending {name} to {to}: {source}")]
     Transfer { name: String, to: SocketAddr, source: transfer::TransferError },
     #[error("the agent: {0}")]
     Agent(String),
 }
-
-static PORTS: AtomicU64 = AtomicU64::new(0);
 
 /// Encodes and ships in this process.
 pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
@@ -108,26 +101,18 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     };
     let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();
-    let ip = transfer::local_ip_towards(req.storage).map_err(|e| ShipError::Route(req.storage, e))?;
-    let ns = format!("paramedic-ship{}-{}", std::process::id(), PORTS.fetch_add(1, Ordering::Relaxed));
-    let started = Instant::now();
-    let port = transfer::compute_port(&ns, std::process::id(), SocketAddr::new(ip, 0), req.storage).map_err(ShipError::Port)?;
-    let sent = transfer::send(&port, transfer::STORAGE, &req.name, &sealed, port.listen_addr(), key.as_ref());
-    let st = port.stats();
-    drop(port);
-    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-    let ack = sent.map_err(|source| ShipError::Transfer { name: req.name.clone(), to: req.storage, source })?;
+    let sent = transfer::send_to(req.storage, None, &req.name, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer { name: req.name.clone(), to: req.storage, source })?;
     Ok(Shipped {
         plugin: plugin.into(),
         output_bytes: output.len() as u64,
         bytes: sealed.len() as u64,
         encrypted: key.is_some(),
         encode_seconds,
-        transfer_seconds: started.elapsed().as_secs_f64(),
-        storage_seconds: ack.seconds,
-        bytes_written_at_storage: ack.result.as_ref().copied().unwrap_or(0),
-        reconnects: st.connections_established.saturating_sub(1),
-        frames_resent: st.frames_replayed,
+        transfer_seconds: sent.seconds,
+        storage_seconds: sent.ack.seconds,
+        bytes_written_at_storage: sent.ack.result.as_ref().copied().unwrap_or(0),
+        reconnects: sent.reconnects,
+        frames_resent: sent.frames_resent,
         by_agent: false,
     })
 }

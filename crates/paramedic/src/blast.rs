@@ -90,9 +90,9 @@ impl BlastPlugin {
         BlastPlugin { job: None, replica: replica.to_path_buf(), runs: Default::default(), threads: 1, per_query: Default::default() }
     }
 
-    /// Regenerates with up to `threads` BLAST+ processes at once, each searching a
-    /// contiguous chunk of the queries; their reports are joined as parallel BLAST joins
-    /// its parts. (BLAST+'s own `-num_threads` was measured to change the report in 2
+    /// Regenerates with up to `threads` BLAST+ processes at once: each searches a
+    /// contiguous chunk of the queries (or, in the per-query fallback, one query); their
+    /// reports are joined as parallel BLAST joins its parts. (BLAST+'s own `-num_threads` was measured to change the report in 2
     /// of 8 runs on 20 example queries, and `-mt_mode 1` every time: not used.)
     pub fn with_threads(self, threads: usize) -> BlastPlugin {
         BlastPlugin { threads: threads.max(1), ..self }
@@ -262,6 +262,24 @@ impl BlastPlugin {
     }
 }
 
+impl BlastPlugin {
+    /// Searches each group of queries against its subjects, up to `threads` BLAST+
+    /// processes at once; the reports, in the groups' order.
+    fn regenerate_each(&self, m: &BlastMeta, manifest: &db::Manifest, groups: Vec<(Vec<u8>, &BTreeSet<u32>)>) -> Result<Vec<String>, PluginError> {
+        let mut parts = Vec::with_capacity(groups.len());
+        for wave in groups.chunks(self.threads.max(1)) {
+            let reports: Vec<Result<Vec<u8>, PluginError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = wave.iter().map(|(q, subjects)| s.spawn(move || self.regenerate(m, manifest, q, subjects))).collect();
+                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(failed("a regeneration thread panicked")))).collect()
+            });
+            for r in reports {
+                parts.push(String::from_utf8(r?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
+            }
+        }
+        Ok(parts)
+    }
+}
+
 fn matches(m: &BlastMeta, out: &[u8]) -> bool {
     out.len() as u64 == m.output_len && Sha256::digest(out).as_slice() == m.output_sha256
 }
@@ -322,6 +340,13 @@ impl MetadataPlugin for BlastPlugin {
             return Err(bad(format!("metadata lists {} queries, its query file has {}", m.subjects.len(), records.len())));
         }
         let fmt = gepsea_blast::report::base_format(&m.outfmt);
+        let fasta_of = |rs: &[fasta::Record]| {
+            let mut q = Vec::new();
+            for r in rs {
+                r.write_to(&mut q);
+            }
+            q
+        };
         // The queries against the union of all their subjects: one BLAST+ run, or one
         // per chunk of queries, in parallel, joined like parallel BLAST's parts.
         let union: BTreeSet<u32> = m.subjects.iter().flatten().copied().collect();
@@ -329,21 +354,8 @@ impl MetadataPlugin for BlastPlugin {
         let out = if chunks == 1 {
             self.regenerate(&m, &manifest, &m.queries, &union)?
         } else {
-            let parts: Vec<Result<Vec<u8>, PluginError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = (0..chunks)
-                    .map(|c| {
-                        let mut q = Vec::new();
-                        for r in &records[c * records.len() / chunks..(c + 1) * records.len() / chunks] {
-                            r.write_to(&mut q);
-                        }
-                        let (m, manifest, union) = (&m, &manifest, &union);
-                        s.spawn(move || self.regenerate(m, manifest, &q, union))
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(failed("a regeneration thread panicked")))).collect()
-            });
-            let parts = parts.into_iter().map(|p| String::from_utf8(p?).map_err(|_| failed("BLAST+ wrote non-text output"))).collect::<Result<Vec<_>, _>>()?;
-            gepsea_blast::accel::assemble(&parts, fmt).map_err(failed)?.into_bytes()
+            let groups = (0..chunks).map(|c| (fasta_of(&records[c * records.len() / chunks..(c + 1) * records.len() / chunks]), &union)).collect();
+            gepsea_blast::accel::assemble(&self.regenerate_each(&m, &manifest, groups)?, fmt).map_err(failed)?.into_bytes()
         };
         self.runs.store(chunks, std::sync::atomic::Ordering::Relaxed);
         self.per_query.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -352,13 +364,9 @@ impl MetadataPlugin for BlastPlugin {
         }
         // Some query's whole-database search overflowed its preliminary list: each
         // query against its own subjects, joined the same way.
-        let mut parts = Vec::with_capacity(records.len());
-        for (r, subj) in records.iter().zip(&m.subjects) {
-            let mut q = Vec::new();
-            r.write_to(&mut q);
-            let set: BTreeSet<u32> = subj.iter().copied().collect();
-            parts.push(String::from_utf8(self.regenerate(&m, &manifest, &q, &set)?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
-        }
+        let own: Vec<BTreeSet<u32>> = m.subjects.iter().map(|s| s.iter().copied().collect()).collect();
+        let groups = records.iter().zip(&own).map(|(r, set)| (fasta_of(std::slice::from_ref(r)), set)).collect();
+        let parts = self.regenerate_each(&m, &manifest, groups)?;
         self.runs.store(chunks + records.len(), std::sync::atomic::Ordering::Relaxed);
         self.per_query.store(true, std::sync::atomic::Ordering::Relaxed);
         let joined = gepsea_blast::accel::assemble(&parts, fmt).map_err(failed)?.into_bytes();

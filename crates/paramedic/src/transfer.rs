@@ -179,6 +179,8 @@ pub enum TransferError {
     Malformed { from: Addr, reason: String },
     #[error("the storage site refused {name}: {reason}")]
     Refused { name: String, reason: String },
+    #[error("no route to the storage site {to}: {source}")]
+    NoRoute { to: SocketAddr, source: std::io::Error },
 }
 
 fn plain_name(name: &str) -> bool {
@@ -240,6 +242,36 @@ pub fn send(port: &Port, to: Addr, name: &str, container: &[u8], reply_to: Optio
     parse_ack(to, &plain[..n])
 }
 
+/// What [`send_to`] measured.
+#[derive(Debug)]
+pub struct Sent {
+    pub ack: Ack,
+    /// From opening the port to the acknowledgement.
+    pub seconds: f64,
+    pub reconnects: u64,
+    pub frames_resent: u64,
+}
+
+/// Sends one container to the storage site at `storage` from a port of its own,
+/// listening on `from` (default: this host's address on the route there); the port and
+/// its runtime directory are gone when this returns.
+pub fn send_to(storage: SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&Key>) -> Result<Sent, TransferError> {
+    static PORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let ip = match from {
+        Some(ip) => ip,
+        None => local_ip_towards(storage).map_err(|source| TransferError::NoRoute { to: storage, source })?,
+    };
+    let pid = std::process::id();
+    let ns = format!("paramedic-send{pid}-{}", PORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let started = std::time::Instant::now();
+    let port = compute_port(&ns, pid, SocketAddr::new(ip, 0), storage)?;
+    let sent = send(&port, STORAGE, name, container, port.listen_addr(), key);
+    let st = port.stats();
+    drop(port);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    Ok(Sent { ack: sent?, seconds: started.elapsed().as_secs_f64(), reconnects: st.connections_established.saturating_sub(1), frames_resent: st.frames_replayed })
+}
+
 /// What the storage site does with a received object.
 pub trait Sink {
     /// Regenerates and writes the object; the `Ok` value is the bytes written.
@@ -286,6 +318,39 @@ fn store_checked(sink: &mut dyn Sink, object: &Object, body: &[u8]) -> Result<u6
     }
 }
 
+/// One encrypted object from `from`, whose first handshake message is `first`: answers
+/// the handshake, takes the body, stores it and acknowledges, encrypted (a failed
+/// handshake is refused in clear: there are no session keys to answer with).
+fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, first: &[u8]) -> Result<Ack, TransferError> {
+    let malformed = |e: snow::Error| TransferError::Malformed { from, reason: e.to_string() };
+    let mut hs = key.handshake(false);
+    let mut payload = vec![0u8; NOISE_MAX];
+    let object = hs.read_message(first, &mut payload).ok().and_then(|n| postcard::from_bytes::<Object>(&payload[..n]).ok());
+    let Some(object) = object else {
+        let ack = Ack { name: String::new(), result: Err("handshake failed: the sender's key is not this storage site's key".into()), seconds: 0.0 };
+        port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
+        return Ok(ack);
+    };
+    let mut answer = vec![0u8; NOISE_MAX];
+    let n = hs.write_message(&[], &mut answer).map_err(malformed)?;
+    answer.truncate(n);
+    let mut t = hs.into_transport_mode().map_err(malformed)?;
+    port.send(from, TAG_HANDSHAKE, answer)?;
+    let body = port.recv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize)?;
+    let started = std::time::Instant::now();
+    let result = match open_body(&mut t, &body.data) {
+        Ok(plain) => store_checked(sink, &object, &plain),
+        Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),
+    };
+    let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
+    let bytes = postcard::to_stdvec(&ack).expect("serialisable");
+    let mut sealed = vec![0u8; bytes.len() + NOISE_TAG];
+    let n = t.write_message(&bytes, &mut sealed).map_err(malformed)?;
+    sealed.truncate(n);
+    port.send(from, TAG_ACK, sealed)?;
+    Ok(ack)
+}
+
 /// Serves objects until `count` have been handled (`None`: forever); calls `done` with
 /// every acknowledgement sent. With a `key`, only encrypted transfers under that key
 /// are accepted; without one, only unencrypted transfers.
@@ -295,8 +360,6 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
     while count.is_none_or(|c| handled < c) {
         let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
         let from = h.src;
-        // Reset once the body is in: the storage site's time excludes the transfer.
-        let started;
         let header: Header = postcard::from_bytes(&h.data).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
         if let Some(a) = header.reply_to {
             port.add_route(from, a);
@@ -305,7 +368,8 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
         let ack = match (header.object, header.noise, key) {
             (Some(object), None, key) => {
                 let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
-                started = std::time::Instant::now();
+                // From here: the storage site's time excludes the transfer.
+                let started = std::time::Instant::now();
                 let ack = if key.is_some() {
                     refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)")
                 } else {
@@ -320,36 +384,7 @@ pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option
                 plain_ack(from, &ack)?;
                 ack
             }
-            (None, Some(first), Some(key)) => {
-                let mut hs = key.handshake(false);
-                let mut payload = vec![0u8; NOISE_MAX];
-                let object = hs.read_message(&first, &mut payload).ok().and_then(|n| postcard::from_bytes::<Object>(&payload[..n]).ok());
-                let Some(object) = object else {
-                    let ack = refuse(String::new(), "handshake failed: the sender's key is not this storage site's key");
-                    plain_ack(from, &ack)?;
-                    done(&ack);
-                    handled += 1;
-                    continue;
-                };
-                let mut answer = vec![0u8; NOISE_MAX];
-                let n = hs.write_message(&[], &mut answer).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
-                answer.truncate(n);
-                let mut t = hs.into_transport_mode().map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
-                port.send(from, TAG_HANDSHAKE, answer)?;
-                let body = port.recv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize)?;
-                started = std::time::Instant::now();
-                let result = match open_body(&mut t, &body.data) {
-                    Ok(plain) => store_checked(sink, &object, &plain),
-                    Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),
-                };
-                let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
-                let bytes = postcard::to_stdvec(&ack).expect("serialisable");
-                let mut sealed = vec![0u8; bytes.len() + NOISE_TAG];
-                let n = t.write_message(&bytes, &mut sealed).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
-                sealed.truncate(n);
-                port.send(from, TAG_ACK, sealed)?;
-                ack
-            }
+            (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first)?,
             _ => {
                 let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
                 plain_ack(from, &ack)?;
