@@ -274,6 +274,15 @@ impl Producer {
         self.head + need - self.cached_tail <= self.cap
     }
 
+    /// Whether the consumer has released space since the producer last looked (after a
+    /// failed [`Producer::try_push`], it may now succeed).
+    pub fn space_released(&mut self) -> bool {
+        let tail = self.ctl.get().tail.0.load(Ordering::Acquire);
+        let moved = tail != self.cached_tail;
+        self.cached_tail = tail;
+        moved
+    }
+
     /// True when the consumer has read everything published.
     pub fn is_drained(&self) -> bool {
         self.ctl.get().tail.0.load(Ordering::Acquire) == self.head

@@ -240,7 +240,68 @@ impl ShmConn {
     }
 
     /// Records that we have output blocked on a full ring (or no longer do).
+    /// Whether this side asked to be told when the peer frees ring space.
+    pub fn wants_space(&self) -> bool {
+        self.hdr().want_space[self.side].0.load(Ordering::Relaxed) != 0
+    }
+
+    /// Work the peer published without ringing because this side said it was awake:
+    /// records to read, or (when this side waits for room) space it freed. Called
+    /// after clearing the awake flag and a `SeqCst` fence, before going to sleep.
+    pub fn has_unannounced_work(&mut self) -> bool {
+        self.rx.has_data() || (self.wants_space() && self.tx.space_released())
+    }
+
     pub fn set_want_space(&self, want: bool) {
         self.hdr().want_space[self.side].0.store(want as u32, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(ring_bytes: usize) -> (ShmConn, ShmConn) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let left = ShmConn::create(Addr::new(0, 1), Addr::new(0, 2), a, ring_bytes).unwrap();
+        let right = ShmConn::accept(b).unwrap();
+        (left, right)
+    }
+
+    #[test]
+    fn space_freed_while_awake_is_seen_before_sleeping() {
+        let (mut tx, mut rx) = pair(4096);
+        let rec = vec![7u8; 1000];
+        let mut pushed = 0;
+        while tx.tx.try_push(&[&rec]) {
+            pushed += 1;
+        }
+        assert!(pushed >= 2, "a 4 KiB ring takes several 1000-byte records");
+        // The sender waits for room while awake: the receiver frees space and does not
+        // ring (the sender said it was awake).
+        tx.set_awake(true);
+        tx.set_want_space(true);
+        assert!(!tx.has_unannounced_work(), "nothing freed yet");
+        assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
+        rx.notify_space();
+        assert_eq!(nix::unistd::read(tx.my_bell.raw(), &mut [0u8; 8]).map_err(|e| e as i32), Err(nix::errno::Errno::EAGAIN as i32), "no doorbell towards an awake side");
+        // Going to sleep, the sender must notice the freed space itself.
+        tx.set_awake(false);
+        fence(Ordering::SeqCst);
+        assert!(tx.has_unannounced_work(), "freed space was missed: the sender would sleep on a ring with room");
+        assert!(tx.tx.try_push(&[&rec]), "and the record now fits");
+        assert!(!tx.has_unannounced_work(), "reported once");
+    }
+
+    #[test]
+    fn data_published_while_awake_is_seen_before_sleeping() {
+        let (mut tx, mut rx) = pair(4096);
+        rx.set_awake(true);
+        assert!(tx.tx.try_push(&[b"hello"]));
+        assert!(!tx.notify_data(), "no doorbell towards an awake side");
+        rx.set_awake(false);
+        fence(Ordering::SeqCst);
+        assert!(rx.has_unannounced_work());
+        assert!(!tx.has_unannounced_work(), "the sender has nothing to read and asked for no space");
     }
 }
