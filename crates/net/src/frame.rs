@@ -25,6 +25,10 @@ pub const FLAG_PAYLOAD_CRC: u8 = 1;
 pub const FLAG_LAST: u8 = 2;
 /// The operation failed at the remote side (e.g. an RMA access out of bounds).
 pub const FLAG_ERROR: u8 = 4;
+/// Single copy between ports on one node. On an `Rts`: the payload (16 bytes) names
+/// the sender's process id and buffer address, for the receiver to copy from itself.
+/// On a `Cts`: the receiver has already copied the message; the send is complete.
+pub const FLAG_SINGLE_COPY: u8 = 8;
 
 /// (node, port): the address of one process's port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

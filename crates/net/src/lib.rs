@@ -14,8 +14,11 @@
 //! - [`reliable`]: per-link sequence/acknowledgement windows and replay (sans-IO).
 //! - [`proto`]: matching, credits, rendezvous and RMA state machines (sans-IO).
 //! - [`ring`]: the lock-free SPSC byte ring used in shared memory (loom-checked).
-//! - `shm`, `tcp`: the two transports; `port`: the event loop that drives them.
+//! - `shm`, `tcp`: the two transports (`cma`: single copy between processes of one
+//!   node); `port`: the event loop that drives them.
 
+#[cfg(not(loom))]
+pub mod cma;
 pub mod error;
 pub mod frame;
 pub mod proto;

@@ -76,6 +76,10 @@ pub struct PortConfig {
     pub proto: ProtoConfig,
     /// Bytes in each direction's shared-memory ring.
     pub ring_bytes: usize,
+    /// Rendezvous messages between ports on this node are copied once, by the
+    /// receiver, straight from the sender's buffer (see [`crate::cma`]) instead of
+    /// through the ring. Falls back to the ring by itself where the system forbids it.
+    pub single_copy: bool,
     /// Largest frame payload accepted from the network.
     pub max_frame: usize,
     /// How long `wait` spins before sleeping.
@@ -107,6 +111,7 @@ impl PortConfig {
             progress: Progress::Thread,
             proto: ProtoConfig::default(),
             ring_bytes: 4 << 20,
+            single_copy: true,
             max_frame: 1 << 20,
             spin: Duration::from_micros(50),
             lease: Duration::from_micros(50),
@@ -145,6 +150,10 @@ const UNIX_LISTENER: Token = Token(1);
 const TCP_LISTENER: Token = Token(2);
 const TIMER: Token = Token(3);
 const FIRST_CONN: usize = 16;
+
+/// Extra spin per KiB of rendezvous data in flight (≈4 GB/s, below what shared memory
+/// moves, so the spin covers the transfer).
+const SPIN_NS_PER_KIB: u64 = 250;
 
 fn bell_token(id: usize) -> Token {
     Token(FIRST_CONN + id * 4)
@@ -290,8 +299,10 @@ impl Port {
             }
             Progress::Inline => None,
         };
+        let mut proto = Proto::new(me, cfg.proto.clone());
+        proto.offer_single_copy(cfg.single_copy.then(std::process::id));
         let mut st = State {
-            proto: Proto::new(me, cfg.proto.clone()),
+            proto,
             me,
             incarnation,
             cfg,
@@ -609,10 +620,18 @@ impl Port {
     fn wait_until<R>(&self, deadline: Instant, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
         let started = Instant::now();
         let mut st = self.sh.st.lock();
+        // Already finished (the event thread did the work while the application
+        // computed): hand it over without touching the rings or the awake flags, whose
+        // cache lines have gone cold meanwhile.
+        if let Some(r) = done(&mut st) {
+            st.last_return = Some(started);
+            return Some(r);
+        }
         if st.lease.take().is_none() {
             st.set_awake(true);
         }
-        let spin_until = started + self.sh.spin;
+        let mut spin_until = started + self.sh.spin;
+        let mut extended = false;
         loop {
             st.progress();
             self.kick_if_needed(&mut st);
@@ -627,6 +646,14 @@ impl Port {
                 self.leave_awake(&mut st, started);
                 return None;
             }
+            if now >= spin_until && !extended {
+                // A large transfer under way takes longer than the spin: the peer is
+                // copying, and sleeping now would add a wake-up (10-20 µs here) to
+                // each message. Spin for about as long as the bytes take.
+                extended = true;
+                let bulk = st.proto.bulk_bytes_in_flight() as u64;
+                spin_until += Duration::from_nanos(bulk * SPIN_NS_PER_KIB / 1024);
+            }
             if now < spin_until {
                 // Spin without re-running the whole progress pass until there is
                 // something to do (one load per ring), releasing the lock briefly so
@@ -640,8 +667,15 @@ impl Port {
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
-                        if Instant::now() >= spin_until {
+                        let now = Instant::now();
+                        if now >= spin_until {
                             break;
+                        }
+                        if extended {
+                            // Spinning on behalf of a long transfer: let anything else
+                            // runnable on this core (another process's event thread
+                            // doing the copy, say) go first.
+                            MutexGuard::unlocked(&mut st, std::thread::yield_now);
                         }
                     }
                     if st.proto.completions() != seen || st.has_work() {
@@ -1018,6 +1052,20 @@ impl State {
             let peer = c.peer;
             self.log_error(format!("shared-memory connection with {peer}: {e}"));
             self.drop_shm(id, &e.to_string());
+        }
+        self.run_copies();
+    }
+
+    /// Carries out the single copies the protocol asked for (see [`crate::cma`]).
+    fn run_copies(&mut self) {
+        while let Some(mut job) = self.proto.next_copy() {
+            let mut buf = std::mem::take(&mut job.buf);
+            let r = crate::cma::read_into(job.remote.pid, job.remote.addr, job.len, &mut buf);
+            job.buf = buf;
+            if let Err(e) = &r {
+                self.log_error(format!("single copy of {} bytes from process {} failed ({e}); using the shared-memory ring instead", job.len, job.remote.pid));
+            }
+            self.proto.copy_done(job, r.is_ok());
         }
     }
 

@@ -19,6 +19,11 @@
 //!   posted receive whose source and tag match; otherwise queued as unexpected). Small
 //!   messages go eagerly (with a credit); large ones by rendezvous: `Rts` → the receiver
 //!   matches a posted buffer → `Cts` → `Data` pieces copied straight into that buffer.
+//!   Between ports on one node the `Rts` can offer a **single copy** instead: it names
+//!   the sender's process and buffer, the receiver copies the message itself (a
+//!   [`CopyJob`] the transport carries out) and answers with a `Cts` that says "done".
+//!   If the copy fails (the system forbids it) the receiver answers with a plain `Cts`
+//!   and the message goes the ring way.
 //! - **Open**: `Put` pieces are written into the owner's exposed region, `GetReq` is
 //!   answered with `GetReply` pieces, all by the owner's progress engine without its
 //!   application taking part; both sides get completion events.
@@ -36,7 +41,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use bytes::Bytes;
 
 use crate::error::NetError;
-use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST};
+use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_SINGLE_COPY};
 
 /// Identifies a request issued on a port.
 pub type ReqId = u64;
@@ -110,13 +115,52 @@ enum Req {
     RecvPosted { src: Option<Addr>, tag: Option<u64>, buf: Vec<u8> },
     /// Matched to an RTS, data arriving.
     RecvData { src: Addr, tag: u64, buf: Vec<u8>, total: usize, got: usize },
+    /// Matched to a single-copy RTS; the transport is copying (see [`CopyJob`]).
+    RecvCopy { src: Addr, total: usize },
     Put { dst: Addr, region: u64, offset: u64, len: u64 },
     Get { dst: Addr, region: u64, offset: u64, buf: Vec<u8>, got: usize },
 }
 
 enum Unexpected {
     Eager { src: Addr, tag: u64, data: Vec<u8> },
-    Rts { src: Addr, tag: u64, msg: u64, total: usize },
+    Rts { src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote> },
+}
+
+/// Where a single-copy message lies in its sender: process id and buffer address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remote {
+    pub pid: u32,
+    pub addr: u64,
+}
+
+impl Remote {
+    const LEN: usize = 16;
+
+    fn encode(self) -> Bytes {
+        let mut b = Vec::with_capacity(Self::LEN);
+        b.extend_from_slice(&self.pid.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.addr.to_le_bytes());
+        Bytes::from(b)
+    }
+
+    fn decode(p: &[u8]) -> Option<Remote> {
+        (p.len() == Self::LEN).then(|| Remote { pid: u32::from_le_bytes(p[0..4].try_into().unwrap()), addr: u64::from_le_bytes(p[8..16].try_into().unwrap()) })
+    }
+}
+
+/// A copy the transport must carry out for a single-copy rendezvous: `len` bytes at
+/// `remote` into `buf` (empty, with at least `len` capacity), then hand the job back
+/// with [`Proto::copy_done`].
+#[derive(Debug)]
+pub struct CopyJob {
+    pub remote: Remote,
+    pub len: usize,
+    pub buf: Vec<u8>,
+    req: ReqId,
+    src: Addr,
+    tag: u64,
+    msg: u64,
 }
 
 impl Unexpected {
@@ -161,6 +205,10 @@ pub struct ProtoStats {
     pub unexpected: u64,
     pub credit_stalls: u64,
     pub frames_in: u64,
+    /// Rendezvous messages received by single copy.
+    pub single_copies: u64,
+    /// Single copies that failed and went through the ring instead.
+    pub single_copy_fallbacks: u64,
 }
 
 /// The protocol state of one port.
@@ -182,6 +230,9 @@ pub struct Proto {
     next_req: ReqId,
     failed_peers: HashMap<Addr, String>,
     completions: u64,
+    /// Our process id when single copy is offered to peers on this node.
+    single_copy_pid: Option<u32>,
+    copies: VecDeque<CopyJob>,
     pub stats: ProtoStats,
 }
 
@@ -206,6 +257,8 @@ impl Proto {
             next_req: 1,
             failed_peers: HashMap::default(),
             completions: 0,
+            single_copy_pid: None,
+            copies: VecDeque::new(),
             stats: ProtoStats::default(),
         }
     }
@@ -213,6 +266,12 @@ impl Proto {
     /// This port's address.
     pub fn addr(&self) -> Addr {
         self.me
+    }
+
+    /// Offers single copy (see the module docs) for rendezvous messages to ports on
+    /// this node; `pid` is this process's id. `None`: stop offering it.
+    pub fn offer_single_copy(&mut self, pid: Option<u32>) {
+        self.single_copy_pid = pid;
     }
 
     /// The configuration in force.
@@ -284,13 +343,23 @@ impl Proto {
             id
         } else {
             let total = data.len() as u64;
+            let offer = self.single_copy_pid.filter(|_| dst.node == self.me.node).map(|pid| Remote { pid, addr: data.as_ptr() as u64 });
             let id = self.new_req(Req::SendRts { dst, data });
             let mut h = self.header(Kind::Rts, Channel::Normal, dst);
             h.tag = tag;
             h.id = id;
             h.total = total;
             self.stats.rendezvous_sent += 1;
-            self.push(dst, Queue::Msg, OutFrame { frame: Frame::control(h), completes: None });
+            let frame = match offer {
+                // The buffer stays alive (and immutable) in the request until the
+                // receiver's `Cts` says it has copied it.
+                Some(r) => {
+                    h.flags |= FLAG_SINGLE_COPY;
+                    Frame { header: h, payload: r.encode() }
+                }
+                None => Frame::control(h),
+            };
+            self.push(dst, Queue::Msg, OutFrame { frame, completes: None });
             id
         }
     }
@@ -355,9 +424,9 @@ impl Proto {
                     self.complete(id, r);
                     return id;
                 }
-                Unexpected::Rts { src, tag, msg, total } => {
+                Unexpected::Rts { src, tag, msg, total, remote } => {
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
-                    self.accept_rts(id, src, tag, msg, total, buf);
+                    self.accept_rts(id, src, tag, msg, total, remote, buf);
                     return id;
                 }
             }
@@ -441,6 +510,51 @@ impl Proto {
         h.total = len as u64;
         self.push(dst, Queue::Bulk, OutFrame { frame: Frame::control(h), completes: None });
         id
+    }
+
+    /// Bytes of rendezvous messages under way (sent and not yet acknowledged, or
+    /// matched and not yet received): how long a waiter may expect to wait.
+    pub fn bulk_bytes_in_flight(&self) -> usize {
+        self.reqs
+            .values()
+            .map(|r| match r {
+                Req::SendRts { data, .. } => data.len(),
+                Req::RecvData { total, got, .. } => total - got,
+                Req::RecvCopy { total, .. } => *total,
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// The next single copy the transport should carry out.
+    pub fn next_copy(&mut self) -> Option<CopyJob> {
+        self.copies.pop_front()
+    }
+
+    /// The transport carried out `job` (`copied`: `job.buf` now holds the message) or
+    /// could not (then the message is fetched through the transport instead, and
+    /// single copy is no longer offered: the system evidently forbids it).
+    pub fn copy_done(&mut self, job: CopyJob, copied: bool) {
+        let CopyJob { len, buf, req, src, tag, msg, .. } = job;
+        if !matches!(self.reqs.get(&req), Some(Req::RecvCopy { .. })) {
+            // The peer failed meanwhile and the receive was failed with it.
+            return;
+        }
+        let mut h = self.header(Kind::Cts, Channel::Normal, src);
+        h.id = msg;
+        if copied {
+            self.stats.single_copies += 1;
+            h.flags |= FLAG_SINGLE_COPY;
+            self.complete(req, Ok(Completion::Received(Message { src, tag, data: buf })));
+        } else {
+            self.stats.single_copy_fallbacks += 1;
+            self.single_copy_pid = None;
+            let mut buf = buf;
+            buf.clear();
+            self.reqs.insert(req, Req::RecvData { src, tag, buf, total: len, got: 0 });
+            self.incoming.insert((src, msg), req);
+        }
+        self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
     }
 
     /// Removes and returns the result of a finished request; `None` while it runs.
@@ -560,7 +674,17 @@ impl Proto {
                 }
             }
             (Kind::Eager, Channel::Normal) => self.on_eager(src, h.tag, payload),
-            (Kind::Rts, Channel::Normal) => self.on_rts(src, h.tag, h.id, h.total as usize),
+            (Kind::Rts, Channel::Normal) => {
+                let remote = if h.flags & FLAG_SINGLE_COPY != 0 {
+                    if src.node != self.me.node {
+                        return Err(NetError::Protocol { peer: src, reason: "single-copy offer from another node".into() });
+                    }
+                    Some(Remote::decode(payload).ok_or_else(|| NetError::Protocol { peer: src, reason: format!("single-copy offer of {} bytes, expected {}", payload.len(), Remote::LEN) })?)
+                } else {
+                    None
+                };
+                self.on_rts(src, h.tag, h.id, h.total as usize, remote)
+            }
             (Kind::Cts, _) => self.on_cts(src, h)?,
             (Kind::Data, _) => self.on_data(src, h, payload)?,
             (Kind::Put, _) => self.on_put(src, h, payload),
@@ -589,7 +713,7 @@ impl Proto {
             .filter(|(_, r)| match r {
                 Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
                 Req::RecvPosted { src, .. } => *src == Some(peer),
-                Req::RecvData { src, .. } => *src == peer,
+                Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
                 Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
             })
             .map(|(id, _)| *id)
@@ -599,6 +723,7 @@ impl Proto {
             self.complete(id, Err(err()));
         }
         self.incoming.retain(|(s, _), _| *s != peer);
+        self.copies.retain(|j| j.src != peer);
         self.unexpected.retain(|u| u.src_tag().0 != peer);
         self.peers.remove(&peer);
         self.dirty.remove(&peer);
@@ -665,25 +790,32 @@ impl Proto {
         }
     }
 
-    fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize) {
+    fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) {
         match self.match_posted(src, tag) {
             Some(id) => {
                 let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
-                self.accept_rts(id, src, tag, msg, total, buf);
+                self.accept_rts(id, src, tag, msg, total, remote, buf);
             }
             None => {
                 self.stats.unexpected += 1;
-                self.unexpected.push_back(Unexpected::Rts { src, tag, msg, total });
+                self.unexpected.push_back(Unexpected::Rts { src, tag, msg, total, remote });
             }
         }
     }
 
-    /// Receive `id` takes rendezvous message `msg`: answer CTS, or fail on truncation
-    /// (the sender still gets a CTS so it is not left hanging; the data is discarded).
-    fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, mut buf: Vec<u8>) {
+    /// Receive `id` takes rendezvous message `msg`: queue the single copy it offers, or
+    /// answer CTS, or fail on truncation (the sender still gets a CTS so it is not left
+    /// hanging; the data is discarded).
+    #[allow(clippy::too_many_arguments)]
+    fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>, mut buf: Vec<u8>) {
         let capacity = buf.capacity();
         let truncated = total > capacity;
         buf.clear();
+        if let (Some(remote), false) = (remote, truncated) {
+            self.reqs.insert(id, Req::RecvCopy { src, total });
+            self.copies.push_back(CopyJob { remote, len: total, buf, req: id, src, tag, msg });
+            return;
+        }
         self.reqs.insert(id, Req::RecvData { src, tag, buf, total, got: 0 });
         self.incoming.insert((src, msg), id);
         if truncated {
@@ -707,9 +839,10 @@ impl Proto {
         if *dst != src {
             return Err(NetError::Protocol { peer: src, reason: format!("CTS for message {msg} sent to {dst}") });
         }
-        if cts.flags & FLAG_ERROR != 0 {
+        if cts.flags & (FLAG_ERROR | FLAG_SINGLE_COPY) != 0 {
             // The receiver refused the message (its buffer was too small and it reported
-            // the truncation on its side): the send is over, nothing more to transfer.
+            // the truncation on its side), or copied it itself: the send is over,
+            // nothing more to transfer, the buffer can go.
             self.complete(msg, Ok(Completion::Sent));
             return Ok(());
         }

@@ -27,14 +27,30 @@ fn exchange_pair(extra_a: &[&str], extra_b: &[&str], role_args: &[&str]) -> (Str
     let mut b = Proc::spawn("b", peer_cmd(&ns, 0, 2, &b_args));
     let ra = a.finish_ok(Duration::from_secs(120));
     let rb = b.finish_ok(Duration::from_secs(120));
-    (ra, rb)
+    let copies = |p: &Proc| p.seen.iter().find(|l| l.starts_with("COPIES")).cloned().unwrap_or_default();
+    (format!("{}\n{ra}", copies(&a)), format!("{}\n{rb}", copies(&b)))
+}
+
+/// The messages of `SIZES` above the eager threshold (16 KiB): those go by rendezvous.
+fn rendezvous_count() -> usize {
+    SIZES.split(',').filter(|s| s.parse::<usize>().unwrap() > 16 * 1024).count()
 }
 
 #[test]
 fn normal_channel_1b_to_64mib_both_directions() {
     let (a, b) = exchange_pair(&[], &[], &["--sizes", SIZES]);
     let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
-    let want = format!("OK exchanged 13 messages, {total} bytes verified");
+    // Every rendezvous message is copied once, by its receiver, from the sender.
+    let want = format!("COPIES {} single, 0 refused\nOK exchanged 13 messages, {total} bytes verified", rendezvous_count());
+    assert_eq!(a, want);
+    assert_eq!(b, want);
+}
+
+#[test]
+fn normal_channel_through_the_ring_without_single_copy() {
+    let (a, b) = exchange_pair(&["--no-single-copy"], &["--no-single-copy"], &["--sizes", SIZES]);
+    let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
+    let want = format!("COPIES 0 single, 0 refused\nOK exchanged 13 messages, {total} bytes verified");
     assert_eq!(a, want);
     assert_eq!(b, want);
 }
@@ -44,7 +60,7 @@ fn system_channel_beyond_the_credit_window() {
     let sizes = system_sizes();
     let total: usize = sizes.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
     let (a, b) = exchange_pair(&[], &[], &["--system", "--sizes", &sizes]);
-    assert_eq!(a, format!("OK exchanged 300 messages, {total} bytes verified"));
+    assert_eq!(a, format!("COPIES 0 single, 0 refused\nOK exchanged 300 messages, {total} bytes verified"));
     assert_eq!(b, a);
 }
 
@@ -52,7 +68,7 @@ fn system_channel_beyond_the_credit_window() {
 fn inline_progress_against_event_thread() {
     let (a, b) = exchange_pair(&["--inline"], &[], &["--sizes", "1,16385,1048576,4194304"]);
     assert_eq!(a, b);
-    assert!(a.starts_with("OK exchanged 4 messages"));
+    assert!(a.ends_with("OK exchanged 4 messages, 5259266 bytes verified"), "{a}");
 }
 
 #[test]

@@ -208,3 +208,108 @@ fn peer_failure_fails_its_requests_and_refuses_new_ones() {
     assert!(b.cancel(r_any));
     assert_eq!(b.take(r_any), Some(Err(NetError::Cancelled)));
 }
+
+/// Two ports on one node (single copy only applies there).
+fn local_pair() -> (Proto, Proto) {
+    let cfg = ProtoConfig { eager_threshold: 100, credits: 8, chunk: 64 };
+    let (x, y) = (Addr::new(3, 1), Addr::new(3, 2));
+    (Proto::new(x, cfg.clone()), Proto::new(y, cfg))
+}
+
+/// Carries out the receiver's copies as the port does: with `process_vm_readv` from
+/// this very process (the sender's buffer lives here).
+fn run_copies(p: &mut Proto, allowed: bool) -> usize {
+    let mut n = 0;
+    while let Some(mut job) = p.next_copy() {
+        let mut buf = std::mem::take(&mut job.buf);
+        let ok = allowed && gepsea_net::cma::read_into(job.remote.pid, job.remote.addr, job.len, &mut buf).is_ok();
+        job.buf = buf;
+        p.copy_done(job, ok);
+        n += 1;
+    }
+    n
+}
+
+#[test]
+fn single_copy_rendezvous_expected_and_unexpected() {
+    let (mut a, mut b) = local_pair();
+    a.offer_single_copy(Some(std::process::id()));
+    let big: Bytes = (0..5000u32).map(|i| (i * 13 + i / 7) as u8).collect::<Vec<u8>>().into();
+    // Expected: the receive is posted first.
+    let r = b.irecv(Some(a.addr()), Some(4), 8000);
+    let s = a.isend(b.addr(), 4, big.clone());
+    pump(&mut a, &mut b);
+    assert!(b.take(r).is_none(), "nothing lands before the receiver copies");
+    assert_eq!(b.bulk_bytes_in_flight(), 5000);
+    assert_eq!(run_copies(&mut b, true), 1);
+    assert_eq!(received(b.take(r)).data, &big[..]);
+    assert!(a.take(s).is_none(), "the sender keeps its buffer until told the copy is done");
+    pump(&mut a, &mut b);
+    assert!(matches!(a.take(s), Some(Ok(Completion::Sent))));
+    // Unexpected: the offer waits for the receive, then the copy runs.
+    let s = a.isend(b.addr(), 5, big.slice(100..4100));
+    pump(&mut a, &mut b);
+    assert_eq!(run_copies(&mut b, true), 0);
+    let r = b.irecv(None, Some(5), 4000);
+    assert_eq!(run_copies(&mut b, true), 1);
+    assert_eq!(received(b.take(r)).data, &big[100..4100]);
+    pump(&mut a, &mut b);
+    assert!(matches!(a.take(s), Some(Ok(Completion::Sent))));
+    assert_eq!(b.stats.single_copies, 2);
+    assert_eq!(b.stats.frames_in, 2, "one offer per message, no data frames");
+    assert_eq!(a.bulk_bytes_in_flight() + b.bulk_bytes_in_flight(), 0);
+}
+
+#[test]
+fn a_refused_single_copy_falls_back_to_data_frames_and_is_not_offered_again() {
+    let (mut a, mut b) = local_pair();
+    a.offer_single_copy(Some(std::process::id()));
+    b.offer_single_copy(Some(std::process::id()));
+    let big: Bytes = (0..3000u32).map(|i| (i * 31) as u8).collect::<Vec<u8>>().into();
+    let r = b.irecv(None, None, 3000);
+    let s = a.isend(b.addr(), 1, big.clone());
+    pump(&mut a, &mut b);
+    assert_eq!(run_copies(&mut b, false), 1);
+    pump(&mut a, &mut b);
+    assert_eq!(received(b.take(r)).data, &big[..]);
+    assert!(matches!(a.take(s), Some(Ok(Completion::Sent))));
+    assert_eq!((b.stats.single_copies, b.stats.single_copy_fallbacks), (0, 1));
+    // The side whose copy failed stops offering; its answer travels as data frames.
+    let r = a.irecv(None, None, 3000);
+    b.isend(a.addr(), 2, big.clone());
+    pump(&mut a, &mut b);
+    assert_eq!(run_copies(&mut a, true), 0, "no offer from a side that could not copy");
+    assert_eq!(received(a.take(r)).data, &big[..]);
+}
+
+#[test]
+fn single_copy_truncation_and_bad_offers() {
+    let (mut a, mut b) = local_pair();
+    a.offer_single_copy(Some(std::process::id()));
+    let r = b.irecv(None, None, 10);
+    let s = a.isend(b.addr(), 1, Bytes::from(vec![1u8; 500]));
+    pump(&mut a, &mut b);
+    assert_eq!(run_copies(&mut b, true), 0, "a message that does not fit is not copied");
+    assert!(matches!(b.take(r), Some(Err(NetError::Truncated { len: 500, capacity: 10 }))));
+    assert!(matches!(a.take(s), Some(Ok(Completion::Sent))), "the sender is released");
+    // Ports on different nodes never offer single copy...
+    let (mut x, mut y) = pair(8);
+    x.offer_single_copy(Some(std::process::id()));
+    let r = y.irecv(None, None, 500);
+    x.isend(B, 1, Bytes::from(vec![2u8; 500]));
+    pump(&mut x, &mut y);
+    assert_eq!(run_copies(&mut y, true), 0);
+    assert_eq!(received(y.take(r)).data, vec![2u8; 500]);
+    // ...and refuse one that claims to come from another node, or is malformed.
+    use gepsea_net::frame::{Channel, Header, Kind, FLAG_SINGLE_COPY};
+    let mut h = Header::new(Kind::Rts, Channel::Normal, A, B);
+    h.flags = FLAG_SINGLE_COPY;
+    h.total = 500;
+    assert!(matches!(y.on_frame(&h, &[0u8; 16]), Err(NetError::Protocol { .. })));
+    let (p, mut q) = local_pair();
+    let mut h = Header::new(Kind::Rts, Channel::Normal, p.addr(), q.addr());
+    h.flags = FLAG_SINGLE_COPY;
+    h.total = 500;
+    let e = q.on_frame(&h, &[0u8; 5]).unwrap_err().to_string();
+    assert!(e.contains("single-copy offer of 5 bytes"), "{e}");
+}

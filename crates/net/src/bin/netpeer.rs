@@ -35,6 +35,10 @@ struct Cli {
     /// Progress only inside library calls (no event thread).
     #[arg(long)]
     inline: bool,
+    /// Send large messages through the shared-memory ring even on one node (no
+    /// single copy).
+    #[arg(long)]
+    no_single_copy: bool,
     #[command(subcommand)]
     role: Role,
 }
@@ -155,6 +159,7 @@ fn main() -> Result<()> {
     if cli.inline {
         cfg.progress = Progress::Inline;
     }
+    cfg.single_copy = !cli.no_single_copy;
     let port = Port::open(cfg).context("opening port")?;
     println!("READY");
     let me = port.addr();
@@ -196,6 +201,8 @@ fn main() -> Result<()> {
             for s in sends {
                 port.wait(s)?;
             }
+            let st = port.proto_stats();
+            println!("COPIES {} single, {} refused", st.single_copies, st.single_copy_fallbacks);
             println!("OK exchanged {} messages, {bytes} bytes verified", sizes.len());
         }
         Role::StreamSend { peer, count, pause_every } => {
