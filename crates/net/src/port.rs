@@ -38,7 +38,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard};
 use tracing::{debug, warn};
 
 use crate::error::NetError;
-use crate::frame::{Addr, Channel, Frame, Header, Kind, HEADER_LEN};
+use crate::frame::{Addr, Channel, Frame, Header, Kind, COMPACT_MAX};
 use crate::proto::{Completion, Event, Message, OutFrame, Proto, ProtoConfig, ReqId};
 use crate::reliable::Admit;
 use crate::shm::{Bell, ShmConn};
@@ -151,6 +151,22 @@ const TCP_LISTENER: Token = Token(2);
 const TIMER: Token = Token(3);
 const FIRST_CONN: usize = 16;
 
+/// A timeout that never comes.
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest the event thread lets a continuously renewed lease go unchecked: how
+/// late, at worst, it takes over progress after a long burst of calls ends.
+const MAX_LEASE_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Marks a send that was written out (and so finished) before `isend` returned: the
+/// request never enters the protocol's tables, and `wait`/`test` answer it without
+/// taking the lock — most small messages on shared memory take this path.
+const PRESETTLED: ReqId = 1 << 63;
+
+fn is_presettled(req: ReqId) -> bool {
+    req & PRESETTLED != 0
+}
+
 /// Extra spin per KiB of rendezvous data in flight (≈4 GB/s, below what shared memory
 /// moves, so the spin covers the transfer).
 const SPIN_NS_PER_KIB: u64 = 250;
@@ -193,6 +209,8 @@ struct State {
     kick: bool,
     /// The awake lease left by the last `wait` (counted in `awake` while held).
     lease: Option<Instant>,
+    /// How much later than a renewed lease's end the event thread looks again.
+    lease_backoff: Duration,
     /// When the last `wait` returned: a wait that starts within a lease of it is part
     /// of a burst of calls and leaves a lease behind; one that follows a long
     /// computation does not.
@@ -325,6 +343,7 @@ impl Port {
             kick: false,
             lease: None,
             last_return: None,
+            lease_backoff: Duration::ZERO,
             thread_wake_at: None,
             timer: None,
             shm_retry: HashMap::new(),
@@ -391,8 +410,7 @@ impl Port {
     /// event thread's timer, and arming a timer that fires sooner than anything else on
     /// the CPU reprograms the local APIC timer — a VM exit that costs 6–13 µs on these
     /// KVM guests, which was most of the `wait` after a compute phase.
-    fn leave_awake(&self, st: &mut State, started: Instant) {
-        let now = Instant::now();
+    fn leave_awake(&self, st: &mut State, started: Instant, now: Instant) {
         let burst = st.last_return.is_some_and(|t| started.saturating_duration_since(t) <= self.sh.lease);
         st.last_return = Some(now);
         if self.sh.progress == Progress::Inline {
@@ -412,7 +430,9 @@ impl Port {
         }
         let until = now + self.sh.lease;
         st.lease = Some(until);
-        if st.thread_wake_at.is_none_or(|t| t > until) {
+        // Any look the event thread already plans within the back-off will do: it
+        // re-reads the lease then.
+        if st.thread_wake_at.is_none_or(|t| t > until + MAX_LEASE_BACKOFF) {
             st.thread_wake_at = Some(until);
             let _ = self.sh.waker.wake();
         }
@@ -436,7 +456,29 @@ impl Port {
         if let Some(t) = &self.sh.trace {
             t.record("send", dst, data.len());
         }
-        self.with(|st| st.proto.isend(dst, tag, data))
+        if let Some(id) = self.direct_send(dst, Channel::Normal, tag, &data) {
+            return id;
+        }
+        self.with(|st| {
+            let id = st.proto.isend(dst, tag, data);
+            st.settled_at_once(id)
+        })
+    }
+
+    /// A small message to a connected peer on this node with nothing queued ahead of
+    /// it goes straight into the ring: no request, no queue, finished on return.
+    fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &Bytes) -> Option<ReqId> {
+        if dst.node != self.addr.node {
+            return None;
+        }
+        let mut st = self.sh.st.lock();
+        let (h, id) = st.proto.direct_eager(dst, channel, tag, data.len())?;
+        if st.push_shm_now(&h, data) {
+            Some(id | PRESETTLED)
+        } else {
+            st.proto.direct_eager_unsent(dst, channel);
+            None
+        }
     }
 
     /// Posts a receive for up to `capacity` bytes from `src` (`None`: any) with `tag`
@@ -457,7 +499,13 @@ impl Port {
         if let Some(t) = &self.sh.trace {
             t.record("sys-send", dst, data.len());
         }
-        self.with(|st| st.proto.send_system(dst, tag, data))
+        if let Some(id) = self.direct_send(dst, Channel::System, tag, &data) {
+            return id;
+        }
+        self.with(|st| {
+            let id = st.proto.send_system(dst, tag, data);
+            st.settled_at_once(id)
+        })
     }
 
     /// Takes a message from the system pool, if one is there.
@@ -471,8 +519,7 @@ impl Port {
 
     /// Waits up to `timeout` for a system-channel message.
     pub fn recv_system(&self, timeout: Duration) -> Result<Message, NetError> {
-        let deadline = Instant::now() + timeout;
-        self.traced_system(self.wait_until(deadline, |st| st.proto.recv_system())).ok_or(NetError::Timeout(timeout))
+        self.traced_system(self.wait_until(timeout, |st| st.proto.recv_system())).ok_or(NetError::Timeout(timeout))
     }
 
     fn traced_system(&self, m: Option<Message>) -> Option<Message> {
@@ -519,6 +566,9 @@ impl Port {
     /// Makes progress once and returns the request's result if it has finished (the
     /// result is handed out once).
     pub fn test(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
+        if is_presettled(req) {
+            return Some(Ok(Completion::Sent));
+        }
         self.traced(self.with(|st| {
             st.progress();
             st.proto.take(req)
@@ -527,27 +577,34 @@ impl Port {
 
     /// Waits for a request to finish.
     pub fn wait(&self, req: ReqId) -> Result<Completion, NetError> {
-        self.wait_timeout(req, Duration::from_secs(365 * 24 * 3600))
+        self.wait_timeout(req, FOREVER)
     }
 
     /// Waits up to `timeout`; on timeout the request keeps running.
     pub fn wait_timeout(&self, req: ReqId, timeout: Duration) -> Result<Completion, NetError> {
+        if is_presettled(req) {
+            return Ok(Completion::Sent);
+        }
         if !self.sh.st.lock().proto.is_known(req) {
             return Err(NetError::UnknownRequest(req));
         }
-        let deadline = Instant::now() + timeout;
-        self.traced(self.wait_until(deadline, |st| st.proto.take(req))).unwrap_or(Err(NetError::Timeout(timeout)))
+        self.traced(self.wait_until(timeout, |st| st.proto.take(req))).unwrap_or(Err(NetError::Timeout(timeout)))
     }
 
     /// Waits until one of `reqs` finishes; returns its index and result.
     pub fn wait_any(&self, reqs: &[ReqId]) -> (usize, Result<Completion, NetError>) {
-        let deadline = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-        let (i, r) = self.wait_until(deadline, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x)))).expect("wait_any without deadline");
+        if let Some(i) = reqs.iter().position(|&r| is_presettled(r)) {
+            return (i, Ok(Completion::Sent));
+        }
+        let (i, r) = self.wait_until(FOREVER, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x)))).expect("wait_any without deadline");
         (i, self.traced(Some(r)).expect("some"))
     }
 
     /// Cancels a posted receive that has not matched.
     pub fn cancel(&self, req: ReqId) -> bool {
+        if is_presettled(req) {
+            return false;
+        }
         self.with(|st| st.proto.cancel(req))
     }
 
@@ -617,8 +674,12 @@ impl Port {
 
     /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
     /// event thread (or, inline, our own poll) makes progress.
-    fn wait_until<R>(&self, deadline: Instant, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
+    fn wait_until<R>(&self, timeout: Duration, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
         let started = Instant::now();
+        let deadline = started.checked_add(timeout).unwrap_or(started + FOREVER);
+        // The latest clock reading: one per pass, not one per use (a reading costs
+        // ≈16 ns, a sizeable share of a small message's path).
+        let mut now = started;
         let mut st = self.sh.st.lock();
         // Already finished (the event thread did the work while the application
         // computed): hand it over without touching the rings or the awake flags, whose
@@ -638,12 +699,12 @@ impl Port {
             if let Some(r) = done(&mut st) {
                 st.flush_all();
                 st.update_app_bell();
-                self.leave_awake(&mut st, started);
+                self.leave_awake(&mut st, started, now);
                 return Some(r);
             }
-            let now = Instant::now();
+            now = Instant::now();
             if now >= deadline {
-                self.leave_awake(&mut st, started);
+                self.leave_awake(&mut st, started, now);
                 return None;
             }
             if now >= spin_until && !extended {
@@ -656,18 +717,19 @@ impl Port {
             }
             if now < spin_until {
                 // Spin without re-running the whole progress pass until there is
-                // something to do (one load per ring), releasing the lock briefly so
-                // that other threads of the process can get in.
+                // something to do (one load per ring), releasing the lock every few
+                // rounds so that other threads of the process can get in.
                 let seen = st.proto.completions();
                 let mut n = 0u32;
                 loop {
-                    MutexGuard::unlocked(&mut st, std::hint::spin_loop);
+                    std::hint::spin_loop();
                     n = n.wrapping_add(1);
-                    if n % 16 == 0 {
+                    if n.is_multiple_of(16) {
+                        MutexGuard::unlocked(&mut st, || {});
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
-                        let now = Instant::now();
+                        now = Instant::now();
                         if now >= spin_until {
                             break;
                         }
@@ -708,8 +770,7 @@ impl Port {
 impl Drop for Port {
     fn drop(&mut self) {
         // Deliver what is queued (like MPI_Finalize), bounded by `linger`.
-        let deadline = Instant::now() + self.sh.linger;
-        let _ = self.wait_until(deadline, |st| st.output_settled().then_some(()));
+        let _ = self.wait_until(self.sh.linger, |st| st.output_settled().then_some(()));
         self.sh.shutdown.store(true, Ordering::SeqCst);
         let _ = self.sh.waker.wake();
         if let Some(t) = self.thread.take() {
@@ -782,13 +843,23 @@ fn event_thread(sh: Arc<Shared>) {
         st.progress();
         st.timers();
         let now = Instant::now();
-        if st.lease.is_some_and(|t| t <= now) {
-            // The application went quiet: stop claiming to be awake for it.
-            st.lease = None;
-            if st.set_awake(false) {
-                st.set_awake(true);
-                st.progress();
-                st.set_awake(false);
+        let mut lease_check = None;
+        if let Some(until) = st.lease {
+            if until <= now {
+                // The application went quiet: stop claiming to be awake for it.
+                st.lease = None;
+                st.lease_backoff = Duration::ZERO;
+                if st.set_awake(false) {
+                    st.set_awake(true);
+                    st.progress();
+                    st.set_awake(false);
+                }
+            } else {
+                // Renewed since we last looked: the application is busy communicating.
+                // Look again less and less often (each look is a wake-up that takes a
+                // core from the spinning application), up to MAX_LEASE_BACKOFF.
+                st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF);
+                lease_check = Some(until + st.lease_backoff);
             }
         }
         while st.set_awake(false) {
@@ -800,7 +871,7 @@ fn event_thread(sh: Arc<Shared>) {
         if st.waiters > 0 {
             sh.cv.notify_all();
         }
-        let wake = [st.next_timer(), st.lease].into_iter().flatten().min();
+        let wake = [st.next_timer(), lease_check].into_iter().flatten().min();
         st.thread_wake_at = wake;
         if let Some(t) = &st.timer {
             t.arm(wake.map(|t| t.saturating_duration_since(Instant::now())));
@@ -863,6 +934,20 @@ impl State {
                 pending |= c.has_unannounced_work();
             }
             pending
+        }
+    }
+
+    /// Pushes a new send out at once; if that finished it, hands its id back marked
+    /// [`PRESETTLED`] instead of leaving the result to be collected. Not when the
+    /// application reads events: those name the plain id.
+    fn settled_at_once(&mut self, id: ReqId) -> ReqId {
+        if self.proto.events_enabled() {
+            return id;
+        }
+        self.flush_all();
+        match self.proto.take_if_sent(id) {
+            true => id | PRESETTLED,
+            false => id,
         }
     }
 
@@ -1010,7 +1095,11 @@ impl State {
         let path = dir.join(format!("port-{}.sock", peer.port));
         let sock = std::os::unix::net::UnixStream::connect(&path)
             .map_err(|e| NetError::Unreachable { peer, reason: format!("{}: {e}", path.display()) })?;
-        let c = ShmConn::create(self.me, peer, sock, self.cfg.ring_bytes)?;
+        // Whole records, and room for the largest frame (a ring takes records of up to
+        // half its size).
+        let largest = crate::ring::record_size(COMPACT_MAX + self.cfg.proto.chunk.max(self.cfg.proto.eager_threshold));
+        let ring_bytes = self.cfg.ring_bytes.max(2 * largest).next_multiple_of(2 * crate::ring::RECORD_ALIGN);
+        let c = ShmConn::create(self.me, peer, sock, ring_bytes)?;
         let id = self.add_shm(c);
         self.shm_send.insert(peer, id);
         Ok(id)
@@ -1022,22 +1111,18 @@ impl State {
         let max = cfg.max_frame.max(cfg.proto.chunk);
         let mut consumed = false;
         let mut failure = None;
+        let (src, dst) = (c.peer, proto.addr());
         loop {
-            let expect = c.rx_seq + 1;
             let r = c.rx.pop_with(|rec| -> Result<(), NetError> {
-                let h = Header::decode_trusted(rec, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
-                let payload = &rec[HEADER_LEN..];
+                let (h, hlen) = Header::decode_compact(rec, src, dst, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
+                let payload = &rec[hlen..];
                 h.check_payload(payload).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
-                if h.seq != expect {
-                    return Err(NetError::Protocol { peer: h.src, reason: format!("ring sequence {} where {expect} was due", h.seq) });
-                }
                 proto.on_frame(&h, payload)
             });
             match r {
                 None => break,
                 Some(res) => {
                     consumed = true;
-                    c.rx_seq += 1;
                     if let Err(e) = res {
                         failure = Some(e);
                         break;
@@ -1166,19 +1251,17 @@ impl State {
         let State { shm, proto, stats, .. } = self;
         let c = shm.get_mut(&id).expect("send connection exists");
         let mut pushed = false;
-        let mut hdr = [0u8; HEADER_LEN];
-        while let Some(mut out) = proto.pop_frame(peer) {
-            out.frame.header.seq = c.tx_seq + 1;
-            out.frame.header.encode(&out.frame.payload, false, &mut hdr);
-            if c.tx.try_push(&[&hdr, &out.frame.payload]) {
-                c.tx_seq += 1;
+        let mut hdr = [0u8; COMPACT_MAX];
+        while let Some(out) = proto.pop_frame(peer) {
+            let n = out.frame.header.encode_compact(out.frame.payload.len(), &mut hdr);
+            if c.tx.try_push(&[&hdr[..n], &out.frame.payload]) {
                 pushed = true;
                 proto.frame_sent(out.completes);
             } else {
                 let len = out.frame.payload.len();
                 proto.unpop_frame(peer, out);
                 c.set_want_space(true);
-                if c.tx.fits(HEADER_LEN + len) {
+                if c.tx.fits(COMPACT_MAX + len) {
                     c.set_want_space(false);
                     continue;
                 }
@@ -1193,6 +1276,20 @@ impl State {
                 stats.doorbells += 1;
             }
         }
+    }
+
+    /// Writes one frame to `h.dst`'s established ring now, if it fits.
+    fn push_shm_now(&mut self, h: &Header, payload: &[u8]) -> bool {
+        let Some(c) = self.shm_send.get(&h.dst).and_then(|id| self.shm.get_mut(id)) else { return false };
+        let mut hdr = [0u8; COMPACT_MAX];
+        let n = h.encode_compact(payload.len(), &mut hdr);
+        if !c.tx.try_push(&[&hdr[..n], payload]) {
+            return false;
+        }
+        if c.notify_data() {
+            self.stats.doorbells += 1;
+        }
+        true
     }
 
     fn flush_tcp(&mut self, peer: Addr) {

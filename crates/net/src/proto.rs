@@ -364,6 +364,40 @@ impl Proto {
         }
     }
 
+    /// Fast path for a small message (`channel` system or normal) that the transport
+    /// can write at once: when nothing is queued to `dst` ahead of it (control frames or
+    /// messages on its lane) and a credit is free, takes the credit and returns the
+    /// header to write and an id for the send, which is finished as soon as it is
+    /// written and never enters the request table. `None`: use
+    /// [`Proto::isend`]/[`Proto::send_system`] (which also report failed peers and
+    /// oversized messages). If the transport cannot write it after all it must call
+    /// [`Proto::direct_eager_unsent`].
+    pub fn direct_eager(&mut self, dst: Addr, channel: Channel, tag: u64, len: usize) -> Option<(Header, ReqId)> {
+        if len > self.cfg.eager_threshold || self.events_enabled || channel == Channel::Open || channel == Channel::Control {
+            return None;
+        }
+        let p = self.peers.get_mut(&dst)?;
+        let l = lane(channel);
+        if p.credits[l] == 0 || !p.msgs[l].is_empty() || !p.ctrl.is_empty() {
+            return None;
+        }
+        p.credits[l] -= 1;
+        self.stats.eager_sent += 1;
+        let mut h = Header::new(Kind::Eager, channel, self.me, dst);
+        h.tag = tag;
+        let id = self.next_req;
+        self.next_req += 1;
+        Some((h, id))
+    }
+
+    /// Returns the credit of a [`Proto::direct_eager`] send that was not written.
+    pub fn direct_eager_unsent(&mut self, dst: Addr, channel: Channel) {
+        if let Some(p) = self.peers.get_mut(&dst) {
+            p.credits[lane(channel)] += 1;
+            self.stats.eager_sent -= 1;
+        }
+    }
+
     /// Sends a small message into `dst`'s system pool.
     pub fn send_system(&mut self, dst: Addr, tag: u64, data: Bytes) -> ReqId {
         if data.len() > self.cfg.eager_threshold {
@@ -570,6 +604,21 @@ impl Proto {
     /// Whether the request has finished.
     pub fn is_done(&self, id: ReqId) -> bool {
         self.done.contains_key(&id)
+    }
+
+    /// Removes the result of `id` if it is a successful send (see `Port::isend`).
+    pub fn take_if_sent(&mut self, id: ReqId) -> bool {
+        if matches!(self.done.get(&id), Some(Ok(Completion::Sent))) {
+            self.done.remove(&id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether events are being recorded.
+    pub fn events_enabled(&self) -> bool {
+        self.events_enabled
     }
 
     /// Starts recording events (see [`Event`]); off by default so that a port whose

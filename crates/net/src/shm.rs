@@ -93,9 +93,6 @@ pub struct ShmConn {
     peer_bell: Bell,
     /// Liveness: EOF here means the peer process is gone.
     pub sock: mio::net::UnixStream,
-    /// Sequence numbers per direction, checked on receipt.
-    pub tx_seq: u64,
-    pub rx_seq: u64,
 }
 
 // SAFETY: `hdr` points into `_map`, which the connection owns and which stays mapped
@@ -118,6 +115,9 @@ impl ShmConn {
             return Err(NetError::Protocol { peer, reason: "shared segment has a bad magic".into() });
         }
         let rb = h.ring_bytes.0.load(Ordering::Acquire) as usize;
+        if !rb.is_multiple_of(2 * ring::RECORD_ALIGN) || rb == 0 {
+            return Err(NetError::Protocol { peer, reason: format!("shared rings of {rb} bytes are not whole records") });
+        }
         if map.len() < segment_size(rb) {
             return Err(NetError::Protocol { peer, reason: "shared segment smaller than its rings".into() });
         }
@@ -141,8 +141,6 @@ impl ShmConn {
             my_bell,
             peer_bell,
             sock: mio::net::UnixStream::from_std(sock),
-            tx_seq: 0,
-            rx_seq: 0,
         })
     }
 

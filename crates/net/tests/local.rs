@@ -168,3 +168,39 @@ fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
     drop(p);
     assert!(!dir.parent().unwrap().exists());
 }
+
+#[test]
+fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
+    let ns = unique("fast");
+    let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    // 300 messages while the receiver takes none: the credits (64) run out and the rest
+    // queue; one large message in the middle goes by rendezvous. The small ones written
+    // straight into the ring must never overtake any of that.
+    let body = |i: usize| -> Vec<u8> {
+        let len = if i == 100 { 100_000 } else { 8 + i % 50 };
+        (0..len).map(|k| (i * 31 + k) as u8).collect()
+    };
+    let ids: Vec<_> = (0..300).map(|i| a.isend(b.addr(), 7, body(i))).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "every send has an id of its own");
+    for i in 0..300 {
+        let m = b.recv(Some(a.addr()), Some(7), 100_000).unwrap();
+        assert_eq!(m.data, body(i), "message {i} out of order or damaged");
+    }
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(a.wait(*id).unwrap(), Completion::Sent, "send {i}");
+    }
+    // Sends finished at once answer `test` and `wait_any` without the protocol, and
+    // cannot be cancelled.
+    let s = a.isend(b.addr(), 8, &b"x"[..]);
+    assert!(matches!(a.test(s), Some(Ok(Completion::Sent))));
+    let r = a.irecv(None, None, 1);
+    assert_eq!(a.wait_any(&[r, s]), (1, Ok(Completion::Sent)));
+    assert!(!a.cancel(s));
+    assert!(a.cancel(r));
+    assert_eq!(b.recv(None, Some(8), 1).unwrap().data, b"x");
+    assert_eq!(a.stats().recent_errors, Vec::<String>::new());
+}

@@ -3,7 +3,7 @@
 //! decoder on the way, so framing is exercised too.
 
 use bytes::Bytes;
-use gepsea_net::frame::{Addr, FrameDecoder};
+use gepsea_net::frame::{Addr, FrameDecoder, Header};
 use gepsea_net::proto::{Completion, Event, Message, Proto, ProtoConfig};
 use gepsea_net::NetError;
 
@@ -312,4 +312,37 @@ fn single_copy_truncation_and_bad_offers() {
     h.total = 500;
     let e = q.on_frame(&h, &[0u8; 5]).unwrap_err().to_string();
     assert!(e.contains("single-copy offer of 5 bytes"), "{e}");
+}
+
+#[test]
+fn direct_eager_only_when_nothing_is_queued_ahead_and_a_credit_is_free() {
+    use gepsea_net::frame::{Channel, Kind};
+    let (mut a, mut b) = pair(2);
+    // No state for a peer that was never sent to: the first message goes the queued way.
+    assert!(a.direct_eager(B, Channel::Normal, 1, 8).is_none());
+    a.isend(B, 1, Bytes::from_static(b"first"));
+    assert!(a.direct_eager(B, Channel::Normal, 2, 6).is_none(), "must not overtake the queued message");
+    pump(&mut a, &mut b);
+    // Nothing queued now: the fast path takes a credit and hands over a header to write.
+    let (h, id1) = a.direct_eager(B, Channel::Normal, 2, 6).unwrap();
+    assert_eq!((h.kind, h.channel, h.tag, h.dst), (Kind::Eager, Channel::Normal, 2, B));
+    b.on_frame(&Header { len: 6, ..h }, b"second").unwrap();
+    // Both credits are spent (`first`, `second`): no fast path, and a message queued
+    // behind the stall keeps later ones out of it.
+    assert!(a.direct_eager(B, Channel::Normal, 3, 5).is_none());
+    a.isend(B, 3, Bytes::from_static(b"third"));
+    assert!(a.direct_eager(B, Channel::Normal, 4, 5).is_none());
+    // The system lane has credits of its own; an unwritten direct send gives its back.
+    let (_, id2) = a.direct_eager(B, Channel::System, 5, 3).unwrap();
+    assert_ne!(id1, id2, "every send gets an id of its own");
+    a.direct_eager_unsent(B, Channel::System);
+    let (_, id3) = a.direct_eager(B, Channel::System, 5, 3).unwrap();
+    a.direct_eager_unsent(B, Channel::System);
+    assert!(id3 > id2);
+    assert!(a.direct_eager(B, Channel::System, 6, 101).is_none(), "beyond the eager threshold");
+    let r = (b.irecv(None, None, 10), b.irecv(None, None, 10), b.irecv(None, None, 10));
+    pump(&mut a, &mut b);
+    let got: Vec<Vec<u8>> = [r.0, r.1, r.2].into_iter().map(|r| received(b.take(r)).data).collect();
+    assert_eq!(got, [b"first".to_vec(), b"second".to_vec(), b"third".to_vec()], "order kept");
+    assert_eq!(a.stats.eager_sent, 3);
 }
