@@ -23,6 +23,7 @@ pub mod error;
 pub mod frame;
 pub mod proto;
 pub mod reliable;
+mod reqtable;
 pub mod ring;
 #[cfg(not(loom))]
 pub mod port;

@@ -43,8 +43,8 @@ use bytes::Bytes;
 use crate::error::NetError;
 use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_SINGLE_COPY};
 
-/// Identifies a request issued on a port.
-pub type ReqId = u64;
+pub use crate::reqtable::ReqId;
+use crate::reqtable::ReqTable;
 
 /// Tunables of the protocol.
 #[derive(Clone, Debug)]
@@ -216,8 +216,7 @@ pub struct Proto {
     me: Addr,
     cfg: ProtoConfig,
     peers: HashMap<Addr, Peer>,
-    reqs: HashMap<ReqId, Req>,
-    done: HashMap<ReqId, Result<Completion, NetError>>,
+    reqs: ReqTable<Req, Result<Completion, NetError>>,
     posted: VecDeque<ReqId>,
     unexpected: VecDeque<Unexpected>,
     system_pool: VecDeque<Message>,
@@ -227,7 +226,9 @@ pub struct Proto {
     events: VecDeque<Event>,
     events_enabled: bool,
     dirty: HashSet<Addr>,
-    next_req: ReqId,
+    /// Ids of sends finished at once ([`Proto::direct_eager`]), which never enter the
+    /// table.
+    next_direct: ReqId,
     failed_peers: HashMap<Addr, String>,
     completions: u64,
     /// Our process id when single copy is offered to peers on this node.
@@ -244,8 +245,7 @@ impl Proto {
             me,
             cfg,
             peers: HashMap::default(),
-            reqs: HashMap::default(),
-            done: HashMap::default(),
+            reqs: ReqTable::default(),
             posted: VecDeque::new(),
             unexpected: VecDeque::new(),
             system_pool: VecDeque::new(),
@@ -254,7 +254,7 @@ impl Proto {
             events: VecDeque::new(),
             events_enabled: false,
             dirty: HashSet::default(),
-            next_req: 1,
+            next_direct: 1,
             failed_peers: HashMap::default(),
             completions: 0,
             single_copy_pid: None,
@@ -285,10 +285,7 @@ impl Proto {
     }
 
     fn new_req(&mut self, r: Req) -> ReqId {
-        let id = self.next_req;
-        self.next_req += 1;
-        self.reqs.insert(id, r);
-        id
+        self.reqs.alloc(r)
     }
 
     fn header(&self, kind: Kind, channel: Channel, dst: Addr) -> Header {
@@ -303,8 +300,7 @@ impl Proto {
 
     fn complete(&mut self, id: ReqId, r: Result<Completion, NetError>) {
         self.completions += 1;
-        self.reqs.remove(&id);
-        self.done.insert(id, r);
+        self.reqs.finish(id, r);
         if self.events_enabled {
             self.events.push_back(Event::Completed(id));
         }
@@ -385,8 +381,9 @@ impl Proto {
         self.stats.eager_sent += 1;
         let mut h = Header::new(Kind::Eager, channel, self.me, dst);
         h.tag = tag;
-        let id = self.next_req;
-        self.next_req += 1;
+        // Below 2^32, apart from the table's ids (whose generation is at least 1).
+        let id = self.next_direct;
+        self.next_direct = if self.next_direct >= u32::MAX as u64 { 1 } else { self.next_direct + 1 };
         Some((h, id))
     }
 
@@ -479,7 +476,7 @@ impl Proto {
     /// Cancels a posted receive that has not matched yet. Returns whether it was
     /// cancelled (a started transfer cannot be).
     pub fn cancel(&mut self, id: ReqId) -> bool {
-        if let Some(Req::RecvPosted { .. }) = self.reqs.get(&id) {
+        if let Some(Req::RecvPosted { .. }) = self.reqs.get(id) {
             self.posted.retain(|&r| r != id);
             self.complete(id, Err(NetError::Cancelled));
             true
@@ -550,8 +547,8 @@ impl Proto {
     /// matched and not yet received): how long a waiter may expect to wait.
     pub fn bulk_bytes_in_flight(&self) -> usize {
         self.reqs
-            .values()
-            .map(|r| match r {
+            .running()
+            .map(|(_, r)| match r {
                 Req::SendRts { data, .. } => data.len(),
                 Req::RecvData { total, got, .. } => total - got,
                 Req::RecvCopy { total, .. } => *total,
@@ -570,7 +567,7 @@ impl Proto {
     /// single copy is no longer offered: the system evidently forbids it).
     pub fn copy_done(&mut self, job: CopyJob, copied: bool) {
         let CopyJob { len, buf, req, src, tag, msg, .. } = job;
-        if !matches!(self.reqs.get(&req), Some(Req::RecvCopy { .. })) {
+        if !matches!(self.reqs.get(req), Some(Req::RecvCopy { .. })) {
             // The peer failed meanwhile and the receive was failed with it.
             return;
         }
@@ -593,23 +590,23 @@ impl Proto {
 
     /// Removes and returns the result of a finished request; `None` while it runs.
     pub fn take(&mut self, id: ReqId) -> Option<Result<Completion, NetError>> {
-        self.done.remove(&id)
+        self.reqs.take_done(id)
     }
 
     /// Whether `id` names a request that is still running or has a result to collect.
     pub fn is_known(&self, id: ReqId) -> bool {
-        self.reqs.contains_key(&id) || self.done.contains_key(&id)
+        self.reqs.is_known(id)
     }
 
     /// Whether the request has finished.
     pub fn is_done(&self, id: ReqId) -> bool {
-        self.done.contains_key(&id)
+        self.reqs.is_done(id)
     }
 
     /// Removes the result of `id` if it is a successful send (see `Port::isend`).
     pub fn take_if_sent(&mut self, id: ReqId) -> bool {
-        if matches!(self.done.get(&id), Some(Ok(Completion::Sent))) {
-            self.done.remove(&id);
+        if matches!(self.reqs.peek_done(id), Some(Ok(Completion::Sent))) {
+            self.reqs.take_done(id);
             true
         } else {
             false
@@ -758,14 +755,14 @@ impl Proto {
         let err = || NetError::PeerFailed { peer, reason: reason.to_string() };
         let victims: Vec<ReqId> = self
             .reqs
-            .iter()
+            .running()
             .filter(|(_, r)| match r {
                 Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
                 Req::RecvPosted { src, .. } => *src == Some(peer),
                 Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
                 Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
             })
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for id in victims {
             self.posted.retain(|&r| r != id);
@@ -811,7 +808,7 @@ impl Proto {
     }
 
     fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
-        let pos = self.posted.iter().position(|id| match self.reqs.get(id) {
+        let pos = self.posted.iter().position(|id| match self.reqs.get(*id) {
             Some(Req::RecvPosted { src: s, tag: t, .. }) => s.is_none_or(|x| x == src) && t.is_none_or(|x| x == tag),
             _ => false,
         })?;
@@ -822,7 +819,7 @@ impl Proto {
         match self.match_posted(src, tag) {
             Some(id) => {
                 self.credit_returned(src, NORM);
-                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
                 let r = if payload.len() > buf.capacity() {
                     Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
                 } else {
@@ -842,7 +839,7 @@ impl Proto {
     fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) {
         match self.match_posted(src, tag) {
             Some(id) => {
-                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
                 self.accept_rts(id, src, tag, msg, total, remote, buf);
             }
             None => {
@@ -882,7 +879,7 @@ impl Proto {
 
     fn on_cts(&mut self, src: Addr, cts: &Header) -> Result<(), NetError> {
         let msg = cts.id;
-        let Some(Req::SendRts { dst, data }) = self.reqs.get(&msg) else {
+        let Some(Req::SendRts { dst, data }) = self.reqs.get(msg) else {
             return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") });
         };
         if *dst != src {
@@ -916,7 +913,7 @@ impl Proto {
         let Some(&id) = self.incoming.get(&(src, h.id)) else {
             return Err(NetError::Protocol { peer: src, reason: format!("data for unknown message {}", h.id) });
         };
-        let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(&id) else { unreachable!() };
+        let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
         let off = h.offset as usize;
         if off + payload.len() > *total {
             return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
@@ -933,7 +930,7 @@ impl Proto {
         *got += payload.len();
         if *got == *total {
             self.incoming.remove(&(src, h.id));
-            let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(&id) else { unreachable!() };
+            let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(id) else { unreachable!() };
             self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf })));
         }
         Ok(())
@@ -970,7 +967,7 @@ impl Proto {
     }
 
     fn on_put_ack(&mut self, src: Addr, h: &Header) -> Result<(), NetError> {
-        let Some(Req::Put { dst, region, offset, len }) = self.reqs.get(&h.id) else {
+        let Some(Req::Put { dst, region, offset, len }) = self.reqs.get(h.id) else {
             return Err(NetError::Protocol { peer: src, reason: format!("put-ack for unknown request {}", h.id) });
         };
         let r = if h.flags & FLAG_ERROR != 0 {
@@ -1017,7 +1014,7 @@ impl Proto {
     }
 
     fn on_get_reply(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
-        let Some(Req::Get { dst, region, offset, buf, got }) = self.reqs.get_mut(&h.id) else {
+        let Some(Req::Get { dst, region, offset, buf, got }) = self.reqs.get_mut(h.id) else {
             return Err(NetError::Protocol { peer: src, reason: format!("get-reply for unknown request {}", h.id) });
         };
         if h.flags & FLAG_ERROR != 0 {
@@ -1032,7 +1029,7 @@ impl Proto {
         buf[off..off + payload.len()].copy_from_slice(payload);
         *got += payload.len();
         if h.flags & FLAG_LAST != 0 {
-            let Some(Req::Get { buf, .. }) = self.reqs.remove(&h.id) else { unreachable!() };
+            let Some(Req::Get { buf, .. }) = self.reqs.remove(h.id) else { unreachable!() };
             self.complete(h.id, Ok(Completion::Got(buf)));
         }
         Ok(())
