@@ -110,7 +110,7 @@ impl PortConfig {
             routes: HashMap::new(),
             progress: Progress::Thread,
             proto: ProtoConfig::default(),
-            ring_bytes: 4 << 20,
+            ring_bytes: 256 << 10,
             single_copy: true,
             max_frame: 1 << 20,
             spin: Duration::from_micros(50),

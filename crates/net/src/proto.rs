@@ -59,7 +59,7 @@ pub struct ProtoConfig {
 
 impl Default for ProtoConfig {
     fn default() -> Self {
-        ProtoConfig { eager_threshold: 16 * 1024, credits: 64, chunk: 256 * 1024 }
+        ProtoConfig { eager_threshold: 16 * 1024, credits: 64, chunk: 64 * 1024 }
     }
 }
 
