@@ -465,9 +465,33 @@ impl Port {
         })
     }
 
+    /// Like [`Port::isend`], from a borrowed buffer: a small message to a connected
+    /// peer on this node is copied straight into the ring (no allocation, no
+    /// reference count); anything else is first copied into a buffer of its own. The
+    /// buffer can be reused as soon as this returns, as after `MPI_Bsend`.
+    pub fn isend_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> ReqId {
+        if let Some(t) = &self.sh.trace {
+            t.record("send", dst, data.len());
+        }
+        if let Some(id) = self.direct_send(dst, Channel::Normal, tag, data) {
+            return id;
+        }
+        let data = Bytes::copy_from_slice(data);
+        self.with(|st| {
+            let id = st.proto.isend(dst, tag, data);
+            st.settled_at_once(id)
+        })
+    }
+
+    /// Blocking [`Port::isend_copy`].
+    pub fn send_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> Result<(), NetError> {
+        let r = self.isend_copy(dst, tag, data);
+        self.wait(r).map(|_| ())
+    }
+
     /// A small message to a connected peer on this node with nothing queued ahead of
     /// it goes straight into the ring: no request, no queue, finished on return.
-    fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &Bytes) -> Option<ReqId> {
+    fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &[u8]) -> Option<ReqId> {
         if dst.node != self.addr.node {
             return None;
         }

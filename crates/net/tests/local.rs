@@ -178,10 +178,24 @@ fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
     // queue; one large message in the middle goes by rendezvous. The small ones written
     // straight into the ring must never overtake any of that.
     let body = |i: usize| -> Vec<u8> {
-        let len = if i == 100 { 100_000 } else { 8 + i % 50 };
+        let len = if i == 100 || i == 101 { 100_000 } else { 8 + i % 50 };
         (0..len).map(|k| (i * 31 + k) as u8).collect()
     };
-    let ids: Vec<_> = (0..300).map(|i| a.isend(b.addr(), 7, body(i))).collect();
+    // Half of them from borrowed buffers (`isend_copy`), which are reused at once.
+    let mut scratch = Vec::new();
+    let ids: Vec<_> = (0..300)
+        .map(|i| {
+            if i % 2 == 0 {
+                a.isend(b.addr(), 7, body(i))
+            } else {
+                scratch.clear();
+                scratch.extend_from_slice(&body(i));
+                let id = a.isend_copy(b.addr(), 7, &scratch);
+                scratch.fill(0xee);
+                id
+            }
+        })
+        .collect();
     let mut sorted = ids.clone();
     sorted.sort();
     sorted.dedup();

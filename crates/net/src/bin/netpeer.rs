@@ -308,13 +308,19 @@ fn main() -> Result<()> {
                 if m.tag == 1 && m.data == b"stop" {
                     break;
                 }
-                let out = bytes::Bytes::from(m.data);
-                port.send(peer, m.tag, out.clone())?;
-                // Take the buffer back once the transport has let go of it.
-                buf = match out.try_into_mut() {
-                    Ok(b) => b.into(),
-                    Err(_) => Vec::with_capacity(max),
-                };
+                if m.data.len() <= 16 * 1024 {
+                    // Small: copied straight into the ring, the buffer stays ours.
+                    port.send_copy(peer, m.tag, &m.data)?;
+                    buf = m.data;
+                } else {
+                    let out = bytes::Bytes::from(m.data);
+                    port.send(peer, m.tag, out.clone())?;
+                    // Take the buffer back once the transport has let go of it.
+                    buf = match out.try_into_mut() {
+                        Ok(b) => b.into(),
+                        Err(_) => Vec::with_capacity(max),
+                    };
+                }
                 n += 1;
             }
             println!("OK echoed {n}");
@@ -329,7 +335,13 @@ fn main() -> Result<()> {
                     let t = std::time::Instant::now();
                     for _ in 0..iters {
                         let r = port.irecv_into(Some(peer), Some(0), std::mem::take(&mut buf));
-                        port.send(peer, 0, data.clone())?;
+                        // From one buffer, as MPI_Send does: small messages are copied
+                        // straight into the ring, large ones are offered for single copy.
+                        if s <= 16 * 1024 {
+                            port.send_copy(peer, 0, &data)?;
+                        } else {
+                            port.send(peer, 0, data.clone())?;
+                        }
                         let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
                         buf = m.data;
                     }
