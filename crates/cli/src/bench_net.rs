@@ -179,7 +179,7 @@ fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(
     let peer_of_a = format!("{nb}:2");
     let peer_of_b = format!("{na}:1");
     let mut echo = base(1, nb);
-    echo.args(["echo", "--peer", &peer_of_b, "--count", "1000000000", "--max", "4194304"]);
+    echo.args(["echo", "--peer", &peer_of_b, "--count", "1000000000", "--max", "4194304", "--own-buffer"]);
     let guard = Kill(vec![spawn_ready(echo, "echo")?]);
     let mut ping = base(0, na);
     ping.args(["pingpong", "--peer", &peer_of_a, "--sizes", "8,1024,65536,1048576", "--scale", scale]);

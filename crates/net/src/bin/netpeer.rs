@@ -102,6 +102,11 @@ enum Role {
         count: u64,
         #[arg(long, default_value_t = 64 << 20)]
         max: usize,
+        /// Answer with as many bytes from a buffer of its own instead of the received
+        /// ones, as latency benchmarks do (OSU's, and bench/mpi_pingpong.c): the reply
+        /// is then not read from lines the other core has just written.
+        #[arg(long)]
+        own_buffer: bool,
     },
     /// Latency client: for each size, round trips against `echo`; prints
     /// `LAT <size> <one-way microseconds>` (median of 7 batches of half round trips).
@@ -298,9 +303,10 @@ fn main() -> Result<()> {
             ensure!(report.data == want.as_bytes(), "owner reports {:?}, expected {want:?}", String::from_utf8_lossy(&report.data));
             println!("OK rma {len} bytes; owner saw 2 puts, 2 gets, identical contents");
         }
-        Role::Echo { peer, count, max } => {
-            // One buffer, received into and sent back from, as an MPI echo would.
+        Role::Echo { peer, count, max, own_buffer } => {
+            // One buffer, received into and sent back from (or one to send from).
             let mut buf = Vec::with_capacity(max);
+            let own = bytes::Bytes::from(if own_buffer { vec![2u8; max] } else { Vec::new() });
             let mut n = 0;
             while n < count {
                 let r = port.irecv_into(Some(peer), None, std::mem::take(&mut buf));
@@ -308,7 +314,15 @@ fn main() -> Result<()> {
                 if m.tag == 1 && m.data == b"stop" {
                     break;
                 }
-                if m.data.len() <= 16 * 1024 {
+                if own_buffer {
+                    let len = m.data.len();
+                    if len <= 16 * 1024 {
+                        port.send_copy(peer, m.tag, &own[..len])?;
+                    } else {
+                        port.send(peer, m.tag, own.slice(..len))?;
+                    }
+                    buf = m.data;
+                } else if m.data.len() <= 16 * 1024 {
                     // Small: copied straight into the ring, the buffer stays ours.
                     port.send_copy(peer, m.tag, &m.data)?;
                     buf = m.data;
