@@ -299,8 +299,13 @@ impl Proto {
     }
 
     fn complete(&mut self, id: ReqId, r: Result<Completion, NetError>) {
-        self.completions += 1;
         self.reqs.finish(id, r);
+        self.completed(id);
+    }
+
+    /// Bookkeeping for a request that just finished.
+    fn completed(&mut self, id: ReqId) {
+        self.completions += 1;
         if self.events_enabled {
             self.events.push_back(Event::Completed(id));
         }
@@ -819,15 +824,17 @@ impl Proto {
         match self.match_posted(src, tag) {
             Some(id) => {
                 self.credit_returned(src, NORM);
-                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
-                let r = if payload.len() > buf.capacity() {
-                    Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
-                } else {
-                    let mut buf = buf;
-                    buf.extend_from_slice(payload);
-                    Ok(Completion::Received(Message { src, tag, data: buf }))
-                };
-                self.complete(id, r);
+                // In place: this is every small message's path.
+                self.reqs.finish_with(id, |req| {
+                    let Req::RecvPosted { mut buf, .. } = req else { unreachable!("posted receives are RecvPosted") };
+                    if payload.len() > buf.capacity() {
+                        Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
+                    } else {
+                        buf.extend_from_slice(payload);
+                        Ok(Completion::Received(Message { src, tag, data: buf }))
+                    }
+                });
+                self.completed(id);
             }
             None => {
                 self.stats.unexpected += 1;

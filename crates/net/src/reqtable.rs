@@ -110,6 +110,22 @@ impl<R, D> ReqTable<R, D> {
         }
     }
 
+    /// Finishes the running request `id` with the result `f` makes of it, in place.
+    /// Returns whether `id` was running.
+    pub fn finish_with(&mut self, id: ReqId, f: impl FnOnce(R) -> D) -> bool {
+        let Some(s) = self.slot_mut(id) else { return false };
+        match std::mem::replace(&mut s.state, State::Reserved) {
+            State::Running(r) => {
+                s.state = State::Done(f(r));
+                true
+            }
+            other => {
+                s.state = other;
+                false
+            }
+        }
+    }
+
     /// The result of `id`, if finished, without collecting it.
     pub fn peek_done(&self, id: ReqId) -> Option<&D> {
         match &self.slot(id)?.state {
@@ -168,7 +184,9 @@ mod tests {
         assert!(t.is_known(a) && t.get(a).is_none(), "reserved between states");
         t.insert(a, "a2");
         assert_eq!(t.running().map(|(id, r)| (id, *r)).collect::<Vec<_>>(), vec![(a, "a2"), (b, "b")]);
-        t.finish(a, 7);
+        assert!(!t.finish_with(12345, |_| 0), "unknown id");
+        assert!(t.finish_with(a, |r| r.len() as u32 + 5));
+        assert!(!t.finish_with(a, |_| 0), "finished once");
         assert!(t.is_done(a) && t.get(a).is_none());
         assert_eq!(t.peek_done(a), Some(&7));
         assert_eq!(t.take_done(a), Some(7));
