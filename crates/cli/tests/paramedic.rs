@@ -299,8 +299,10 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     assert!(std::fs::read(d.join("storage/big.bin")).unwrap() == data, "the storage site's copy differs");
     let num = |after: &str| -> u64 { log.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
     let (reconnects, resent) = (num(" reconnect(s)"), num(" frame(s) resent"));
-    // The object travels as 256 KiB pieces (about 92); what had arrived is not resent.
-    let pieces = std::fs::metadata(d.join("big.pmd")).unwrap().len().div_ceil(256 << 10);
+    // The object travels as pieces of the protocol's chunk size; what had arrived is not
+    // resent.
+    let chunk = gepsea_net::ProtoConfig::default().chunk as u64;
+    let pieces = std::fs::metadata(d.join("big.pmd")).unwrap().len().div_ceil(chunk);
     assert!(reconnects >= 1, "the connection was not re-established: {log}");
     assert!(resent < pieces / 2, "{resent} of {pieces} pieces resent: {log}");
 }
