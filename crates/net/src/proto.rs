@@ -562,6 +562,11 @@ impl Proto {
             .sum()
     }
 
+    /// Single copies waiting to be carried out.
+    pub fn copies_pending(&self) -> usize {
+        self.copies.len()
+    }
+
     /// The next single copy the transport should carry out.
     pub fn next_copy(&mut self) -> Option<CopyJob> {
         self.copies.pop_front()
