@@ -8,6 +8,12 @@
 //! machines (Intel, 2 vCPUs): 20 GB/s at 1 MiB against 8.7 GB/s through the ring. That
 //! is also what OpenMPI's shared-memory transport does (its "CMA single copy").
 //!
+//! The pid in a request to send is only trusted when it is the pid the kernel reports
+//! for the other end of the shared-memory connection's Unix socket (`SO_PEERCRED`, in
+//! the receiver's pid namespace): across pid namespaces, or from a confused peer, it
+//! would name some other process. Such offers are refused and the data comes through
+//! the ring (`PortStats::single_copies_not_from_peer`).
+//!
 //! The kernel checks the receiver's right to read the sender (same user, and no Yama or
 //! seccomp policy forbidding it). When it refuses, the protocol falls back to the ring
 //! for that message and stops offering single copy (`Proto::copy_done`), so a

@@ -141,6 +141,8 @@ pub struct PortStats {
     pub duplicates_dropped: u64,
     /// Doorbells rung towards sleeping shared-memory peers.
     pub doorbells: u64,
+    /// Single copies refused because the offer named a process other than the peer.
+    pub single_copies_not_from_peer: u64,
     /// The most recent transport errors, newest last (at most 16).
     pub recent_errors: Vec<String>,
 }
@@ -688,6 +690,14 @@ impl Port {
         self.sh.st.lock().proto.stats.clone()
     }
 
+    /// Fault injection for tests: offer single copies as process `pid` (a process this
+    /// port is not), as a peer in another pid namespace would. Receivers must refuse
+    /// them and fetch the data through the ring.
+    #[doc(hidden)]
+    pub fn claim_pid_for_single_copy(&self, pid: u32) {
+        self.sh.st.lock().proto.offer_single_copy(Some(pid));
+    }
+
     /// Fault injection for tests and operators: abruptly shuts down every TCP
     /// connection of this port (as a network failure would); links reconnect and replay.
     pub fn reset_connections(&self) {
@@ -853,6 +863,18 @@ fn bind_unix(path: &Path, me: Addr) -> Result<mio::net::UnixListener, NetError> 
 fn run_copies(st: &mut MutexGuard<'_, State>) {
     let mut ran = false;
     while let Some(mut job) = st.proto.next_copy() {
+        // Only from the process at the other end of the connection, as the kernel
+        // names it: a pid from another pid namespace (or a forged one) would name some
+        // other process here.
+        let src = job.src();
+        let verified = st.shm.values().any(|c| c.peer == src && c.peer_pid == Some(job.remote.pid));
+        if !verified {
+            st.stats.single_copies_not_from_peer += 1;
+            st.log_error(format!("single copy offered by {src} as process {}, which is not the process connected as {src}; using the shared-memory ring instead", job.remote.pid));
+            st.proto.copy_done(job, false);
+            ran = true;
+            continue;
+        }
         let mut buf = std::mem::take(&mut job.buf);
         let r = MutexGuard::unlocked(st, || crate::cma::read_into(job.remote.pid, job.remote.addr, job.len, &mut buf));
         job.buf = buf;

@@ -163,6 +163,13 @@ pub struct CopyJob {
     msg: u64,
 }
 
+impl CopyJob {
+    /// The port that offered the copy.
+    pub fn src(&self) -> Addr {
+        self.src
+    }
+}
+
 impl Unexpected {
     fn src_tag(&self) -> (Addr, u64) {
         match self {

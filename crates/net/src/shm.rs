@@ -93,6 +93,10 @@ pub struct ShmConn {
     peer_bell: Bell,
     /// Liveness: EOF here means the peer process is gone.
     pub sock: mio::net::UnixStream,
+    /// The peer's process id as the kernel reports it for the socket (in our pid
+    /// namespace; `None` if it is not visible there). Single copies are only made from
+    /// this process, whatever pid a request to send names.
+    pub peer_pid: Option<u32>,
 }
 
 // SAFETY: `hdr` points into `_map`, which the connection owns and which stays mapped
@@ -131,6 +135,7 @@ impl ShmConn {
         let tx = ring::producer(unsafe { ControlRef::new(&h.rings[out_ring]) }, data(out_ring), rb);
         let rx = ring::consumer(unsafe { ControlRef::new(&h.rings[in_ring]) }, data(in_ring), rb);
         sock.set_nonblocking(true).map_err(|e| NetError::io("unix socket", e))?;
+        let peer_pid = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
         Ok(ShmConn {
             peer,
             side,
@@ -141,6 +146,7 @@ impl ShmConn {
             my_bell,
             peer_bell,
             sock: mio::net::UnixStream::from_std(sock),
+            peer_pid,
         })
     }
 
@@ -289,6 +295,12 @@ mod tests {
         assert!(tx.has_unannounced_work(), "freed space was missed: the sender would sleep on a ring with room");
         assert!(tx.tx.try_push(&[&rec]), "and the record now fits");
         assert!(!tx.has_unannounced_work(), "reported once");
+    }
+
+    #[test]
+    fn the_peer_process_is_identified_by_the_kernel() {
+        let (a, b) = pair(4096);
+        assert_eq!((a.peer_pid, b.peer_pid), (Some(std::process::id()), Some(std::process::id())));
     }
 
     #[test]

@@ -41,16 +41,32 @@ fn normal_channel_1b_to_64mib_both_directions() {
     let (a, b) = exchange_pair(&[], &[], &["--sizes", SIZES]);
     let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
     // Every rendezvous message is copied once, by its receiver, from the sender.
-    let want = format!("COPIES {} single, 0 refused\nOK exchanged 13 messages, {total} bytes verified", rendezvous_count());
+    let want = format!("COPIES {} single, 0 refused (0 not from the peer)\nOK exchanged 13 messages, {total} bytes verified", rendezvous_count());
     assert_eq!(a, want);
     assert_eq!(b, want);
+}
+
+#[test]
+fn a_single_copy_offered_by_a_process_that_is_not_the_peer_is_refused() {
+    // `a` names pid 1 (init) in its offers: `b` must not read from there (the kernel
+    // says `a` is another process), and gets every byte through the ring instead.
+    let (a, b) = exchange_pair(&["--claim-pid", "1"], &[], &["--sizes", SIZES]);
+    let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
+    let n = rendezvous_count();
+    assert_eq!(b, format!("COPIES 0 single, {n} refused ({n} not from the peer)\nOK exchanged 13 messages, {total} bytes verified"));
+    // `b` stops offering after its first refusal (it takes a failed copy for a system
+    // that forbids them), so how many of its messages `a` copied depends on timing.
+    let (copies, rest) = a.split_once('\n').unwrap();
+    assert_eq!(rest, format!("OK exchanged 13 messages, {total} bytes verified"));
+    let single: usize = copies.strip_prefix("COPIES ").unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(single <= n && copies.ends_with(" single, 0 refused (0 not from the peer)"), "{copies}");
 }
 
 #[test]
 fn normal_channel_through_the_ring_without_single_copy() {
     let (a, b) = exchange_pair(&["--no-single-copy"], &["--no-single-copy"], &["--sizes", SIZES]);
     let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
-    let want = format!("COPIES 0 single, 0 refused\nOK exchanged 13 messages, {total} bytes verified");
+    let want = format!("COPIES 0 single, 0 refused (0 not from the peer)\nOK exchanged 13 messages, {total} bytes verified");
     assert_eq!(a, want);
     assert_eq!(b, want);
 }
@@ -60,7 +76,7 @@ fn system_channel_beyond_the_credit_window() {
     let sizes = system_sizes();
     let total: usize = sizes.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
     let (a, b) = exchange_pair(&[], &[], &["--system", "--sizes", &sizes]);
-    assert_eq!(a, format!("COPIES 0 single, 0 refused\nOK exchanged 300 messages, {total} bytes verified"));
+    assert_eq!(a, format!("COPIES 0 single, 0 refused (0 not from the peer)\nOK exchanged 300 messages, {total} bytes verified"));
     assert_eq!(b, a);
 }
 

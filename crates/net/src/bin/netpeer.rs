@@ -39,6 +39,9 @@ struct Cli {
     /// single copy).
     #[arg(long)]
     no_single_copy: bool,
+    /// Fault injection: offer single copies as this process id.
+    #[arg(long, hide = true)]
+    claim_pid: Option<u32>,
     #[command(subcommand)]
     role: Role,
 }
@@ -166,6 +169,9 @@ fn main() -> Result<()> {
     }
     cfg.single_copy = !cli.no_single_copy;
     let port = Port::open(cfg).context("opening port")?;
+    if let Some(pid) = cli.claim_pid {
+        port.claim_pid_for_single_copy(pid);
+    }
     println!("READY");
     let me = port.addr();
     let seed = |from: Addr, tag: u64| ((from.node as u64) << 40) ^ ((from.port as u64) << 20) ^ tag;
@@ -207,7 +213,8 @@ fn main() -> Result<()> {
                 port.wait(s)?;
             }
             let st = port.proto_stats();
-            println!("COPIES {} single, {} refused", st.single_copies, st.single_copy_fallbacks);
+            let not_peer = port.stats().single_copies_not_from_peer;
+            println!("COPIES {} single, {} refused ({not_peer} not from the peer)", st.single_copies, st.single_copy_fallbacks);
             println!("OK exchanged {} messages, {bytes} bytes verified", sizes.len());
         }
         Role::StreamSend { peer, count, pause_every } => {
