@@ -287,6 +287,30 @@ fn fmt_size(s: usize) -> String {
     }
 }
 
+/// Per size, the median over runs (the run's own medians of batches).
+fn median_series(runs: &[(BTreeMap<usize, f64>, BTreeMap<usize, f64>)]) -> (BTreeMap<usize, f64>, BTreeMap<usize, f64>) {
+    let pick = |which: fn(&(BTreeMap<usize, f64>, BTreeMap<usize, f64>)) -> &BTreeMap<usize, f64>| {
+        let mut out = BTreeMap::new();
+        if let Some(first) = runs.first() {
+            for size in which(first).keys() {
+                let v: Vec<f64> = runs.iter().filter_map(|r| which(r).get(size).copied()).collect();
+                if let Some(m) = median_of(&v) {
+                    out.insert(*size, m);
+                }
+            }
+        }
+        out
+    };
+    (pick(|r| &r.0), pick(|r| &r.1))
+}
+
+/// The median (the lower middle value for an even count); `None` when empty.
+fn median_of(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len().saturating_sub(1) / 2).copied()
+}
+
 /// Runs the whole benchmark.
 pub fn run(args: &NetArgs) -> Result<()> {
     let netpeer = sibling("gepsea-netpeer")?;
@@ -310,11 +334,28 @@ pub fn run(args: &NetArgs) -> Result<()> {
         bw.insert(name.to_string(), r.1);
     };
     let ns = format!("gbn{}", std::process::id());
+    // The shared-memory pair decides two targets and moves most with the host's state:
+    // alternate it (the notes' advice) and judge by the median of the paired ratios.
+    let reps = if quick { 1 } else { 3 };
+    let (mut lat_ratios, mut bw_ratios) = (Vec::new(), Vec::new());
     if !args.overlap_only {
-    eprintln!("measuring gepsea over shared memory ...");
-    add("gepsea shm", gepsea_case(&netpeer, &Where::Shm, &ns, quick)?);
-    eprintln!("measuring OpenMPI over shared memory ...");
-    add("OpenMPI shm", mpi_case(&args.refs, "self,vader", quick)?);
+    let (mut g_runs, mut m_runs) = (Vec::new(), Vec::new());
+    for i in 0..reps {
+        eprintln!("measuring gepsea over shared memory ({}/{reps}) ...", i + 1);
+        let g = gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick)?;
+        eprintln!("measuring OpenMPI over shared memory ({}/{reps}) ...", i + 1);
+        let m = mpi_case(&args.refs, "self,vader", quick)?;
+        if let (Some(a), Some(b)) = (g.0.get(&8), m.0.get(&8)) {
+            lat_ratios.push(a / b);
+        }
+        if let (Some(a), Some(b)) = (g.1.get(&(1 << 20)), m.1.get(&(1 << 20))) {
+            bw_ratios.push(a / b);
+        }
+        g_runs.push(g);
+        m_runs.push(m);
+    }
+    add("gepsea shm", median_series(&g_runs));
+    add("OpenMPI shm", median_series(&m_runs));
     eprintln!("measuring gepsea over TCP loopback ...");
     add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
     eprintln!("measuring raw TCP loopback ...");
@@ -378,8 +419,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
         _ => None,
     };
     let g = |t: &Series, n: &str, s: usize| t.get(n).and_then(|m| m.get(&s)).copied();
-    let r_shm_lat = ratio(g(&lat, "gepsea shm", 8).as_ref(), g(&lat, "OpenMPI shm", 8).as_ref());
-    let r_shm_bw = ratio(g(&bw, "gepsea shm", 1 << 20).as_ref(), g(&bw, "OpenMPI shm", 1 << 20).as_ref());
+    let r_shm_lat = median_of(&lat_ratios);
+    let r_shm_bw = median_of(&bw_ratios);
     let r_tcp_lat = ratio(g(&lat, "gepsea tcp lo", 8).as_ref(), g(&lat, "raw tcp lo", 8).as_ref());
     let r_veth_lat = ratio(g(&lat, "gepsea veth", 8).as_ref(), g(&lat, "raw tcp veth", 8).as_ref());
     println!("\nOverlap: post irecv(S), compute C, wait; medians of {rounds} rounds, µs");
@@ -403,6 +444,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
     };
     show("shm 8 B latency / OpenMPI shm", r_shm_lat, "<= 1.2");
     show("shm 1 MiB bandwidth / OpenMPI shm", r_shm_bw, ">= 0.9");
+    let list = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
+    println!("  (shared-memory ratios: median of {} alternated rounds; 8 B {}; 1 MiB {})", lat_ratios.len(), list(&lat_ratios), list(&bw_ratios));
     show("TCP loopback 8 B latency / raw TCP", r_tcp_lat, "<= 1.15");
     show("TCP veth 8 B latency / raw TCP veth", r_veth_lat, "<= 1.15");
     println!("  overlap wait thread/inline where C >= 2x transfer: {}   [<= 0.10]", if overlap_ok { "met" } else { "NOT met" });
@@ -413,6 +456,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             "probe_us": {"before": probe_before, "after": probe_after},
             "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json,
             "ratios": {"shm_lat_8B_vs_openmpi": r_shm_lat, "shm_bw_1MiB_vs_openmpi": r_shm_bw,
+                       "shm_lat_8B_rounds": lat_ratios, "shm_bw_1MiB_rounds": bw_ratios,
                        "tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
             "quick": quick,
         });
