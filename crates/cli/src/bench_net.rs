@@ -287,9 +287,12 @@ fn fmt_size(s: usize) -> String {
     }
 }
 
+/// One case's results: latency (µs) and bandwidth (GB/s) by message size.
+type CaseResult = (BTreeMap<usize, f64>, BTreeMap<usize, f64>);
+
 /// Per size, the median over runs (the run's own medians of batches).
-fn median_series(runs: &[(BTreeMap<usize, f64>, BTreeMap<usize, f64>)]) -> (BTreeMap<usize, f64>, BTreeMap<usize, f64>) {
-    let pick = |which: fn(&(BTreeMap<usize, f64>, BTreeMap<usize, f64>)) -> &BTreeMap<usize, f64>| {
+fn median_series(runs: &[CaseResult]) -> CaseResult {
+    let pick = |which: fn(&CaseResult) -> &BTreeMap<usize, f64>| {
         let mut out = BTreeMap::new();
         if let Some(first) = runs.first() {
             for size in which(first).keys() {
