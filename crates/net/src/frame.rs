@@ -1,10 +1,10 @@
 //! Wire frames: a fixed, versioned header followed by a payload.
 //!
-//! One format serves both transports. Over TCP every frame carries a CRC32C of its
-//! payload and a CRC32C of its header, so a flipped bit anywhere is detected before the
-//! frame is acted on; over shared memory the ring is trusted and the payload CRC is left
-//! out (`flags & FLAG_PAYLOAD_CRC == 0`), because checksumming memory the kernel already
-//! protects would only cost bandwidth.
+//! Over TCP every frame carries a CRC32C of its payload and a CRC32C of its header, so
+//! a flipped bit anywhere is detected before the frame is acted on. Over shared memory
+//! the same header travels in a compact form ([`Header::encode_compact`]): the ring
+//! joins two ports, keeps order and is protected by the kernel, so addresses, sequence
+//! numbers and checksums are left out.
 //!
 //! The codec is sans-IO: [`Header::encode`] writes into a buffer and [`FrameDecoder`]
 //! accepts bytes in whatever pieces the socket returns and yields whole frames or a
@@ -178,20 +178,12 @@ impl Header {
         }
     }
 
-    /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes). `checked`: compute
-    /// the payload and header checksums (for the network). Unchecked headers (shared
-    /// memory, which the kernel protects) carry zero checksums and are read back with
-    /// [`Header::decode_trusted`]; [`Header::decode`] refuses them.
-    pub fn encode(&self, payload: &[u8], checked: bool, out: &mut [u8]) {
-        let payload_crc = checked;
+    /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes), with the payload's
+    /// and its own checksums.
+    pub fn encode(&self, payload: &[u8], out: &mut [u8]) {
         assert!(out.len() >= HEADER_LEN);
-        let mut flags = self.flags & !FLAG_PAYLOAD_CRC;
-        let crc = if payload_crc {
-            flags |= FLAG_PAYLOAD_CRC;
-            crc32c::crc32c(payload)
-        } else {
-            0
-        };
+        let flags = self.flags | FLAG_PAYLOAD_CRC;
+        let crc = crc32c::crc32c(payload);
         let o = &mut out[..HEADER_LEN];
         o[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         o[4] = VERSION;
@@ -211,14 +203,8 @@ impl Header {
         o[72..76].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         o[76..80].copy_from_slice(&crc.to_le_bytes());
         o[80..84].copy_from_slice(&[0u8; 4]);
-        let hcrc = if checked { crc32c::crc32c(&o[..84]) } else { 0 };
+        let hcrc = crc32c::crc32c(&o[..84]);
         o[84..88].copy_from_slice(&hcrc.to_le_bytes());
-    }
-
-    /// Parses a header written by this process's peer into shared memory: no checksum,
-    /// but magic, version, kind, channel and length are still validated.
-    pub fn decode_trusted(b: &[u8], max_payload: usize) -> Result<Header, FrameError> {
-        Self::parse(b, max_payload, false)
     }
 
     /// Writes the shared-memory form of the header and returns its length (at most
@@ -282,10 +268,6 @@ impl Header {
     /// Parses and validates a header (magic, version, kind, channel, header CRC, length
     /// limit). The payload is checked separately by [`Header::check_payload`].
     pub fn decode(b: &[u8], max_payload: usize) -> Result<Header, FrameError> {
-        Self::parse(b, max_payload, true)
-    }
-
-    fn parse(b: &[u8], max_payload: usize, checked: bool) -> Result<Header, FrameError> {
         if b.len() < HEADER_LEN {
             return Err(FrameError::Truncated { have: b.len(), need: HEADER_LEN });
         }
@@ -298,12 +280,10 @@ impl Header {
         if b[4] != VERSION {
             return Err(FrameError::BadVersion(b[4]));
         }
-        if checked {
-            let want = u32at(84);
-            let got = crc32c::crc32c(&b[..84]);
-            if want != got {
-                return Err(FrameError::HeaderCrc { expected: want, actual: got });
-            }
+        let want = u32at(84);
+        let got = crc32c::crc32c(&b[..84]);
+        if want != got {
+            return Err(FrameError::HeaderCrc { expected: want, actual: got });
         }
         let kind = Kind::from_u8(b[5]).ok_or(FrameError::BadKind(b[5]))?;
         let channel = Channel::from_u8(b[6]).ok_or(FrameError::BadChannel(b[6]))?;
@@ -357,9 +337,9 @@ impl Frame {
     }
 
     /// Encodes header and payload into one contiguous buffer (tests and small frames).
-    pub fn to_bytes(&self, payload_crc: bool) -> Vec<u8> {
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = vec![0u8; HEADER_LEN + self.payload.len()];
-        self.header.encode(&self.payload, payload_crc, &mut v[..HEADER_LEN]);
+        self.header.encode(&self.payload, &mut v[..HEADER_LEN]);
         v[HEADER_LEN..].copy_from_slice(&self.payload);
         v
     }
@@ -525,7 +505,7 @@ mod tests {
     #[test]
     fn roundtrip_single_frame() {
         let f = sample(1000);
-        let bytes = f.to_bytes(true);
+        let bytes = f.to_bytes();
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&bytes);
         let (h, p) = d.next_frame().unwrap().unwrap();
@@ -538,23 +518,23 @@ mod tests {
 
     #[test]
     fn bad_magic_version_and_oversize_are_refused() {
-        let mut b = sample(10).to_bytes(true);
+        let mut b = sample(10).to_bytes();
         b[0] ^= 1;
         assert!(matches!(Header::decode(&b, 100), Err(FrameError::BadMagic(_))));
-        let mut b = sample(10).to_bytes(true);
+        let mut b = sample(10).to_bytes();
         b[4] = 9;
         assert_eq!(Header::decode(&b, 100), Err(FrameError::BadVersion(9)));
-        let b = sample(200).to_bytes(true);
+        let b = sample(200).to_bytes();
         assert_eq!(Header::decode(&b, 100), Err(FrameError::TooLong { len: 200, max: 100 }));
     }
 
     #[test]
     fn flipped_payload_bit_is_detected_and_poisons_the_stream() {
-        let mut b = sample(64).to_bytes(true);
+        let mut b = sample(64).to_bytes();
         b[HEADER_LEN + 10] ^= 0x40;
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&b);
-        d.extend(&sample(1).to_bytes(true));
+        d.extend(&sample(1).to_bytes());
         assert!(matches!(d.next_frame(), Err(FrameError::PayloadCrc { .. })));
         // Nothing after a bad frame is trusted.
         assert!(d.next_frame().is_err());
@@ -562,7 +542,7 @@ mod tests {
 
     #[test]
     fn truncated_stream_yields_nothing() {
-        let b = sample(100).to_bytes(true);
+        let b = sample(100).to_bytes();
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&b[..b.len() - 1]);
         assert_eq!(d.next_frame().unwrap(), None);
@@ -600,7 +580,7 @@ mod tests {
                 f.header.seq = i as u64;
                 f
             }).collect();
-            let stream: Vec<u8> = frames.iter().flat_map(|f| f.to_bytes(true)).collect();
+            let stream: Vec<u8> = frames.iter().flat_map(|f| f.to_bytes()).collect();
             let mut d = FrameDecoder::new(1 << 20);
             let mut out = Vec::new();
             let mut pos = 0;
@@ -652,7 +632,7 @@ mod tests {
         #[test]
         fn any_corruption_is_refused(len in 0usize..200, pos_seed in any::<usize>(), bit in 0u8..8) {
             let f = sample(len);
-            let mut b = f.to_bytes(true);
+            let mut b = f.to_bytes();
             let pos = pos_seed % b.len();
             b[pos] ^= 1 << bit;
             let mut d = FrameDecoder::new(1 << 20);

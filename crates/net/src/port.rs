@@ -153,6 +153,29 @@ const TCP_LISTENER: Token = Token(2);
 const TIMER: Token = Token(3);
 const FIRST_CONN: usize = 16;
 
+/// The bytes of a send: the application's own buffer, or borrowed ones that are copied
+/// only if they cannot go straight into a ring.
+enum Payload<'a> {
+    Owned(Bytes),
+    Borrowed(&'a [u8]),
+}
+
+impl Payload<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Owned(b) => b,
+            Payload::Borrowed(s) => s,
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Payload::Owned(b) => b,
+            Payload::Borrowed(s) => Bytes::copy_from_slice(s),
+        }
+    }
+}
+
 /// A timeout that never comes.
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
@@ -219,10 +242,13 @@ struct State {
     last_return: Option<Instant>,
     /// When the event thread will wake by itself (None: only on events).
     thread_wake_at: Option<Instant>,
-    /// The event thread's deadline timer (none inline). Application threads arm it
-    /// themselves: waking the sleeping event thread just so that it re-arms its own
-    /// timer cost 13–17 µs per call on a KVM guest (an IPI), far more than the
-    /// `timerfd_settime` call.
+    /// The event thread's deadline timer (none inline). Application threads that set a
+    /// protocol deadline (an acknowledgement, a reconnect) arm it themselves rather
+    /// than wake the sleeping event thread just so that it re-arms it (an IPI, 13–17 µs
+    /// per call on a KVM guest). A lease in a burst still wakes the thread: arming the
+    /// timer from the application's core left a 4 MiB transfer in the overlap
+    /// benchmark unprogressed for most of the compute phase (a median wait of 815 µs
+    /// after 1 ms of computing, against 1.3 µs with the wake-up).
     timer: Option<crate::timer::Timer>,
     /// Local peers whose socket was not there yet: (first failure, next attempt).
     shm_retry: HashMap<Addr, (Instant, Instant)>,
@@ -321,7 +347,7 @@ impl Port {
         };
         let mut proto = Proto::new(me, cfg.proto.clone());
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
-        let mut st = State {
+        let st = State {
             proto,
             me,
             incarnation,
@@ -347,10 +373,9 @@ impl Port {
             last_return: None,
             lease_backoff: Duration::ZERO,
             thread_wake_at: None,
-            timer: None,
+            timer,
             shm_retry: HashMap::new(),
         };
-        st.timer = timer;
         let sh = Arc::new(Shared {
             st: Mutex::new(st),
             cv: Condvar::new(),
@@ -397,9 +422,7 @@ impl Port {
     fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
         let mut st = self.sh.st.lock();
         let r = f(&mut st);
-        if st.proto.copies_pending() > 0 {
-            run_copies(&mut st);
-        }
+        run_copies(&mut st);
         st.flush_all();
         st.update_app_bell();
         self.kick_if_needed(&mut st);
@@ -457,17 +480,7 @@ impl Port {
     /// Starts a tagged send of `data` to `dst` on the normal channel (eager up to the
     /// threshold, rendezvous above).
     pub fn isend(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
-        let data = data.into();
-        if let Some(t) = &self.sh.trace {
-            t.record("send", dst, data.len());
-        }
-        if let Some(id) = self.direct_send(dst, Channel::Normal, tag, &data) {
-            return id;
-        }
-        self.with(|st| {
-            let id = st.proto.isend(dst, tag, data);
-            st.settled_at_once(id)
-        })
+        self.send_on(Channel::Normal, dst, tag, Payload::Owned(data.into()))
     }
 
     /// Like [`Port::isend`], from a borrowed buffer: a small message to a connected
@@ -475,23 +488,35 @@ impl Port {
     /// reference count); anything else is first copied into a buffer of its own. The
     /// buffer can be reused as soon as this returns, as after `MPI_Bsend`.
     pub fn isend_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> ReqId {
-        if let Some(t) = &self.sh.trace {
-            t.record("send", dst, data.len());
-        }
-        if let Some(id) = self.direct_send(dst, Channel::Normal, tag, data) {
-            return id;
-        }
-        let data = Bytes::copy_from_slice(data);
-        self.with(|st| {
-            let id = st.proto.isend(dst, tag, data);
-            st.settled_at_once(id)
-        })
+        self.send_on(Channel::Normal, dst, tag, Payload::Borrowed(data))
     }
 
     /// Blocking [`Port::isend_copy`].
     pub fn send_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> Result<(), NetError> {
         let r = self.isend_copy(dst, tag, data);
         self.wait(r).map(|_| ())
+    }
+
+    /// The send path of `isend`, `isend_copy` and `send_system`: a small message to a
+    /// connected local peer goes straight into the ring (see [`Port::direct_send`]);
+    /// anything else becomes a request of the protocol (its bytes copied first if they
+    /// are borrowed).
+    fn send_on(&self, channel: Channel, dst: Addr, tag: u64, data: Payload<'_>) -> ReqId {
+        let bytes = data.as_slice();
+        if let Some(t) = &self.sh.trace {
+            t.record(if channel == Channel::System { "sys-send" } else { "send" }, dst, bytes.len());
+        }
+        if let Some(id) = self.direct_send(dst, channel, tag, bytes) {
+            return id;
+        }
+        let data = data.into_bytes();
+        self.with(|st| {
+            let id = match channel {
+                Channel::System => st.proto.send_system(dst, tag, data),
+                _ => st.proto.isend(dst, tag, data),
+            };
+            st.settled_at_once(id)
+        })
     }
 
     /// A small message to a connected peer on this node with nothing queued ahead of
@@ -524,17 +549,7 @@ impl Port {
 
     /// Sends a small message into `dst`'s system-channel pool.
     pub fn send_system(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
-        let data = data.into();
-        if let Some(t) = &self.sh.trace {
-            t.record("sys-send", dst, data.len());
-        }
-        if let Some(id) = self.direct_send(dst, Channel::System, tag, &data) {
-            return id;
-        }
-        self.with(|st| {
-            let id = st.proto.send_system(dst, tag, data);
-            st.settled_at_once(id)
-        })
+        self.send_on(Channel::System, dst, tag, Payload::Owned(data.into()))
     }
 
     /// Takes a message from the system pool, if one is there.

@@ -129,7 +129,9 @@ enum Unexpected {
 /// Where a single-copy message lies in its sender: process id and buffer address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Remote {
+    /// The sender's process id, in the sender's own pid namespace.
     pub pid: u32,
+    /// Address of the message's first byte in the sender's memory.
     pub addr: u64,
 }
 
@@ -154,8 +156,11 @@ impl Remote {
 /// with [`Proto::copy_done`].
 #[derive(Debug)]
 pub struct CopyJob {
+    /// Where to copy from.
     pub remote: Remote,
+    /// How many bytes.
     pub len: usize,
+    /// The posted receive buffer to copy into (empty, capacity at least `len`).
     pub buf: Vec<u8>,
     req: ReqId,
     src: Addr,
@@ -567,11 +572,6 @@ impl Proto {
                 _ => 0,
             })
             .sum()
-    }
-
-    /// Single copies waiting to be carried out.
-    pub fn copies_pending(&self) -> usize {
-        self.copies.len()
     }
 
     /// The next single copy the transport should carry out.

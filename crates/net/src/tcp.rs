@@ -63,7 +63,7 @@ impl TcpConn {
     /// Encodes `f` (with payload CRC) and appends it to the write queue.
     pub fn queue(&mut self, f: &Frame) {
         let mut h = vec![0u8; HEADER_LEN];
-        f.header.encode(&f.payload, true, &mut h);
+        f.header.encode(&f.payload, &mut h);
         self.wq_bytes += HEADER_LEN + f.payload.len();
         self.wq.push_back(Bytes::from(h));
         if !f.payload.is_empty() {

@@ -24,14 +24,14 @@ fn listening_port(ns: &str, node: u32) -> Port {
 fn hello(to: Addr) -> Vec<u8> {
     let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
     h.tag = 42;
-    Frame::control(h).to_bytes(true)
+    Frame::control(h).to_bytes()
 }
 
 fn eager(to: Addr, seq: u64, tag: u64, body: &[u8]) -> Vec<u8> {
     let mut h = Header::new(Kind::Eager, Channel::Normal, ROGUE, to);
     h.seq = seq;
     h.tag = tag;
-    Frame { header: h, payload: Bytes::copy_from_slice(body) }.to_bytes(true)
+    Frame { header: h, payload: Bytes::copy_from_slice(body) }.to_bytes()
 }
 
 /// Sends `bytes`, then waits until the port closes the connection (or `expect_close`
@@ -95,7 +95,7 @@ fn garbage_bad_version_corrupted_and_oversized_frames_are_refused() {
     let big = {
         let h = Header::new(Kind::Eager, Channel::Normal, ROGUE, me);
         let mut b = vec![0u8; HEADER_LEN];
-        h.encode(&vec![0u8; 2 << 20], true, &mut b);
+        h.encode(&vec![0u8; 2 << 20], &mut b);
         b
     };
     send_raw(&port, &[hello(me), big].concat(), true);

@@ -21,7 +21,7 @@ fn step(from: &mut Proto, to: &mut Proto, limit: usize) -> usize {
     let mut n = 0;
     while n < limit {
         let Some(out) = from.pop_frame(peer) else { break };
-        let bytes = out.frame.to_bytes(true);
+        let bytes = out.frame.to_bytes();
         from.frame_sent(out.completes);
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&bytes);
