@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::archive;
 use crate::report;
-use crate::search::SearchError;
+use crate::search::{SearchError, SplitBy};
 use crate::tools::{self, ToolError};
 
 /// How the merging and writing of batches is spread over the agents.
@@ -74,6 +74,12 @@ pub struct JobSpec {
     pub fragments: Vec<String>,
     /// Global query range of each batch.
     pub batches: Vec<(usize, usize)>,
+    /// Tasks per (batch, fragment), merged by the agents; or per batch on the whole
+    /// database, whose output is the batch's part as it stands.
+    pub split: SplitBy,
+    /// Split by queries: the number of last tasks that run BLAST+ with that many threads
+    /// (the workers on one machine); 0 or 1: none.
+    pub tail_threads: usize,
     pub compress: bool,
     pub assign: MergeAssign,
     /// Stage fragments in node-local scratch through the agents (hot-swap); off: search
@@ -148,6 +154,10 @@ pub enum TaskPayload {
     Fragment { job: PathBuf, batch: usize, fragment: usize, attempt: u8 },
     /// Re-search `queries` (global indices) of `batch` on the whole database.
     Whole { job: PathBuf, batch: usize, queries: Vec<usize>, attempt: u8 },
+    /// Split by queries: search `batch` on the whole database in the report's format;
+    /// the output is the batch's part. `threads` > 1: BLAST+ runs with that many
+    /// threads (the last tasks, see [`submit_tasks`]).
+    Batch { job: PathBuf, batch: usize, attempt: u8, threads: u8 },
     Stop,
 }
 
@@ -156,6 +166,7 @@ impl TaskPayload {
         match self {
             TaskPayload::Fragment { batch, fragment, .. } => format!("batch {batch} on fragment {}", spec.fragments.get(*fragment).map_or("?", |s| s.as_str())),
             TaskPayload::Whole { queries, .. } => format!("{} queries on the whole database", queries.len()),
+            TaskPayload::Batch { batch, .. } => format!("batch {batch} on the whole database"),
             TaskPayload::Stop => "stop".into(),
         }
     }
@@ -388,7 +399,7 @@ impl BlastPlugin {
 
     fn on_result(&self, ctx: &Context<'_>, task: TaskPayload, archive: Vec<u8>, work: WorkStats) -> Result<(), PluginError> {
         let (job, batch) = match &task {
-            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => (job.clone(), *batch),
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
@@ -421,7 +432,7 @@ impl BlastPlugin {
 
     fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, work: WorkStats, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
         let (job, batch) = match &task {
-            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => (job.clone(), *batch),
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
@@ -431,6 +442,9 @@ impl BlastPlugin {
         let mut ready = None;
         if self.written.lock().contains(&(job.clone(), batch)) {
             return Ok(());
+        }
+        if matches!(task, TaskPayload::Batch { .. }) {
+            return self.write_direct_part(ctx, &spec, &job, batch, nq, &text, work, (wire, raw));
         }
         {
             let mut all = self.batches.lock();
@@ -461,7 +475,7 @@ impl BlastPlugin {
                         }
                     }
                 }
-                TaskPayload::Stop => {}
+                TaskPayload::Stop | TaskPayload::Batch { .. } => {}
             }
         }
         if let Some(frags) = ready {
@@ -509,6 +523,31 @@ impl BlastPlugin {
             }
         }
         self.maybe_write(ctx, &spec, &job, batch)
+    }
+
+    /// Split by queries: the worker's output is the batch's part as it stands.
+    #[allow(clippy::too_many_arguments)]
+    fn write_direct_part(&self, ctx: &Context<'_>, spec: &JobSpec, job: &Path, batch: usize, queries: usize, text: &str, work: WorkStats, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
+        // Only one copy of a batch's output is written: a task re-run after its worker
+        // died may deliver a second, identical one.
+        if !self.written.lock().insert((job.to_path_buf(), batch)) {
+            return Ok(());
+        }
+        let tmp = job.join(format!(".part-{batch:06}.tmp"));
+        let result = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, part_path(job, batch))).map_err(|e| format!("{}: {e}", part_path(job, batch).display()));
+        let done = PartDone {
+            batch,
+            queries,
+            hits: count_hits(text, &spec.outfmt),
+            whole_searches: 0,
+            merger: ctx.node,
+            work,
+            bytes_wire: wire,
+            bytes_raw: raw,
+            error: result.err(),
+        };
+        ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+        Ok(())
     }
 
     /// Writes the batch's part of the report once every query is settled.
@@ -656,6 +695,50 @@ pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
     Ok(out)
 }
 
+/// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
+/// pairwise output, `<Hit>` elements of XML, and for tabular output runs of lines with the
+/// same query and subject columns (those of the format's field list; the first two
+/// columns when it names none).
+pub fn count_hits(report: &str, outfmt: &str) -> usize {
+    match report::base_format(outfmt) {
+        0 => {
+            let mut n = 0;
+            let mut in_list = false;
+            for line in report.lines() {
+                if line.starts_with("Sequences producing significant alignments") {
+                    in_list = true;
+                } else if in_list && line.starts_with('>') || in_list && line.starts_with("Query= ") {
+                    in_list = false;
+                } else if in_list && !line.trim().is_empty() {
+                    n += 1;
+                }
+            }
+            n
+        }
+        5 => report.lines().filter(|l| l.trim_start() == "<Hit>").count(),
+        6 | 7 | 10 => {
+            let fields: Vec<&str> = outfmt.split_whitespace().skip(1).collect();
+            let col = |names: &[&str], default: usize| fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None });
+            let (Some(q), Some(s)) = (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) else {
+                return report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
+            };
+            let sep = if report::base_format(outfmt) == 10 { ',' } else { '\t' };
+            let mut n = 0;
+            let mut last: Option<(String, String)> = None;
+            for line in report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+                let cols: Vec<&str> = line.split(sep).collect();
+                let key = (cols.get(q).copied().unwrap_or("").to_string(), cols.get(s).copied().unwrap_or("").to_string());
+                if last.as_ref() != Some(&key) {
+                    n += 1;
+                    last = Some(key);
+                }
+            }
+            n
+        }
+        _ => 0,
+    }
+}
+
 fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
     line.strip_prefix(pre)?.strip_suffix(post)
 }
@@ -678,7 +761,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                 client.done(t.id).map_err(api_err)?;
                 break;
             }
-            TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } => job.clone(),
+            TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } | TaskPayload::Batch { job, .. } => job.clone(),
         };
         let spec_path = job.join("job.json");
         if !job.exists() {
@@ -694,8 +777,12 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let (query_file, database) = match &payload {
             TaskPayload::Fragment { batch, fragment, .. } => (batch_file(&job, *batch), format!("{}.stats", spec.fragments[*fragment])),
             TaskPayload::Whole { batch, queries, .. } => (whole_file(&job, *batch, queries[0]), spec.db_name.clone()),
+            TaskPayload::Batch { batch, .. } => (batch_file(&job, *batch), spec.db_name.clone()),
             TaskPayload::Stop => unreachable!(),
         };
+        // A batch on the whole database is printed in the report's format; everything
+        // else is merged from archives, the only output with full-precision e-values.
+        let outfmt = if matches!(payload, TaskPayload::Batch { .. }) { spec.outfmt.as_str() } else { "11" };
         let mut work = WorkStats::default();
         // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
         let blastdb = match &payload {
@@ -716,8 +803,15 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
             _ => Ok(spec.db_dir.clone()),
         };
         let q = query_file.to_string_lossy().to_string();
-        let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", "11"];
+        let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", outfmt];
         args.extend(spec.blast_args.iter().map(|s| s.as_str()));
+        let threads = match &payload {
+            TaskPayload::Batch { threads, .. } if *threads > 1 && !spec.blast_args.iter().any(|a| a == "-num_threads") => threads.to_string(),
+            _ => String::new(),
+        };
+        if !threads.is_empty() {
+            args.extend(["-num_threads", threads.as_str()]);
+        }
         let started = Instant::now();
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
@@ -731,6 +825,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                 let retry = match &payload {
                     TaskPayload::Fragment { job, batch, fragment, attempt: 0 } => Some(TaskPayload::Fragment { job: job.clone(), batch: *batch, fragment: *fragment, attempt: 1 }),
                     TaskPayload::Whole { job, batch, queries, attempt: 0 } => Some(TaskPayload::Whole { job: job.clone(), batch: *batch, queries: queries.clone(), attempt: 1 }),
+                    TaskPayload::Batch { job, batch, attempt: 0, threads } => Some(TaskPayload::Batch { job: job.clone(), batch: *batch, attempt: 1, threads: *threads }),
                     _ => None,
                 };
                 let notice = Notice::Failure(TaskFailure { what: payload.describe(&spec), message, retried: retry.is_some() });
@@ -798,7 +893,7 @@ pub fn master(
     // Data streaming: every agent starts staging the fragments it will search first
     // (fragment f on the (f mod n)-th node) while the first tasks are handed out.
     let mut prefetches = Vec::new();
-    if spec.hot_swap {
+    if spec.hot_swap && spec.split == SplitBy::Fragments {
         let order: Vec<u32> = nodes.iter().copied().collect();
         for (i, &node) in order.iter().enumerate() {
             let fragments: Vec<usize> = (0..spec.fragments.len()).filter(|f| f % order.len() == i).collect();
@@ -808,7 +903,7 @@ pub fn master(
     }
     let all: Vec<usize> = (0..spec.batches.len()).collect();
     let submitted = Instant::now();
-    submit_fragment_tasks(client, spec, job, &all).map_err(api_err)?;
+    submit_tasks(client, spec, job, &all).map_err(api_err)?;
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
@@ -822,7 +917,7 @@ pub fn master(
         if !lost.is_empty() {
             eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
             let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
-            submit_fragment_tasks(client, spec, job, &unfinished).map_err(api_err)?;
+            submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
             stats.resubmitted_after_failure += 1;
         }
         nodes = now;
@@ -890,9 +985,22 @@ fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayloa
     }
 }
 
-/// One task per (batch, fragment) of `batches`, fragment-major: consecutive tasks share
-/// a fragment, so a worker tends to search the same fragment again.
-fn submit_fragment_tasks(client: &gepsea_client::Client, spec: &JobSpec, job: &Path, batches: &[usize]) -> Result<(), gepsea_agent::api::ApiError> {
+/// The tasks of `batches`. Split by queries: one per batch, in batch order (the guided
+/// batches shrink along it, so the longest go first); the last `workers` run BLAST+ with
+/// `workers` threads, so that when one worker runs out of work the cores it leaves
+/// idle help finish the others' last tasks (BLAST+ output does not depend on its thread
+/// count). By fragments: one per (batch,
+/// fragment), fragment-major, so that consecutive tasks share a fragment and a worker
+/// tends to search the same fragment again.
+fn submit_tasks(client: &gepsea_client::Client, spec: &JobSpec, job: &Path, batches: &[usize]) -> Result<(), gepsea_agent::api::ApiError> {
+    if spec.split == SplitBy::Queries {
+        let tail_threads = u8::try_from(spec.tail_threads).unwrap_or(u8::MAX);
+        for (i, &batch) in batches.iter().enumerate() {
+            let threads = if i + spec.tail_threads >= batches.len() { tail_threads } else { 1 };
+            submit_task(client, spec, &TaskPayload::Batch { job: job.to_path_buf(), batch, attempt: 0, threads })?;
+        }
+        return Ok(());
+    }
     for fragment in 0..spec.fragments.len() {
         for &batch in batches {
             submit_task(client, spec, &TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 })?;

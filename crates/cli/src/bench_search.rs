@@ -1,6 +1,8 @@
 //! `gepsea bench search`: wall time of `gepsea search` against serial `blastp
 //! -num_threads 2` over the whole database, same queries and options, alternated in one
-//! run; the median ratio, and the share of worker time spent inside BLAST+.
+//! run; the median ratio, and the share of worker time spent inside BLAST+. The default
+//! split (by queries, on one machine) is measured, and for comparison the split by
+//! fragments (mpiBLAST's database segmentation) in the same rounds.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -29,12 +31,24 @@ pub struct SearchBenchArgs {
     pub rounds: usize,
     #[arg(long, default_value = "6")]
     pub outfmt: String,
-    /// Measure the mpiBLAST architecture (no agents) instead of agent mode.
+    /// Measure the mpiBLAST architecture (no agents) instead of agent mode (it splits by
+    /// fragments only).
     #[arg(long)]
     pub no_agent: bool,
+    /// Skip the comparison run split by fragments.
+    #[arg(long)]
+    pub no_fragment_split: bool,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+/// One gepsea configuration's measurements over the rounds.
+#[derive(Default)]
+struct Runs {
+    wall: Vec<f64>,
+    ratio: Vec<f64>,
+    inside: Vec<f64>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -79,29 +93,41 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         |_, _| {},
     )?;
     eprintln!("bench search: {} queries, {} sequences, {} fragments, {} workers, outfmt {}", a.queries.min(qs.len()), recs.len(), a.fragments, a.workers, a.outfmt);
-    let (mut tg, mut ts, mut ratios, mut inside) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // (label, split) of each gepsea configuration measured in every round.
+    let mut configs: Vec<(&str, Option<search::SplitBy>)> = vec![(if a.no_agent { "no agent, by fragments" } else { "default split" }, None)];
+    if !a.no_agent && !a.no_fragment_split {
+        configs.push(("split by fragments", Some(search::SplitBy::Fragments)));
+    }
+    let mut runs: Vec<Runs> = configs.iter().map(|_| Runs::default()).collect();
+    let mut ts = Vec::new();
     for round in 0..a.rounds {
-        let out_g = dir.join("gepsea.out");
-        let opts = search::SearchOptions {
-            db: gdb.clone(),
-            query: qpath.clone(),
-            out: out_g.clone(),
-            workers: a.workers,
-            outfmt: a.outfmt.clone(),
-            program: None,
-            batch_residues: None,
-            quiet: true,
-            blast_args: vec![],
-            worker_exe: std::env::current_exe()?,
-            no_agent: a.no_agent,
-            compress: true,
-            assign: Default::default(),
-            hot_swap: true,
-            deliver: None,
-        };
-        let t = Instant::now();
-        let s = search::run(&opts).context("gepsea search")?;
-        let g = t.elapsed().as_secs_f64();
+        let mut line = format!("round {}:", round + 1);
+        let mut measured = Vec::new();
+        for (label, split) in &configs {
+            let out_g = dir.join("gepsea.out");
+            let opts = search::SearchOptions {
+                db: gdb.clone(),
+                query: qpath.clone(),
+                out: out_g.clone(),
+                workers: a.workers,
+                outfmt: a.outfmt.clone(),
+                program: None,
+                batch_residues: None,
+                split: *split,
+                quiet: true,
+                blast_args: vec![],
+                worker_exe: std::env::current_exe()?,
+                no_agent: a.no_agent,
+                compress: true,
+                assign: Default::default(),
+                hot_swap: true,
+                deliver: None,
+            };
+            let t = Instant::now();
+            let s = search::run(&opts).context("gepsea search")?;
+            let g = t.elapsed().as_secs_f64();
+            measured.push((g, s.blast_seconds / s.worker_seconds.max(1e-9), std::fs::read(&out_g)?, s.split, s.tasks, label));
+        }
         let out_s = dir.join("serial.out");
         let t = Instant::now();
         let o = Command::new("blastp")
@@ -115,24 +141,32 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         if !o.status.success() {
             bail!("blastp failed: {}", String::from_utf8_lossy(&o.stderr));
         }
-        let same = std::fs::read(&out_g)? == std::fs::read(&out_s)?;
-        let frac = s.blast_seconds / s.worker_seconds.max(1e-9);
-        eprintln!("round {}: gepsea {g:.2} s, blastp -num_threads 2 {sr:.2} s, ratio {:.3}, identical {same}, worker time in BLAST+ {:.1} %", round + 1, g / sr, frac * 100.0);
-        if !same {
-            bail!("outputs differ: the benchmark measures nothing if gepsea is not exact");
+        let want = std::fs::read(&out_s)?;
+        for (i, (g, frac, out, split, tasks, label)) in measured.into_iter().enumerate() {
+            let same = out == want;
+            line += &format!(" gepsea ({label}: {tasks} tasks by {split}) {g:.2} s, ratio {:.3}, identical {same}, in BLAST+ {:.1} %;", g / sr, frac * 100.0);
+            if !same {
+                bail!("outputs differ ({label}): the benchmark measures nothing if gepsea is not exact");
+            }
+            runs[i].wall.push(g);
+            runs[i].ratio.push(g / sr);
+            runs[i].inside.push(frac);
         }
-        tg.push(g);
+        eprintln!("{line} blastp -num_threads 2 {sr:.2} s");
         ts.push(sr);
-        ratios.push(g / sr);
-        inside.push(frac);
     }
-    let (mg, ms, mr, mi) = (median(&mut tg), median(&mut ts), median(&mut ratios), median(&mut inside));
-    println!("gepsea search (W={}, {} fragments): median {mg:.2} s", a.workers, a.fragments);
+    let ms = median(&mut ts);
     println!("blastp -num_threads 2 (whole database): median {ms:.2} s");
+    for ((label, _), r) in configs.iter().zip(runs.iter_mut()) {
+        let (mg, mr, mi) = (median(&mut r.wall), median(&mut r.ratio), median(&mut r.inside));
+        println!("gepsea search (W={}, {} fragments, {label}): median {mg:.2} s, ratio {mr:.3}, worker time inside BLAST+ {:.1} %", a.workers, a.fragments, mi * 100.0);
+    }
+    let (mr, mi) = (median(&mut runs[0].ratio), median(&mut runs[0].inside));
     println!("median ratio gepsea / blastp: {mr:.3}   [target <= 0.9]");
     println!("worker time inside BLAST+: {:.1} %   [target >= 99 %]", mi * 100.0);
     if let Some(p) = &a.json {
-        let doc = json!({"gepsea_s": tg, "blastp_s": ts, "ratio_median": mr, "inside_blast_median": mi,
+        let per_config: Vec<_> = configs.iter().zip(&runs).map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside})).collect();
+        let doc = json!({"configs": per_config, "blastp_s": ts, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
         let tmp = p.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;

@@ -108,7 +108,16 @@ struct SearchArgs {
     /// blastp or blastn (default: from the database type).
     #[arg(long)]
     program: Option<String>,
-    /// Query residues per batch (default: enough batches for two tasks per worker).
+    /// How to cut the search into tasks: by query batches, each searched on the whole
+    /// database and written as it stands (exact by construction, least BLAST+ work); by
+    /// (query batch, database fragment), merged per query (mpiBLAST's way: a node needs
+    /// only its fragments, and few queries still spread over many workers); auto: by
+    /// queries on one machine with at least 4 queries per worker, else by fragments.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "queries", "fragments"])]
+    split: String,
+    /// Query residues per batch (default: by fragments, enough batches for two tasks per
+    /// worker; by queries, batches shrinking from BLAST+'s own batch size, 10,000 letters
+    /// for blastp, which also caps this value).
     #[arg(long)]
     batch_residues: Option<usize>,
     /// No progress output.
@@ -237,6 +246,11 @@ fn main() -> Result<()> {
                 outfmt: a.outfmt,
                 program: a.program,
                 batch_residues: a.batch_residues,
+                split: match a.split.as_str() {
+                    "queries" => Some(search::SplitBy::Queries),
+                    "fragments" => Some(search::SplitBy::Fragments),
+                    _ => None,
+                },
                 quiet: a.quiet,
                 blast_args: a.blast_args,
                 worker_exe: std::env::current_exe().context("locating the gepsea executable")?,
@@ -293,10 +307,11 @@ fn main() -> Result<()> {
             }
             if !opts.quiet {
                 eprintln!(
-                    "gepsea search: {} queries, {} hits, {} tasks ({} queries re-searched whole), {:.2} s, output {}",
+                    "gepsea search: {} queries, {} hits, {} tasks split by {} ({} queries re-searched whole), {:.2} s, output {}",
                     s.queries,
                     s.hits,
                     s.tasks,
+                    s.split,
                     s.whole_db_fallbacks,
                     s.wall_seconds,
                     s.output.display()
