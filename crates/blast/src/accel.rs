@@ -1063,6 +1063,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn hits_are_query_subject_pairs_in_every_format() {
+        let tab = "q1\ts1\t90\nq1\ts1\t80\nq1\ts2\t70\nq2\ts1\t60\n";
+        assert_eq!(count_hits(tab, "6"), 3);
+        assert_eq!(count_hits(&format!("# BLASTP\n# 4 hits found\n{tab}# BLAST processed 2 queries\n"), "7"), 3);
+        assert_eq!(count_hits(&tab.replace('\t', ","), "10"), 3);
+        // Named fields: the query and subject columns wherever they are; none named: lines.
+        assert_eq!(count_hits("90\tq1\ts1\n80\tq1\ts1\n", "6 pident qseqid sseqid"), 1);
+        assert_eq!(count_hits("q1\t1e-5\nq1\t1e-3\n", "6 qseqid evalue"), 2);
+        let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
+        assert_eq!(count_hits(pairwise, "0"), 2);
+        assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);
+    }
+
+    #[test]
     fn tabular_parts_join_with_one_trailer() {
         let a = "# BLASTP\n# 1 hits found\nq1\ts\n# BLAST processed 1 queries\n";
         let b = "# BLASTP\n# 0 hits found\n# BLAST processed 1 queries\n";

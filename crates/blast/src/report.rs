@@ -110,7 +110,7 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
         if fmt == 5 {
             // Serial XML marks masked residues by a rule not yet reproduced; refuse rather
             // than write a report that could differ from serial BLAST+.
-            return Err(ReportError::Unsupported("XML output (-outfmt 5) when query masking (SEG/DUST) masked residues; use -outfmt 0, 6 or 7, or turn masking off".into()));
+            return Err(ReportError::Unsupported("XML output (-outfmt 5) when query masking (SEG/DUST) masked residues; use -outfmt 0, 6 or 7, or --split queries, or turn masking off".into()));
         }
         fixed = mask_pairwise(&fixed, &masks);
     }

@@ -929,3 +929,58 @@ fn worker_on(port: Port, program: &str, db_dir: &Path, scratch: &Path, blast_arg
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recs(lengths: &[usize]) -> Vec<Record> {
+        lengths.iter().enumerate().map(|(i, &n)| Record { defline: format!(">q{i}"), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 }).collect()
+    }
+
+    #[test]
+    fn guided_batches_cover_every_query_in_order_and_shrink_within_the_cap() {
+        let lengths: Vec<usize> = (0..100).map(|i| 200 + (i * 37) % 700).collect();
+        let qs = recs(&lengths);
+        let total: usize = lengths.iter().sum();
+        for workers in [1, 2, 4, 16] {
+            let b = guided_batches(&qs, workers, 10_000);
+            assert_eq!(b.first().unwrap().start, 0);
+            assert_eq!(b.last().unwrap().end, qs.len());
+            assert!(b.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
+            let size = |r: &std::ops::Range<usize>| -> usize { lengths[r.clone()].iter().sum() };
+            assert!(b.iter().all(|r| !r.is_empty() && (r.len() == 1 || size(r) <= 10_000)), "within BLAST+'s batch");
+            // Enough tasks for every worker, the first no smaller than the last few.
+            assert!(b.len() >= 2 * workers.min(8), "{workers} workers: {} batches", b.len());
+            let (first, last) = (size(&b[0]), size(b.last().unwrap()));
+            assert!(first >= last, "{workers} workers: first {first} < last {last}");
+            // No batch (but the remainder) under the floor of 1/(16W) of all letters.
+            let floor = total / (16 * workers);
+            assert!(b[..b.len() - 1].iter().all(|r| size(r) + lengths[r.end] > floor), "{workers} workers");
+        }
+        // A query longer than the cap is a batch of its own.
+        let b = guided_batches(&recs(&[50, 20_000, 50]), 2, 10_000);
+        assert_eq!(b, vec![0..1, 1..2, 2..3]);
+    }
+
+    #[test]
+    fn auto_split_is_by_queries_on_one_machine_with_enough_queries() {
+        use SplitBy::*;
+        assert_eq!(choose_split(None, true, false, 8, 2).unwrap(), Queries);
+        assert_eq!(choose_split(None, true, false, 7, 2).unwrap(), Fragments);
+        assert_eq!(choose_split(None, false, false, 500, 2).unwrap(), Fragments, "a cluster");
+        assert_eq!(choose_split(None, true, true, 500, 2).unwrap(), Fragments, "the no-agent baseline");
+        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2).unwrap(), Fragments);
+        assert_eq!(choose_split(Some(Queries), false, false, 1, 8).unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2), Err(SearchError::QuerySplitWithoutAgents)));
+    }
+
+    #[test]
+    fn blast_batch_sizes_follow_the_program_and_task() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(blast_batch_letters("blastp", &[]), 10_000);
+        assert_eq!(blast_batch_letters("blastn", &[]), 5_000_000);
+        assert_eq!(blast_batch_letters("blastn", &args(&["-task", "blastn"])), 100_000);
+        assert_eq!(blast_batch_letters("blastn", &args(&["-evalue", "1", "-task", "dc-megablast"])), 500_000);
+    }
+}

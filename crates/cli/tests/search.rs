@@ -92,8 +92,14 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
     run_ok(c);
 }
 
-fn search(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path) -> Output {
-    search_mode(db, query, outfmt, workers, extra, out, &[])
+/// The two ways of cutting a search into tasks, as `gepsea search` flags.
+const SPLITS: [&[&str]; 2] = [&["--split", "fragments"], &["--split", "queries"]];
+
+/// The split a finished search reports in its `--summary-json`.
+fn reported_split(summary: &Path) -> String {
+    let text = std::fs::read_to_string(summary).unwrap_or_else(|e| panic!("{}: {e}", summary.display()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["split"].as_str().unwrap_or_else(|| panic!("no split in {text}")).to_string()
 }
 
 fn search_mode(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path, mode: &[&str]) -> Output {
@@ -141,10 +147,19 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
         for frags in [1, 3, 8] {
             for workers in [1, 2] {
                 let got = f.dir.join(format!("gepsea.{fmt}.{frags}.{workers}"));
-                search(&f.dir.join(format!("db{frags}")), &q, fmt, workers, &[], &got);
+                search_mode(&f.dir.join(format!("db{frags}")), &q, fmt, workers, &[], &got, SPLITS[0]);
                 assert_same(&got, &want, &format!("outfmt {fmt}, {frags} fragments, {workers} workers"));
                 std::fs::remove_file(&got).unwrap();
             }
+        }
+        // Split by queries (the default on one machine): the fragments do not matter.
+        for workers in [1, 2] {
+            let got = f.dir.join(format!("gepsea.{fmt}.q.{workers}"));
+            let summary = f.dir.join("summary.json");
+            search_mode(&f.dir.join("db3"), &q, fmt, workers, &[], &got, &["--summary-json", summary.to_str().unwrap()]);
+            assert_same(&got, &want, &format!("outfmt {fmt}, split by queries, {workers} workers"));
+            assert_eq!(reported_split(&summary), "Queries", "the default split on one machine with 50 queries");
+            std::fs::remove_file(&got).unwrap();
         }
     }
 }
@@ -159,7 +174,12 @@ fn every_architecture_is_identical_to_serial_blastp() {
     for fmt in ["7", "0", "5"] {
         let want = f.dir.join(format!("serial-arch.{fmt}"));
         serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
-        for mode in [&["--no-agent"][..], &["--merge-assign", "single", "--batch-residues", "3000"], &["--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "2000"]] {
+        for mode in [
+            &["--no-agent"][..],
+            &["--split", "fragments", "--merge-assign", "single", "--batch-residues", "3000"],
+            &["--split", "fragments", "--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "2000"],
+            &["--split", "queries", "--merge-assign", "static", "--no-compress", "--batch-residues", "700"],
+        ] {
             let got = f.dir.join(format!("gepsea-arch.{fmt}"));
             search_mode(&f.dir.join("db3"), &q, fmt, 2, &[], &got, mode);
             assert_same(&got, &want, &format!("outfmt {fmt} with {mode:?}"));
@@ -186,7 +206,7 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     let got = f.dir.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
-        c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got).args(mode);
+        c.args(["search", "--split", "fragments", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got).args(mode);
         let o = run_ok(c);
         assert_same(&got, &want, &format!("outfmt 6 with {mode:?}"));
         o
@@ -207,12 +227,24 @@ fn blast_options_after_double_dash_keep_identity() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
     let opts = ["-evalue", "1e-5", "-max_target_seqs", "50", "-comp_based_stats", "1", "-seg", "yes"];
-    for fmt in ["6", "0"] {
+    for fmt in ["6", "0", "5"] {
         let want = f.dir.join(format!("serial-opts.{fmt}"));
         serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &opts, &want);
-        let got = f.dir.join(format!("gepsea-opts.{fmt}"));
-        search(&f.dir.join("db3"), &q, fmt, 2, &opts, &got);
-        assert_same(&got, &want, &format!("outfmt {fmt} with {opts:?}"));
+        for split in SPLITS {
+            let got = f.dir.join(format!("gepsea-opts.{fmt}"));
+            if fmt == "5" && split == SPLITS[0] {
+                // Merged fragments cannot yet print SEG-masked residues the way serial XML
+                // does: refused, never written differently.
+                let mut c = gepsea();
+                c.args(["search", "--quiet", "--outfmt", "5", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).args(split).arg("--").args(opts);
+                let o = c.output().unwrap();
+                assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("-outfmt 5"), "{}", String::from_utf8_lossy(&o.stderr));
+                assert!(!got.exists());
+                continue;
+            }
+            search_mode(&f.dir.join("db3"), &q, fmt, 2, &opts, &got, split);
+            assert_same(&got, &want, &format!("outfmt {fmt} with {opts:?} and {split:?}"));
+        }
     }
 }
 
@@ -227,13 +259,18 @@ fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
     let want = f.dir.join("serial-e1000.6");
     serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &opts, &want);
     let got = f.dir.join("gepsea-e1000.6");
-    let mut c = gepsea();
-    c.args(["search", "--outfmt", "6", "--workers", "2", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).arg("--").args(opts);
-    let out = run_ok(c);
-    assert_same(&got, &want, "outfmt 6 at -evalue 1000");
-    let log = String::from_utf8_lossy(&out.stderr);
-    let n: usize = log.split(" queries re-searched whole").next().and_then(|s| s.rsplit('(').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no summary in {log}"));
-    assert!(n > 0, "expected whole-database fallbacks: {log}");
+    let re_searched = |split: &[&str]| -> usize {
+        let mut c = gepsea();
+        c.args(["search", "--outfmt", "6", "--workers", "2", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).args(split).arg("--").args(opts);
+        let out = run_ok(c);
+        assert_same(&got, &want, &format!("outfmt 6 at -evalue 1000, {split:?}"));
+        let log = String::from_utf8_lossy(&out.stderr);
+        log.split(" queries re-searched whole").next().and_then(|s| s.rsplit('(').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no summary in {log}"))
+    };
+    let n = re_searched(SPLITS[0]);
+    assert!(n > 0, "expected whole-database fallbacks when split by fragments");
+    // Split by queries every task is a whole-database search: nothing to re-search.
+    assert_eq!(re_searched(SPLITS[1]), 0);
 }
 
 #[test]
@@ -254,9 +291,11 @@ fn blastn_on_16s_rrna_is_identical() {
     for fmt in ["6", "0"] {
         let want = dir.0.join(format!("serial.{fmt}"));
         serial("blastn", &dir.0.join("ref"), "rrna", &q, fmt, &[], &want);
-        let got = dir.0.join(format!("gepsea.{fmt}"));
-        search(&dir.0.join("g"), &q, fmt, 2, &[], &got);
-        assert_same(&got, &want, &format!("blastn outfmt {fmt}"));
+        for split in SPLITS {
+            let got = dir.0.join(format!("gepsea.{fmt}"));
+            search_mode(&dir.0.join("g"), &q, fmt, 2, &[], &got, split);
+            assert_same(&got, &want, &format!("blastn outfmt {fmt}, {split:?}"));
+        }
     }
 }
 
@@ -266,10 +305,16 @@ fn a_worker_killed_mid_run_does_not_change_the_output() {
     let q = f.dir.join("q50.fasta");
     let want = f.dir.join("serial-kill.6");
     serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &[], &want);
+    for split in SPLITS {
+        kill_a_worker(f, &q, &want, split);
+    }
+}
+
+fn kill_a_worker(f: &Fixture, q: &Path, want: &Path, split: &[&str]) {
     let got = f.dir.join("gepsea-kill.6");
     let mut c = gepsea();
     // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
-    c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got);
+    c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(q).arg("--out").arg(&got).args(split);
     let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
     // Find a worker (a child process of the search that is running BLAST+; the agent,
     // also a child, runs none) and kill it while it searches.
@@ -293,7 +338,7 @@ fn a_worker_killed_mid_run_does_not_change_the_output() {
     assert!(killed.is_some(), "never found a worker to kill");
     let log = String::from_utf8_lossy(&out.stderr);
     assert!(log.contains("died") && log.contains("reassigned"), "the kill went unnoticed: {log}");
-    assert_same(&got, &want, "outfmt 6 with a killed worker");
+    assert_same(&got, want, &format!("outfmt 6 with a killed worker, {split:?}"));
 }
 
 struct TempDir(PathBuf);
@@ -369,11 +414,16 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
     // A BLAST+ failure in every task: retried once, then BLAST's own message.
-    let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2", "--", "-evalue", "abc"]).output().unwrap();
-    assert!(!o.status.success());
-    let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("evalue"), "{e}");
-    assert!(!out.exists());
+    for split in SPLITS {
+        let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"]).args(split).args(["--", "-evalue", "abc"]).output().unwrap();
+        assert!(!o.status.success());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("evalue"), "{split:?}: {e}");
+        assert!(!out.exists());
+    }
+    // The no-agent baseline is mpiBLAST's fragment search only.
+    let e = fails(&["search", "--quiet", "--no-agent", "--split", "queries", "--db", &db3, "--query", &q, "--out", &s(&out)], Some(&out));
+    assert!(e.contains("--split queries needs the agents"), "{e}");
     // db format: more fragments than sequences; non-empty directory.
     std::fs::write(p("two.fa"), ">a\nMKV\n>b\nMKL\n").unwrap();
     let e = fails(&["db", "format", "--input", &s(&p("two.fa")), "--fragments", "3", "--out", &s(&p("two"))], None);
