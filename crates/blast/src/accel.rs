@@ -698,7 +698,7 @@ pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
 /// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
 /// pairwise output, `<Hit>` elements of XML, and for tabular output runs of lines with the
 /// same query and subject columns (those of the format's field list; the first two
-/// columns when it names none).
+/// columns when it names none; HSP lines when it names no query or subject column).
 pub fn count_hits(report: &str, outfmt: &str) -> usize {
     match report::base_format(outfmt) {
         0 => {
