@@ -157,7 +157,7 @@ pub enum TaskPayload {
     /// Split by queries: search `batch` on the whole database in the report's format;
     /// the output is the batch's part. `threads` > 1: BLAST+ runs with that many
     /// threads (the last tasks, see [`submit_tasks`]).
-    Batch { job: PathBuf, batch: usize, attempt: u8, threads: u8 },
+    Batch { job: PathBuf, batch: usize, attempt: u8, threads: usize },
     Stop,
 }
 
@@ -700,7 +700,8 @@ pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
 /// same query and subject columns (those of the format's field list; the first two
 /// columns when it names none; HSP lines when it names no query or subject column).
 pub fn count_hits(report: &str, outfmt: &str) -> usize {
-    match report::base_format(outfmt) {
+    let base = report::base_format(outfmt);
+    match base {
         0 => {
             let mut n = 0;
             let mut in_list = false;
@@ -722,7 +723,7 @@ pub fn count_hits(report: &str, outfmt: &str) -> usize {
             let (Some(q), Some(s)) = (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) else {
                 return report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
             };
-            let sep = if report::base_format(outfmt) == 10 { ',' } else { '\t' };
+            let sep = if base == 10 { ',' } else { '\t' };
             let mut n = 0;
             let mut last: Option<(String, String)> = None;
             for line in report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
@@ -994,9 +995,8 @@ fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayloa
 /// tends to search the same fragment again.
 fn submit_tasks(client: &gepsea_client::Client, spec: &JobSpec, job: &Path, batches: &[usize]) -> Result<(), gepsea_agent::api::ApiError> {
     if spec.split == SplitBy::Queries {
-        let tail_threads = u8::try_from(spec.tail_threads).unwrap_or(u8::MAX);
         for (i, &batch) in batches.iter().enumerate() {
-            let threads = if i + spec.tail_threads >= batches.len() { tail_threads } else { 1 };
+            let threads = if i + spec.tail_threads >= batches.len() { spec.tail_threads } else { 1 };
             submit_task(client, spec, &TaskPayload::Batch { job: job.to_path_buf(), batch, attempt: 0, threads })?;
         }
         return Ok(());

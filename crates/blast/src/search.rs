@@ -171,11 +171,19 @@ pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std
 /// What a finished search reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
+    /// Queries in the query file (all of them are in the output).
     pub queries: usize,
+    /// Query–subject pairs reported (see [`crate::accel::count_hits`] for tabular formats).
     pub hits: usize,
+    /// How the search was cut into tasks ([`choose_split`]'s answer).
     pub split: SplitBy,
+    /// Tasks the search was cut into: batches × fragments, or batches split by queries
+    /// (retries and whole-database re-searches not counted).
     pub tasks: usize,
+    /// Split by fragments: queries re-searched on the whole database because the
+    /// fragments alone could not decide their exact answer (0 split by queries).
     pub whole_db_fallbacks: usize,
+    /// From start to the output file renamed into place.
     pub wall_seconds: f64,
     /// Sum over tasks of the time workers spent inside BLAST+.
     pub blast_seconds: f64,

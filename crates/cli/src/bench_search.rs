@@ -3,6 +3,11 @@
 //! run; the median ratio, and the share of worker time spent inside BLAST+. The default
 //! split (by queries, on one machine) is measured, and for comparison the split by
 //! fragments (mpiBLAST's database segmentation) in the same rounds.
+//!
+//! Each round also times `blastp -num_threads 1` (skip with `--no-single`): half its
+//! time is what a perfect two-way split of serial BLAST+'s work would take, so
+//! `single / 2 / threaded` is the best ratio any exact split can reach on this machine,
+//! printed beside the measured one.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -38,6 +43,9 @@ pub struct SearchBenchArgs {
     /// Skip the comparison run split by fragments.
     #[arg(long)]
     pub no_fragment_split: bool,
+    /// Skip the single-threaded blastp run that bounds the best ratio a split can reach.
+    #[arg(long)]
+    pub no_single: bool,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -51,9 +59,28 @@ struct Runs {
     inside: Vec<f64>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
+/// The median of `v`, leaving `v` in round order (the JSON arrays line up by round).
+fn median(v: &[f64]) -> f64 {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+/// Runs serial `blastp` over the whole reference database and returns its wall time.
+fn time_blastp(ref_dir: &std::path::Path, threads: usize, outfmt: &str, query: &std::path::Path, out: &std::path::Path) -> Result<f64> {
+    let t = Instant::now();
+    let o = Command::new("blastp")
+        .env("BLASTDB", ref_dir)
+        .args(["-db", "db", "-num_threads", &threads.to_string(), "-outfmt", outfmt, "-query"])
+        .arg(query)
+        .arg("-out")
+        .arg(out)
+        .output()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !o.status.success() {
+        bail!("blastp -num_threads {threads} failed: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    Ok(secs)
 }
 
 pub fn run(a: &SearchBenchArgs) -> Result<()> {
@@ -99,7 +126,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         configs.push(("split by fragments", Some(search::SplitBy::Fragments)));
     }
     let mut runs: Vec<Runs> = configs.iter().map(|_| Runs::default()).collect();
-    let mut ts = Vec::new();
+    let (mut ts, mut t1, mut floor) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..a.rounds {
         let mut line = format!("round {}:", round + 1);
         let mut measured = Vec::new();
@@ -129,18 +156,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             measured.push((g, s.blast_seconds / s.worker_seconds.max(1e-9), std::fs::read(&out_g)?, s.split, s.tasks, label));
         }
         let out_s = dir.join("serial.out");
-        let t = Instant::now();
-        let o = Command::new("blastp")
-            .env("BLASTDB", dir.join("ref"))
-            .args(["-db", "db", "-num_threads", "2", "-outfmt", &a.outfmt, "-query"])
-            .arg(&qpath)
-            .arg("-out")
-            .arg(&out_s)
-            .output()?;
-        let sr = t.elapsed().as_secs_f64();
-        if !o.status.success() {
-            bail!("blastp failed: {}", String::from_utf8_lossy(&o.stderr));
-        }
+        let sr = time_blastp(&dir.join("ref"), 2, &a.outfmt, &qpath, &out_s)?;
         let want = std::fs::read(&out_s)?;
         for (i, (g, frac, out, split, tasks, label)) in measured.into_iter().enumerate() {
             let same = out == want;
@@ -152,21 +168,45 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             runs[i].ratio.push(g / sr);
             runs[i].inside.push(frac);
         }
-        eprintln!("{line} blastp -num_threads 2 {sr:.2} s");
+        line += &format!(" blastp -num_threads 2 {sr:.2} s");
         ts.push(sr);
+        if !a.no_single {
+            let s1 = time_blastp(&dir.join("ref"), 1, &a.outfmt, &qpath, &dir.join("serial1.out"))?;
+            if std::fs::read(dir.join("serial1.out"))? != want {
+                bail!("blastp -num_threads 1 and -num_threads 2 disagree: the reference is not deterministic");
+            }
+            line += &format!(", -num_threads 1 {s1:.2} s (perfect split: ratio {:.3})", s1 / a.workers as f64 / sr);
+            t1.push(s1);
+            floor.push(s1 / a.workers as f64 / sr);
+        }
+        eprintln!("{line}");
     }
-    let ms = median(&mut ts);
+    let ms = median(&ts);
     println!("blastp -num_threads 2 (whole database): median {ms:.2} s");
-    for ((label, _), r) in configs.iter().zip(runs.iter_mut()) {
-        let (mg, mr, mi) = (median(&mut r.wall), median(&mut r.ratio), median(&mut r.inside));
-        println!("gepsea search (W={}, {} fragments, {label}): median {mg:.2} s, ratio {mr:.3}, worker time inside BLAST+ {:.1} %", a.workers, a.fragments, mi * 100.0);
+    for ((label, _), r) in configs.iter().zip(&runs) {
+        println!(
+            "gepsea search (W={}, {} fragments, {label}): median {:.2} s, ratio {:.3}, worker time inside BLAST+ {:.1} %",
+            a.workers,
+            a.fragments,
+            median(&r.wall),
+            median(&r.ratio),
+            median(&r.inside) * 100.0
+        );
     }
-    let (mr, mi) = (median(&mut runs[0].ratio), median(&mut runs[0].inside));
+    if !t1.is_empty() {
+        println!(
+            "blastp -num_threads 1: median {:.2} s; a perfect {}-way split of its work: ratio {:.3} (the best an exact split can reach here)",
+            median(&t1),
+            a.workers,
+            median(&floor)
+        );
+    }
+    let (mr, mi) = (median(&runs[0].ratio), median(&runs[0].inside));
     println!("median ratio gepsea / blastp: {mr:.3}   [target <= 0.9]");
     println!("worker time inside BLAST+: {:.1} %   [target >= 99 %]", mi * 100.0);
     if let Some(p) = &a.json {
         let per_config: Vec<_> = configs.iter().zip(&runs).map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside})).collect();
-        let doc = json!({"configs": per_config, "blastp_s": ts, "ratio_median": mr, "inside_blast_median": mi,
+        let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": floor, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
         let tmp = p.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
