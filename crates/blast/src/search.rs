@@ -139,18 +139,21 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
 
 /// Query batches for a split by queries: contiguous, in input order, none above `cap`
 /// letters, each about 1/(2W) of the letters still left (guided self-scheduling), but
-/// no smaller than 1/(8W) of all or a quarter of `cap` (`W` = `workers`). Tasks are
-/// handed out in this order, so the long ones go first and the short ones at the end let
-/// the workers finish together, while each extra batch costs one more scan of the
-/// database (about 0.1 s on the example data). Measured with 100 example queries and
-/// W = 2 (wall time against `blastp -num_threads 2` in the same round, worker time in
-/// BLAST+): 5 batches of 10,000 letters 0.94–1.01, 97.1–99.1 %; these 10 batches
-/// 0.97–1.05, 99.2–99.8 %; with a floor of 1/(16W), 13 batches, 0.96–1.08, 99.0–99.7 %.
+/// no smaller than a quarter of `cap` or 1/W of all letters (`W` = `workers`), and a
+/// remainder under half that floor joins the batch before it. Tasks are handed out in this
+/// order, so the long ones go first and the short ones at the end let the workers finish
+/// together, while each extra task costs one more BLAST+ start and database scan (about
+/// 0.1 s of CPU on the example data). Measured with 100 example queries and W = 2 (wall
+/// time against `blastp -num_threads 2` in the same round, worker time in BLAST+): 5
+/// batches of 10,000 letters 0.94–1.01, 97.1–99.1 %; these 10 batches 0.97–1.05,
+/// 99.2–99.8 %; 13 smaller ones 0.96–1.08, 99.0–99.7 %. With 20 queries (7,888
+/// letters) these 3 batches took 1.81–1.87 s where 12 batches of 1/(8W) of the letters
+/// took 2.20–2.30 s (`blastp -num_threads 2`: 1.72–1.83 s).
 pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std::ops::Range<usize>> {
     let w = workers.max(1);
     let total: usize = queries.iter().map(|q| q.residues).sum();
     let cap = cap.max(1);
-    let floor = (total / (8 * w)).min(cap / 4).clamp(1, cap);
+    let floor = (cap / 4).min(total / w).max(1);
     let mut out = Vec::new();
     let (mut start, mut left) = (0, total);
     while start < queries.len() {
@@ -160,6 +163,12 @@ pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std
         while end < queries.len() && (end == start || acc + queries[end].residues <= target) {
             acc += queries[end].residues;
             end += 1;
+        }
+        // A remainder under half the floor would be a task that costs mostly its BLAST+
+        // start: it goes with this batch when both fit in BLAST+'s batch.
+        if left - acc < floor / 2 && left <= cap {
+            acc = left;
+            end = queries.len();
         }
         out.push(start..end);
         left -= acc;
@@ -964,12 +973,20 @@ mod tests {
             assert!(b.iter().all(|r| !r.is_empty() && (r.len() == 1 || size(r) <= 10_000)), "within BLAST+'s batch");
             // Enough tasks for every worker, the first no smaller than the last few.
             assert!(b.len() >= 2 * workers.min(8), "{workers} workers: {} batches", b.len());
+            // The first no smaller than the last, but for a remainder joined to it.
+            let floor = (total / workers).min(10_000 / 4);
             let (first, last) = (size(&b[0]), size(b.last().unwrap()));
-            assert!(first >= last, "{workers} workers: first {first} < last {last}");
-            // No batch (but the remainder) under the floor of 1/(8W) of all letters.
-            let floor = (total / (8 * workers)).min(10_000 / 4);
+            assert!(first >= last || last < floor * 3 / 2, "{workers} workers: first {first} < last {last}");
+            // No batch under the floor but a remainder too big to join the one before it.
             assert!(b[..b.len() - 1].iter().all(|r| size(r) + lengths[r.end] > floor), "{workers} workers");
+            let last = b.len() - 1;
+            assert!(size(&b[last]) >= floor / 2 || size(&b[last - 1]) + size(&b[last]) > 10_000, "{workers} workers: remainder");
         }
+        // A small job: few tasks, each worth a BLAST+ start (floor 2,500 letters), the
+        // 800-letter remainder joined to the last.
+        assert_eq!(guided_batches(&recs(&[400; 20]), 2, 10_000), vec![0..6, 6..12, 12..20]);
+        // Fewer letters than W floors: one batch per worker's share.
+        assert_eq!(guided_batches(&recs(&[100; 10]), 2, 10_000), vec![0..5, 5..10]);
         // A query longer than the cap is a batch of its own.
         let b = guided_batches(&recs(&[50, 20_000, 50]), 2, 10_000);
         assert_eq!(b, vec![0..1, 1..2, 2..3]);
