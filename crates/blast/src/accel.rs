@@ -708,7 +708,7 @@ pub fn count_hits(report: &str, outfmt: &str) -> usize {
             for line in report.lines() {
                 if line.starts_with("Sequences producing significant alignments") {
                     in_list = true;
-                } else if in_list && line.starts_with('>') || in_list && line.starts_with("Query= ") {
+                } else if in_list && (line.starts_with('>') || line.starts_with("Query= ")) {
                     in_list = false;
                 } else if in_list && !line.trim().is_empty() {
                     n += 1;
