@@ -971,7 +971,7 @@ mod tests {
             assert!(b.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
             let size = |r: &std::ops::Range<usize>| -> usize { lengths[r.clone()].iter().sum() };
             assert!(b.iter().all(|r| !r.is_empty() && (r.len() == 1 || size(r) <= 10_000)), "within BLAST+'s batch");
-            // Enough tasks for every worker, the first no smaller than the last few.
+            // Enough tasks for every worker.
             assert!(b.len() >= 2 * workers.min(8), "{workers} workers: {} batches", b.len());
             // The first no smaller than the last, but for a remainder joined to it.
             let floor = (total / workers).min(10_000 / 4);
