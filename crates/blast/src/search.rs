@@ -145,8 +145,8 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
 /// together, while each extra task costs one more BLAST+ start and database scan (about
 /// 0.1 s of CPU on the example data). Measured with 100 example queries and W = 2 (wall
 /// time against `blastp -num_threads 2` in the same round, worker time in BLAST+): 5
-/// batches of 10,000 letters 0.94–1.01, 97.1–99.1 %; these 10 batches 0.97–1.05,
-/// 99.2–99.8 %; 13 smaller ones 0.96–1.08, 99.0–99.7 %. With 20 queries (7,888
+/// batches of 10,000 letters 0.94–1.01, 97.1–99.1 %; these 10 batches 0.955–1.062,
+/// 99.0–99.4 %; 13 smaller ones 0.96–1.08, 99.0–99.7 %. With 20 queries (7,888
 /// letters) these 3 batches took 1.81–1.87 s where 12 batches of 1/(8W) of the letters
 /// took 2.20–2.30 s (`blastp -num_threads 2`: 1.72–1.83 s).
 pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std::ops::Range<usize>> {

@@ -92,7 +92,8 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         }
     }
     let _rm = Rm(dir.clone());
-    std::fs::create_dir_all(dir.join("ref"))?;
+    let ref_dir = dir.join("ref");
+    std::fs::create_dir_all(&ref_dir)?;
     let recs = gepsea_blast::fasta::read(&a.db)?;
     let mut buf = Vec::new();
     for r in &recs {
@@ -109,7 +110,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     let title = "bench";
     let st = Command::new("makeblastdb")
         .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", title, "-out", "db"])
-        .current_dir(dir.join("ref"))
+        .current_dir(&ref_dir)
         .output()?;
     if !st.status.success() {
         bail!("makeblastdb failed: {}", String::from_utf8_lossy(&st.stderr));
@@ -126,7 +127,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         configs.push(("split by fragments", Some(search::SplitBy::Fragments)));
     }
     let mut runs: Vec<Runs> = configs.iter().map(|_| Runs::default()).collect();
-    let (mut ts, mut t1, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ts, mut t1, mut perfect) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..a.rounds {
         let mut line = format!("round {}:", round + 1);
         let mut measured = Vec::new();
@@ -156,7 +157,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             measured.push((g, s.blast_seconds / s.worker_seconds.max(1e-9), std::fs::read(&out_g)?, s.split, s.tasks, label));
         }
         let out_s = dir.join("serial.out");
-        let sr = time_blastp(&dir.join("ref"), 2, &a.outfmt, &qpath, &out_s)?;
+        let sr = time_blastp(&ref_dir, 2, &a.outfmt, &qpath, &out_s)?;
         let want = std::fs::read(&out_s)?;
         for (i, (g, frac, out, split, tasks, label)) in measured.into_iter().enumerate() {
             let same = out == want;
@@ -171,13 +172,15 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         line += &format!(" blastp -num_threads 2 {sr:.2} s");
         ts.push(sr);
         if !a.no_single {
-            let s1 = time_blastp(&dir.join("ref"), 1, &a.outfmt, &qpath, &dir.join("serial1.out"))?;
-            if std::fs::read(dir.join("serial1.out"))? != want {
+            let out_1 = dir.join("serial1.out");
+            let s1 = time_blastp(&ref_dir, 1, &a.outfmt, &qpath, &out_1)?;
+            if std::fs::read(&out_1)? != want {
                 bail!("blastp -num_threads 1 and -num_threads 2 disagree: the reference is not deterministic");
             }
-            line += &format!(", -num_threads 1 {s1:.2} s (perfect split: ratio {:.3})", s1 / a.workers as f64 / sr);
+            let bound = s1 / a.workers as f64 / sr;
+            line += &format!(", -num_threads 1 {s1:.2} s (perfect split: ratio {bound:.3})");
             t1.push(s1);
-            floor.push(s1 / a.workers as f64 / sr);
+            perfect.push(bound);
         }
         eprintln!("{line}");
     }
@@ -198,7 +201,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             "blastp -num_threads 1: median {:.2} s; a perfect {}-way split of its work: ratio {:.3} (the best an exact split can reach here)",
             median(&t1),
             a.workers,
-            median(&floor)
+            median(&perfect)
         );
     }
     let (mr, mi) = (median(&runs[0].ratio), median(&runs[0].inside));
@@ -206,7 +209,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     println!("worker time inside BLAST+: {:.1} %   [target >= 99 %]", mi * 100.0);
     if let Some(p) = &a.json {
         let per_config: Vec<_> = configs.iter().zip(&runs).map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside})).collect();
-        let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": floor, "ratio_median": mr, "inside_blast_median": mi,
+        let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": perfect, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
         let tmp = p.with_extension("json.tmp");
         std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
