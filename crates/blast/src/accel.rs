@@ -63,7 +63,11 @@ pub enum MergeAssign {
 pub struct JobSpec {
     pub id: String,
     pub program: String,
+    /// The directory of gepsea's files for the database: the formatted database, or an
+    /// existing database's side directory (see [`crate::db`]).
     pub db_dir: PathBuf,
+    /// `BLASTDB` for every BLAST+ run of the job ([`crate::db::Database::blastdb`]).
+    pub blastdb: String,
     pub db_name: String,
     pub outfmt: String,
     pub blast_args: Vec<String>,
@@ -577,7 +581,7 @@ impl BlastPlugin {
         let result = (|| -> Result<(), String> {
             std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
             let queries = batch_file(job, batch);
-            let rs = report::Spec { program: &spec.program, db_dir: &spec.db_dir, db_name: &spec.db_name, queries: &queries, outfmt: &spec.outfmt, blast_args: &spec.blast_args, scratch: &scratch };
+            let rs = report::Spec { program: &spec.program, blastdb: spec.blastdb.as_ref(), db_name: &spec.db_name, queries: &queries, outfmt: &spec.outfmt, blast_args: &spec.blast_args, scratch: &scratch };
             let tmp = job.join(format!(".part-{batch:06}.tmp"));
             report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
             std::fs::rename(&tmp, part_path(job, batch)).map_err(|e| e.to_string())
@@ -627,72 +631,93 @@ impl Plugin for BlastPlugin {
 // ----- assembling the parts ----------------------------------------------------------
 
 /// Joins per-batch reports (each a complete report for its queries) into the one report
-/// serial BLAST+ writes for all of them.
-pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
-    let mut out = String::new();
-    match fmt {
-        0 => {
-            let n = parts.len();
-            for (i, p) in parts.iter().enumerate() {
+/// serial BLAST+ writes for all of them, a part at a time: only the part being added is
+/// in memory, whatever the size of the whole report.
+pub struct Assembler<W: std::io::Write> {
+    out: W,
+    fmt: u32,
+    parts: usize,
+    /// XML: iterations written so far; outfmt 7: queries processed so far.
+    count: usize,
+}
+
+impl<W: std::io::Write> Assembler<W> {
+    /// Writes to `out` a report of base format `fmt`.
+    pub fn new(out: W, fmt: u32) -> Self {
+        Assembler { out, fmt, parts: 0, count: 0 }
+    }
+
+    /// Appends the next part; `last` for the final one (it brings the footer).
+    pub fn part(&mut self, p: &str, last: bool) -> Result<(), String> {
+        let first = self.parts == 0;
+        self.parts += 1;
+        let out = &mut self.out;
+        let w = |out: &mut W, s: &str| out.write_all(s.as_bytes()).map_err(|e| format!("writing the report: {e}"));
+        match self.fmt {
+            0 => {
                 let body_start = p.find("\nQuery= ").map(|x| x + 1).ok_or("pairwise part without a query")?;
                 let footer = p.rfind("\n  Database: ").map(|x| x + 1).ok_or("pairwise part without a footer")?;
-                if i == 0 {
-                    out.push_str(&p[..body_start]);
+                if first {
+                    w(out, &p[..body_start])?;
                 }
-                out.push_str(&p[body_start..footer]);
-                if i + 1 == n {
-                    out.push_str(&p[footer..]);
+                w(out, &p[body_start..footer])?;
+                if last {
+                    w(out, &p[footer..])?;
                 }
             }
-        }
-        5 => {
-            let open = "<BlastOutput_iterations>\n";
-            let close = "</BlastOutput_iterations>\n";
-            let mut offset = 0usize;
-            let n = parts.len();
-            for (i, p) in parts.iter().enumerate() {
+            5 => {
+                let open = "<BlastOutput_iterations>\n";
+                let close = "</BlastOutput_iterations>\n";
                 let s = p.find(open).ok_or("XML part without iterations")? + open.len();
                 let e = p.rfind(close).ok_or("XML part without iterations end")?;
-                if i == 0 {
-                    out.push_str(&p[..s]);
+                if first {
+                    w(out, &p[..s])?;
                 }
-                let body = &p[s..e];
-                let mut count = 0;
-                for line in body.split_inclusive('\n') {
+                let offset = self.count;
+                for line in p[s..e].split_inclusive('\n') {
                     if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
                         let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
-                        out.push_str(&format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset));
-                        count += 1;
+                        w(out, &format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset))?;
+                        self.count += 1;
                     } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
                         let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
-                        out.push_str(&format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset));
+                        w(out, &format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset))?;
                     } else {
-                        out.push_str(line);
+                        w(out, line)?;
                     }
                 }
-                offset += count;
-                if i + 1 == n {
-                    out.push_str(&p[e..]);
+                if last {
+                    w(out, &p[e..])?;
                 }
             }
-        }
-        7 => {
-            let mut total = 0usize;
-            for p in parts {
+            7 => {
                 let at = p.rfind("# BLAST processed ").ok_or("tabular part without its trailer")?;
                 let n: usize = p[at + 18..].split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
-                total += n;
-                out.push_str(&p[..at]);
+                self.count += n;
+                w(out, &p[..at])?;
+                if last {
+                    w(out, &format!("# BLAST processed {} queries\n", self.count))?;
+                }
             }
-            out.push_str(&format!("# BLAST processed {total} queries\n"));
+            _ => w(out, p)?,
         }
-        _ => {
-            for p in parts {
-                out.push_str(p);
-            }
-        }
+        Ok(())
     }
-    Ok(out)
+
+    /// The writer, flushed.
+    pub fn finish(mut self) -> Result<W, String> {
+        self.out.flush().map_err(|e| format!("writing the report: {e}"))?;
+        Ok(self.out)
+    }
+}
+
+/// [`Assembler`] over parts in memory (tests, small reports).
+pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
+    let mut a = Assembler::new(Vec::new(), fmt);
+    for (i, p) in parts.iter().enumerate() {
+        a.part(p, i + 1 == parts.len())?;
+    }
+    Ok(String::from_utf8(a.finish()?).expect("parts are text"))
 }
 
 /// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
@@ -801,8 +826,9 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                     })
                 }
             },
-            _ => Ok(spec.db_dir.clone()),
-        };
+            _ => Ok(PathBuf::from(&spec.blastdb)),
+        }
+        .map(|dir| if dir.as_os_str() == spec.blastdb.as_str() { dir.into_os_string() } else { tools::search_path(&[&dir]) });
         let q = query_file.to_string_lossy().to_string();
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", outfmt];
         args.extend(spec.blast_args.iter().map(|s| s.as_str()));
@@ -965,14 +991,19 @@ pub fn master(
             }
         }
     }
-    let mut parts = Vec::new();
-    for b in 0..spec.batches.len() {
+    // Out of core: one part in memory at a time, streamed to the output in order.
+    let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    let mut asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&spec.outfmt));
+    let n = spec.batches.len();
+    for b in 0..n {
         let p = part_path(job, b);
-        parts.push(std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?);
+        let text = std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part(&text, b + 1 == n).map_err(SearchError::Io)?;
+        // The part is in the output: its disk space is not needed twice.
+        let _ = std::fs::remove_file(&p);
     }
-    stats.parts = parts.len();
-    let text = assemble(&parts, report::base_format(&spec.outfmt)).map_err(SearchError::Io)?;
-    std::fs::write(tmp_out, text).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    asm.finish().map_err(SearchError::Io)?;
+    stats.parts = n;
     Ok(stats)
 }
 

@@ -89,15 +89,48 @@ pub enum FastaError {
     Empty { path: PathBuf },
 }
 
-/// Opens `path`, transparently decompressing `.gz`.
-pub fn open(path: &Path) -> Result<Box<dyn BufRead>, FastaError> {
-    let f = std::fs::File::open(path).map_err(|e| FastaError::Io { path: path.to_path_buf(), source: e })?;
-    let mut r = BufReader::new(f);
-    let gz = {
-        let buf = r.fill_buf().map_err(|e| FastaError::Io { path: path.to_path_buf(), source: e })?;
-        buf.starts_with(&[0x1f, 0x8b])
+/// How an input file is compressed (recognised by its first bytes, not its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+    Bzip2,
+}
+
+impl Compression {
+    fn sniff(head: &[u8]) -> Self {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Compression::Gzip
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Compression::Zstd
+        } else if head.starts_with(b"BZh") {
+            Compression::Bzip2
+        } else {
+            Compression::None
+        }
+    }
+}
+
+/// Opens `path`, transparently decompressing gzip, zstd and bzip2, with a read buffer
+/// of `capacity` bytes.
+pub fn open_with(path: &Path, capacity: usize) -> Result<(Box<dyn BufRead + Send>, Compression), FastaError> {
+    let io = |e| FastaError::Io { path: path.to_path_buf(), source: e };
+    let f = std::fs::File::open(path).map_err(io)?;
+    let mut r = BufReader::with_capacity(capacity, f);
+    let kind = Compression::sniff(r.fill_buf().map_err(io)?);
+    let reader: Box<dyn BufRead + Send> = match kind {
+        Compression::None => Box::new(r),
+        Compression::Gzip => Box::new(BufReader::with_capacity(capacity, flate2::read::MultiGzDecoder::new(r))),
+        Compression::Zstd => Box::new(BufReader::with_capacity(capacity, zstd::stream::read::Decoder::with_buffer(r).map_err(io)?)),
+        Compression::Bzip2 => Box::new(BufReader::with_capacity(capacity, bzip2::bufread::MultiBzDecoder::new(r))),
     };
-    Ok(if gz { Box::new(BufReader::new(flate2::read::MultiGzDecoder::new(r))) } else { Box::new(r) })
+    Ok((reader, kind))
+}
+
+/// Opens `path`, transparently decompressing gzip, zstd and bzip2.
+pub fn open(path: &Path) -> Result<Box<dyn BufRead + Send>, FastaError> {
+    Ok(open_with(path, 64 << 10)?.0)
 }
 
 /// Reads and validates every record of `path`.
@@ -105,74 +138,146 @@ pub fn read(path: &Path) -> Result<Vec<Record>, FastaError> {
     read_from(open(path)?, path)
 }
 
-/// Reads and validates records from `input`, naming `path` in errors.
-pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaError> {
+/// One line of a FASTA stream, as [`scan`] hands it over.
+pub enum Line<'a> {
+    /// A `>` line: the defline (without line end), its 1-based line number, and the byte
+    /// offset where the line starts in the (decompressed) stream.
+    Header { defline: &'a str, id: &'a str, line: usize, offset: u64 },
+    /// A sequence line (without line end) and its letters.
+    Sequence { text: &'a str, residues: usize },
+}
+
+/// Totals of a scanned stream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub sequences: u64,
+    pub residues: u64,
+    /// Bytes of the (decompressed) stream.
+    pub bytes: u64,
+}
+
+/// Validates FASTA line by line without holding it — data before the first header, an
+/// empty identifier, a sequence without residues, a character that is no residue —
+/// and hands every header and sequence line to `visit`. Blank lines are skipped; a
+/// trailing `\r` is not part of a line. Memory is one line, whatever the input size.
+pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>) -> Result<(), FastaError>) -> Result<Totals, FastaError> {
     let p = || path.to_path_buf();
-    let mut recs: Vec<Record> = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
-    let r = BufReader::new(input);
-    for (i, line) in r.lines().enumerate() {
-        let n = i + 1;
-        let mut line = line.map_err(|e| FastaError::Io { path: p(), source: e })?;
-        if line.ends_with('\r') {
-            line.pop();
+    let mut buf = Vec::new();
+    let mut totals = Totals::default();
+    // The current record: its id, defline line number, and residues so far.
+    let mut current: Option<(String, usize, usize)> = None;
+    let mut n = 0usize;
+    let finish = |rec: &Option<(String, usize, usize)>| match rec {
+        Some((id, line, 0)) => Err(FastaError::EmptySequence { path: p(), line: *line, id: id.clone() }),
+        _ => Ok(()),
+    };
+    loop {
+        buf.clear();
+        let got = input.read_until(b'\n', &mut buf).map_err(|e| FastaError::Io { path: p(), source: e })?;
+        if got == 0 {
+            break;
         }
-        if line.starts_with('>') {
-            finish(recs.last(), path)?;
-            let rec = Record { defline: line, lines: Vec::new(), residues: 0, line: n };
-            let id = rec.id().to_string();
+        let offset = totals.bytes;
+        totals.bytes += got as u64;
+        n += 1;
+        let mut bytes = buf.as_slice();
+        if let Some(b) = bytes.strip_suffix(b"\n") {
+            bytes = b;
+        }
+        if let Some(b) = bytes.strip_suffix(b"\r") {
+            bytes = b;
+        }
+        let line = std::str::from_utf8(bytes).map_err(|_| FastaError::Io { path: p(), source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("line {n}: not UTF-8 text")) })?;
+        if let Some(rest) = line.strip_prefix('>') {
+            finish(&current)?;
+            let id = rest.split_whitespace().next().unwrap_or("");
             if id.is_empty() {
                 return Err(FastaError::EmptyId { path: p(), line: n });
             }
-            if let Some(&first) = seen.get(&id) {
-                return Err(FastaError::Duplicate { path: p(), line: n, id, first });
-            }
-            seen.insert(id, n);
-            recs.push(rec);
+            totals.sequences += 1;
+            visit(Line::Header { defline: line, id, line: n, offset })?;
+            current = Some((id.to_string(), n, 0));
         } else if line.trim().is_empty() {
             continue;
         } else {
-            let Some(rec) = recs.last_mut() else {
+            let Some(rec) = current.as_mut() else {
                 return Err(FastaError::DataBeforeHeader { path: p(), line: n });
             };
             if let Some(ch) = line.chars().find(|c| !(c.is_ascii_alphabetic() || *c == '*' || *c == '-' || c.is_ascii_whitespace())) {
-                return Err(FastaError::BadChar { path: p(), line: n, id: rec.id().to_string(), ch });
+                return Err(FastaError::BadChar { path: p(), line: n, id: rec.0.clone(), ch });
             }
-            rec.residues += line.bytes().filter(|b| !b.is_ascii_whitespace()).count();
-            rec.lines.push(line);
+            let residues = line.bytes().filter(|b| !b.is_ascii_whitespace()).count();
+            rec.2 += residues;
+            totals.residues += residues as u64;
+            visit(Line::Sequence { text: line, residues })?;
         }
     }
-    finish(recs.last(), path)?;
-    if recs.is_empty() {
+    finish(&current)?;
+    if totals.sequences == 0 {
         return Err(FastaError::Empty { path: p() });
     }
+    Ok(totals)
+}
+
+/// Reads and validates records from `input`, naming `path` in errors.
+pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaError> {
+    let mut recs: Vec<Record> = Vec::new();
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    scan(BufReader::new(input), path, |l| {
+        match l {
+            Line::Header { defline, id, line, .. } => {
+                if let Some(&first) = seen.get(id) {
+                    return Err(FastaError::Duplicate { path: path.to_path_buf(), line, id: id.to_string(), first });
+                }
+                seen.insert(id.to_string(), line);
+                recs.push(Record { defline: defline.to_string(), lines: Vec::new(), residues: 0, line });
+            }
+            Line::Sequence { text, residues } => {
+                let rec = recs.last_mut().expect("scan sees a header first");
+                rec.residues += residues;
+                rec.lines.push(text.to_string());
+            }
+        }
+        Ok(())
+    })?;
     Ok(recs)
 }
 
-fn finish(rec: Option<&Record>, path: &Path) -> Result<(), FastaError> {
-    match rec {
-        Some(r) if r.residues == 0 => Err(FastaError::EmptySequence { path: path.to_path_buf(), line: r.line, id: r.id().to_string() }),
-        _ => Ok(()),
-    }
+/// Guesses the molecule type from letters: nucleotide if at least 90 % are A, C, G, T,
+/// U or N (the rule BLAST's own tools use in spirit). Feed it letters with
+/// [`MolGuess::add`] and ask [`MolGuess::guess`].
+#[derive(Default)]
+pub struct MolGuess {
+    nuc: usize,
+    all: usize,
 }
 
-/// Guesses the molecule type: nucleotide if at least 90 % of the letters are
-/// A, C, G, T, U or N (the rule BLAST's own tools use in spirit).
-pub fn guess_moltype(recs: &[Record]) -> MolType {
-    let (mut nuc, mut all) = (0usize, 0usize);
-    for r in recs.iter().take(200) {
-        for b in r.letters() {
-            all += 1;
+impl MolGuess {
+    pub fn add(&mut self, letters: impl Iterator<Item = u8>) {
+        for b in letters.filter(|b| !b.is_ascii_whitespace()) {
+            self.all += 1;
             if matches!(b.to_ascii_uppercase(), b'A' | b'C' | b'G' | b'T' | b'U' | b'N') {
-                nuc += 1;
+                self.nuc += 1;
             }
         }
     }
-    if all > 0 && nuc * 10 >= all * 9 {
-        MolType::Nucl
-    } else {
-        MolType::Prot
+
+    pub fn guess(&self) -> MolType {
+        if self.all > 0 && self.nuc * 10 >= self.all * 9 {
+            MolType::Nucl
+        } else {
+            MolType::Prot
+        }
     }
+}
+
+/// Guesses the molecule type of `recs` from their first 200 sequences ([`MolGuess`]).
+pub fn guess_moltype(recs: &[Record]) -> MolType {
+    let mut g = MolGuess::default();
+    for r in recs.iter().take(200) {
+        g.add(r.letters());
+    }
+    g.guess()
 }
 
 #[cfg(test)]

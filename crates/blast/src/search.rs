@@ -34,7 +34,14 @@ const TAG_SHUTDOWN: u64 = 4;
 /// Everything `gepsea search` was asked to do.
 #[derive(Clone, Debug)]
 pub struct SearchOptions {
+    /// A directory made by `gepsea db format`, or any BLAST database `blastp -db` takes.
     pub db: PathBuf,
+    /// Where the job keeps its own files (an existing database's side directory);
+    /// `None`: a hidden directory next to the output, removed when the search ends.
+    pub work_dir: Option<PathBuf>,
+    /// Virtual fragments of an existing database split by fragments (default: one per
+    /// worker); a formatted database has the fragments `db format` made.
+    pub fragments: Option<usize>,
     pub query: PathBuf,
     pub out: PathBuf,
     pub workers: usize,
@@ -236,6 +243,8 @@ pub enum SearchError {
     QuerySplitWithoutAgents,
     #[error("archive of task {task}: {error}")]
     BadArchive { task: usize, error: archive::ArchiveError },
+    #[error("--fragments {0}: a database made by `gepsea db format` keeps the fragments it was formatted with (format it again to change them); --fragments is for existing BLAST databases")]
+    FragmentsOfFormatted(usize),
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -250,6 +259,9 @@ struct TaskMsg {
     task: usize,
     query_file: PathBuf,
     database: String,
+    /// `BLASTDB` for the run (the master resolved the database; workers need not).
+    blastdb: String,
+    program: String,
 }
 
 fn mol_name(t: MolType) -> &'static str {
@@ -419,9 +431,6 @@ pub fn run_cluster_no_agent(opts: &SearchOptions, net: ClusterNet) -> Result<Sum
 
 /// A worker rank of a launched search without agents (the master is rank 0).
 pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u32) -> Result<(), SearchError> {
-    let manifest = db::open(&opts.db)?;
-    let program = opts.program.clone().unwrap_or_else(|| if manifest.dbtype == MolType::Prot { "blastp" } else { "blastn" }.to_string());
-    let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
     let scratch = std::env::temp_dir().join(format!("gepsea-worker-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
     let _scratch = RemoveDir(scratch.clone());
@@ -430,7 +439,7 @@ pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u
     pc.directory = Some(net.directory.clone());
     // The master may still be reading its input when workers start.
     pc.reconnect_timeout = Duration::from_secs(120);
-    worker_on(Port::open(pc)?, &program, &db_dir, &scratch, &opts.blast_args)
+    worker_on(Port::open(pc)?, &scratch, &opts.blast_args)
 }
 
 /// Rank 0 of a launched (cluster-mode) search: the agents and `workers` workers run
@@ -443,8 +452,38 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
 
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     let started = Instant::now();
-    let manifest = db::open(&opts.db)?;
     let queries = fasta::read(&opts.query)?;
+    let workers = match &env {
+        Env::ClusterNoAgent(net) => net.workers.max(1),
+        _ => opts.workers.max(1),
+    };
+    let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
+    let split = choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers)?;
+    // Claim the output location first: an unwritable path fails now, not after the search.
+    let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // Absolute: BLAST+ tools run with the scratch directory as their working directory.
+    let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    let out_name = opts.out.file_name().unwrap_or_default().to_string_lossy().to_string();
+    // The work directory: the user's (kept, a cache of side directories), or one of our
+    // own next to the output (shared storage on a cluster), removed at the end.
+    let (work_dir, _work_guard) = match &opts.work_dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let d = out_dir.join(format!(".{out_name}.gepsea-work{}", std::process::id()));
+            (d.clone(), Some(RemoveDir(d)))
+        }
+    };
+    let fragments = match split {
+        // Split by queries every task searches the whole database: one virtual fragment.
+        SplitBy::Queries => 1,
+        SplitBy::Fragments => opts.fragments.unwrap_or(workers),
+    };
+    let database = db::resolve(&opts.db, &work_dir, fragments)?;
+    if let (Some(k), None) = (opts.fragments, &database.manifest.external) {
+        return Err(SearchError::FragmentsOfFormatted(k));
+    }
+    let blastdb = database.blastdb_str()?;
+    let manifest = database.manifest.clone();
     let qtype = fasta::guess_moltype(&queries);
     if qtype != manifest.dbtype {
         return Err(SearchError::TypeMismatch { query: opts.query.clone(), query_type: mol_name(qtype), db: opts.db.clone(), db_type: mol_name(manifest.dbtype) });
@@ -459,11 +498,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         return Err(SearchError::ProgramMismatch { program, db_type: mol_name(manifest.dbtype), expected });
     }
     tools::version()?;
-    // Claim the output location first: an unwritable path fails now, not after the search.
-    let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    // Absolute: BLAST+ tools run with the scratch directory as their working directory.
-    let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    let tmp_out = out_dir.join(format!(".{}.gepsea-tmp{}", opts.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+    let tmp_out = out_dir.join(format!(".{out_name}.gepsea-tmp{}", std::process::id()));
     std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     // In a launched job, workers on other nodes read the batch files, so they go next
     // to the output (shared storage), and only the master's node directory of the job's
@@ -475,7 +510,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     };
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
-    let db_dir = std::fs::canonicalize(&opts.db).map_err(|e| SearchError::Io(format!("{}: {e}", opts.db.display())))?;
+    let db_dir = database.dir.clone();
 
     let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
         let mut buf = Vec::new();
@@ -487,14 +522,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let all_queries = scratch.join("queries.fasta");
     write_fasta(&all_queries, &queries)?;
 
-    let workers = match &env {
-        Env::ClusterNoAgent(net) => net.workers.max(1),
-        _ => opts.workers.max(1),
-    };
     let nfrag = manifest.fragments.len();
     let total_res: usize = queries.iter().map(|q| q.residues).sum();
-    let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
-    let split = choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers)?;
     let batch_ranges = match split {
         SplitBy::Fragments => {
             let per_batch = opts.batch_residues.unwrap_or_else(|| {
@@ -523,7 +552,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     }
 
     if !no_agent {
-        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, batch_ranges, split, tmp_out, out_dir, ns }, &mut cleanup, env);
+        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns }, &mut cleanup, env);
     }
     let mut pc = PortConfig::new(&ns, MASTER);
     // Where each worker is: local workers are ports 1..=W of this node; launched ones
@@ -539,8 +568,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
             break;
         }
         let mut c = Command::new(&opts.worker_exe);
-        c.args(["worker", "--ns", &ns, "--port", &(w + 1).to_string(), "--program", &program, "--db"])
-            .arg(&db_dir)
+        c.args(["worker", "--ns", &ns, "--port", &(w + 1).to_string()])
             .arg("--scratch")
             .arg(&scratch)
             .arg("--")
@@ -584,7 +612,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
                             (f, manifest.name.clone())
                         }
                     };
-                    let msg = serde_json::to_vec(&TaskMsg { task: t, query_file, database }).unwrap();
+                    let msg = serde_json::to_vec(&TaskMsg { task: t, query_file, database, blastdb: blastdb.clone(), program: program.clone() }).unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
                     idle[w] = false;
                 }
@@ -686,7 +714,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let hsps: Vec<String> = results.hsps.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
     let spec = report::Spec {
         program: &program,
-        db_dir: &db_dir,
+        blastdb: blastdb.as_ref(),
         db_name: &manifest.name,
         queries: &all_queries,
         outfmt: &opts.outfmt,
@@ -724,6 +752,7 @@ struct Accel<'a> {
     queries: &'a [Record],
     program: String,
     db_dir: PathBuf,
+    blastdb: String,
     batch_ranges: Vec<std::ops::Range<usize>>,
     split: SplitBy,
     tmp_out: PathBuf,
@@ -758,6 +787,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         id,
         program: a.program.clone(),
         db_dir: a.db_dir.clone(),
+        blastdb: a.blastdb.clone(),
         db_name: a.manifest.name.clone(),
         outfmt: opts.outfmt.clone(),
         blast_args: opts.blast_args.clone(),
@@ -771,7 +801,8 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         tail_threads: if matches!(env, Env::Local) { opts.workers.max(1).min(std::thread::available_parallelism().map_or(1, |n| n.get())) } else { 1 },
         compress: opts.compress,
         assign: opts.assign,
-        hot_swap: opts.hot_swap,
+        // A virtual fragment has no files to stage: it is a view of the database itself.
+        hot_swap: opts.hot_swap && a.manifest.has_fragment_files(),
         // Searching a fragment reads its BLAST files and its statistics alias, never
         // the FASTA it was made from.
         fragment_files: a.manifest.fragments.iter().map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect()).collect(),
@@ -912,11 +943,11 @@ fn merge_batch(
 }
 
 /// The hidden `gepsea worker` process: searches whatever the master sends.
-pub fn worker(ns: &str, port_id: u32, program: &str, db_dir: &Path, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
-    worker_on(Port::open(PortConfig::new(ns, Addr::new(MASTER.node, port_id)))?, program, db_dir, scratch, blast_args)
+pub fn worker(ns: &str, port_id: u32, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
+    worker_on(Port::open(PortConfig::new(ns, Addr::new(MASTER.node, port_id)))?, scratch, blast_args)
 }
 
-fn worker_on(port: Port, program: &str, db_dir: &Path, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
+fn worker_on(port: Port, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
     port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Hello).unwrap())?;
     loop {
         let m = match port.recv(Some(MASTER), None, 1 << 20) {
@@ -933,7 +964,7 @@ fn worker_on(port: Port, program: &str, db_dir: &Path, scratch: &Path, blast_arg
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &t.database, "-outfmt", "11"];
         args.extend(blast_args.iter().map(|s| s.as_str()));
         let started = Instant::now();
-        match tools::run(program, &args, Some(db_dir), Some(scratch)) {
+        match tools::run(&t.program, &args, Some(t.blastdb.as_ref()), Some(scratch)) {
             Ok(out) => {
                 let secs = started.elapsed().as_secs_f64();
                 let header = Ctrl::Result { task: t.task, len: out.stdout.len(), blast_seconds: secs };

@@ -117,8 +117,8 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     }
     let gdb = dir.join("gdb");
     db::format(
-        &db::FormatOptions { input: &dir.join("db.fasta"), fragments: a.fragments, out: &gdb, dbtype: None, title: Some(title.into()), name: Some("db".into()), force: true },
-        |_, _| {},
+        &db::FormatOptions { input: &dir.join("db.fasta"), fragments: a.fragments, out: &gdb, dbtype: None, title: Some(title.into()), name: Some("db".into()), force: true, jobs: 0, makeblastdb_args: Vec::new() },
+        |_| {},
     )?;
     eprintln!("bench search: {} queries, {} sequences, {} fragments, {} workers, outfmt {}", a.queries.min(qs.len()), recs.len(), a.fragments, a.workers, a.outfmt);
     // (label, split) of each gepsea configuration measured in every round.
@@ -135,6 +135,8 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             let out_g = dir.join("gepsea.out");
             let opts = search::SearchOptions {
                 db: gdb.clone(),
+                work_dir: None,
+                fragments: None,
                 query: qpath.clone(),
                 out: out_g.clone(),
                 workers: a.workers,

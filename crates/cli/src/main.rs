@@ -59,13 +59,24 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum DbCmd {
-    /// Split a FASTA database into fragments balanced by residues and build them.
+    /// Split a FASTA database into fragments balanced by residues and build them
+    /// (streaming, in parallel; memory does not grow with the input).
     Format(FormatArgs),
+    /// Check every file of a database made by `db format` against the SHA-256 recorded
+    /// when it was formatted (a search checks only sizes).
+    Verify(VerifyArgs),
 }
 
 #[derive(Args)]
+struct VerifyArgs {
+    /// Database directory made by `gepsea db format`.
+    dir: PathBuf,
+}
+
+#[derive(Args)]
+#[command(after_help = "Options after `--` go to every makeblastdb run, e.g. `-- -taxid_map map.txt -blastdb_version 4 -max_file_sz 1GB`; -parse_seqids is always set.")]
 struct FormatArgs {
-    /// FASTA database (plain or .gz).
+    /// FASTA database: plain, gzip, zstd or bzip2 (recognised by content).
     #[arg(long)]
     input: PathBuf,
     /// Number of fragments.
@@ -86,13 +97,30 @@ struct FormatArgs {
     /// Replace a non-empty output directory.
     #[arg(long)]
     force: bool,
+    /// Fragments built at once (default: number of cores).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Options for makeblastdb, after `--`.
+    #[arg(last = true, allow_hyphen_values = true)]
+    makeblastdb_args: Vec<String>,
 }
 
 #[derive(Args)]
 struct SearchArgs {
-    /// Database directory made by `gepsea db format`.
+    /// A database directory made by `gepsea db format`, or any existing BLAST database
+    /// as `blastp -db` takes it: a path or a name found through BLASTDB, single- or
+    /// multi-volume, e.g. NCBI's preformatted swissprot or nr (searched in place).
     #[arg(long)]
     db: PathBuf,
+    /// Where the job keeps its own small files (for an existing database: alias files
+    /// describing its fragments; reused by later searches). Default: a hidden directory
+    /// next to --out, removed at the end. Never inside the database's directory.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Existing databases split by fragments: how many OID ranges to cut it into,
+    /// balanced by residues (default: one per worker).
+    #[arg(long)]
+    fragments: Option<usize>,
     /// Query FASTA (plain or .gz).
     #[arg(long)]
     query: PathBuf,
@@ -190,10 +218,6 @@ struct WorkerArgs {
     #[arg(long)]
     port: u32,
     #[arg(long)]
-    program: String,
-    #[arg(long)]
-    db: PathBuf,
-    #[arg(long)]
     scratch: PathBuf,
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
@@ -219,8 +243,25 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {
-            let o = db::FormatOptions { input: &a.input, fragments: a.fragments, out: &a.out, dbtype: a.dbtype, title: a.title, name: a.name, force: a.force };
-            let m = db::format(&o, |i, n| eprintln!("gepsea db format: fragment {i}/{n} built"))?;
+            let o = db::FormatOptions {
+                input: &a.input,
+                fragments: a.fragments,
+                out: &a.out,
+                dbtype: a.dbtype,
+                title: a.title,
+                name: a.name,
+                force: a.force,
+                jobs: a.jobs.unwrap_or(0),
+                makeblastdb_args: a.makeblastdb_args,
+            };
+            let started = std::time::Instant::now();
+            eprintln!("gepsea db format: reading {}", a.input.display());
+            let m = db::format(&o, |p| match p {
+                db::format::Progress::Scanned { sequences, residues, bytes } => {
+                    eprintln!("gepsea db format: {sequences} sequences, {residues} residues ({:.1} MB of FASTA) checked in {:.1} s; building {} fragments", bytes as f64 / 1e6, started.elapsed().as_secs_f64(), a.fragments)
+                }
+                db::format::Progress::Built { done, total } => eprintln!("gepsea db format: fragment {done}/{total} built"),
+            })?;
             println!(
                 "formatted {} ({} sequences, {} residues, {}) into {} fragments in {}",
                 m.name,
@@ -232,6 +273,16 @@ fn main() -> Result<()> {
             );
             Ok(())
         }
+        Cmd::Db { what: DbCmd::Verify(a) } => {
+            let m = db::verify(&a.dir, |i, n| {
+                if i == n || i % 16 == 0 {
+                    eprintln!("gepsea db verify: {i}/{n} files checked");
+                }
+            })?;
+            let files: usize = m.fragments.iter().map(|f| f.files.len()).sum();
+            println!("{}: {} fragments, {files} files, every checksum matches", a.dir.display(), m.fragments.len());
+            Ok(())
+        }
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let deliver = match a.storage_site {
@@ -240,6 +291,8 @@ fn main() -> Result<()> {
             };
             let opts = search::SearchOptions {
                 db: a.db,
+                work_dir: a.work_dir,
+                fragments: a.fragments,
                 query: a.query,
                 out: a.out,
                 workers,
@@ -331,7 +384,7 @@ fn main() -> Result<()> {
         Cmd::Paramedic { what } => paramedic_cmd::run(&what),
         Cmd::Testbed(t) => testbed_cmd::run(&t),
         Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
-        Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.program, &a.db, &a.scratch, &a.blast_args)?),
+        Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
         Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),

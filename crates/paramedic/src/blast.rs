@@ -189,7 +189,7 @@ fn oids(db_dir: &Path, name: &str, dbtype: &str, accessions: &BTreeSet<&str>, sc
     let list = scratch.join("accessions.txt");
     std::fs::write(&list, accessions.iter().map(|a| format!("{a}\n")).collect::<String>()).map_err(failed)?;
     let db_dir = std::fs::canonicalize(db_dir).map_err(|e| failed(format!("{}: {e}", db_dir.display())))?;
-    let out = tools::run("blastdbcmd", &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"], Some(&db_dir), Some(scratch)).map_err(failed)?;
+    let out = tools::run("blastdbcmd", &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"], Some(db_dir.as_os_str()), Some(scratch)).map_err(failed)?;
     let mut map = HashMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let (acc, oid) = line.split_once('\t').ok_or_else(|| failed(format!("blastdbcmd printed {line:?}")))?;
@@ -257,7 +257,7 @@ impl BlastPlugin {
         let os = out.to_string_lossy().into_owned();
         let mut args: Vec<&str> = vec!["-query", &qs, "-db", &m.db_name, "-outfmt", &m.outfmt, "-out", &os];
         args.extend(m.blast_args.iter().map(String::as_str));
-        tools::run(&m.program, &args, Some(&dbdir), Some(&s.0)).map_err(failed)?;
+        tools::run(&m.program, &args, Some(dbdir.as_os_str()), Some(&s.0)).map_err(failed)?;
         std::fs::read(&out).map_err(failed)
     }
 }
