@@ -11,6 +11,7 @@ PACKAGES=(
   openmpi-bin libopenmpi-dev       # reference ping-pong benchmark, mpirun cluster mode
   iproute2 iptables ethtool        # network namespaces, veth, bridges, link emulation
   procps psmisc                    # pkill/fuser used by test cleanup
+  zstd bzip2                       # compressed FASTA inputs in the db format tests
   libfontconfig1-dev fonts-dejavu-core  # benchmark plots (plotters draws text through fontconfig)
   openssh-server openssh-client sshfs   # bench cluster: output location on a storage node (sshfs)
 )

@@ -239,7 +239,19 @@ enum Bench {
     Paramedic(bench_paramedic::ParamedicBenchArgs),
 }
 
-fn main() -> Result<()> {
+/// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
+/// (anyhow would print a backtrace with it set); panics keep theirs.
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gepsea: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {

@@ -407,9 +407,13 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let target = std::fs::read_dir(&copy).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "psq")).unwrap();
     let mut bytes = std::fs::read(&target).unwrap();
     bytes[100] ^= 1;
-    std::fs::write(&target, bytes).unwrap();
-    let e = search(&s(&copy), &q);
+    std::fs::write(&target, &bytes).unwrap();
+    // A search checks sizes only; `db verify` reads every byte.
+    let e = fails(&["db", "verify", &s(&copy)], None);
     assert!(e.contains("checksum mismatch") && e.contains(".psq"), "{e}");
+    std::fs::write(&target, &bytes[..bytes.len() - 1]).unwrap();
+    let e = search(&s(&copy), &q);
+    assert!(e.contains(".psq") && e.contains("but the manifest says") && e.contains("truncated"), "{e}");
     // Unwritable output path.
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");

@@ -440,6 +440,13 @@ fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, inp
         Err(e) => return Err(DbError::Io { path: input.to_path_buf(), source: e }),
     }
     flushed.map_err(io(input))?;
+    let (sequences, residues) = (plan.sequences[i], plan.residues[i]);
+    let first_oid: u64 = plan.sequences[..i].iter().sum();
+    // The statistics alias is one of the fragment's files (staged with it by hot-swap).
+    let alias = dir.join(format!("{name}.stats.{}al", alias_letter(dbtype)));
+    let total_seqs: u64 = plan.sequences.iter().sum();
+    let total_res: u64 = plan.residues.iter().sum();
+    std::fs::write(&alias, stats_alias(title, &name, None, total_seqs, total_res)).map_err(io(&alias))?;
     let prefix = format!("{name}.");
     let mut names: Vec<String> = std::fs::read_dir(dir).map_err(io(dir))?.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(&prefix)).collect();
     names.sort();
@@ -449,12 +456,6 @@ fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, inp
         sizes.insert(n.clone(), std::fs::metadata(&p).map_err(io(&p))?.len());
         files.insert(n, sha256_file(&p)?);
     }
-    let (sequences, residues) = (plan.sequences[i], plan.residues[i]);
-    let first_oid: u64 = plan.sequences[..i].iter().sum();
-    let alias = dir.join(format!("{name}.stats.{}al", alias_letter(dbtype)));
-    let total_seqs: u64 = plan.sequences.iter().sum();
-    let total_res: u64 = plan.residues.iter().sum();
-    std::fs::write(&alias, stats_alias(title, &name, None, total_seqs, total_res)).map_err(io(&alias))?;
     Ok(Fragment { name, sequences, residues, first_oid, files, sizes })
 }
 

@@ -1,0 +1,366 @@
+//! Real databases: existing BLAST databases searched in place (multi-volume protein and
+//! nucleotide, by path and through BLASTDB, with taxonomy), `gepsea db format` streaming
+//! compressed input, and the errors a damaged or wrong database gets. Every output is
+//! compared byte for byte with serial NCBI BLAST+ on the same database.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::SystemTime;
+
+const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
+const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
+const RRNA: &str = "/usr/share/microbiomeutil-data/RESOURCES/rRNA16S.gold.fasta";
+
+fn gepsea() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gepsea"))
+}
+
+fn run_ok(mut c: Command) -> Output {
+    let out = c.output().expect("spawn");
+    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The first `n` records of a FASTA text.
+fn head(text: &str, n: usize) -> String {
+    let mut out = String::new();
+    let mut count = 0;
+    for line in text.lines() {
+        if line.starts_with('>') {
+            count += 1;
+        }
+        if count > n {
+            break;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Built once per test process, removed at exit: the example proteins as plain FASTA,
+/// a 4-volume protein database and a multi-volume 16S nucleotide database (makeblastdb
+/// `-max_file_sz`), with queries for each.
+struct Fixture {
+    dir: PathBuf,
+}
+
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+
+extern "C" fn remove_fixture() {
+    if let Some(f) = FIXTURE.get() {
+        let _ = std::fs::remove_dir_all(&f.dir);
+    }
+}
+
+fn fixture() -> &'static Fixture {
+    FIXTURE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gepsea-databases-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("prot")).unwrap();
+        std::fs::create_dir_all(dir.join("nucl")).unwrap();
+        // SAFETY: registering a plain C callback that only removes a directory.
+        unsafe { libc::atexit(remove_fixture) };
+        let zcat = |p: &str| String::from_utf8(run_ok({
+            let mut c = Command::new("zcat");
+            c.arg(p);
+            c
+        })
+        .stdout)
+        .unwrap();
+        let db = zcat(DB_GZ);
+        std::fs::write(dir.join("DB.fasta"), &db).unwrap();
+        std::fs::write(dir.join("q.fasta"), head(&zcat(QUERY_GZ), 24)).unwrap();
+        let rrna = std::fs::read_to_string(RRNA).unwrap();
+        std::fs::write(dir.join("nq.fasta"), head(&rrna, 12)).unwrap();
+        let mut c = Command::new("makeblastdb");
+        c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "Example proteins", "-out", "exdb", "-max_file_sz", "3MB"]).current_dir(dir.join("prot"));
+        run_ok(c);
+        let mut c = Command::new("makeblastdb");
+        c.args(["-in", RRNA, "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "s16", "-max_file_sz", "400KB"]).current_dir(dir.join("nucl"));
+        run_ok(c);
+        Fixture { dir }
+    })
+}
+
+/// Names, sizes and modification times of every file under `dir`.
+fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime)> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let m = e.metadata().unwrap();
+            (e.file_name().to_string_lossy().to_string(), (m.len(), m.modified().unwrap()))
+        })
+        .collect()
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+fn tempdir(tag: &str) -> TempDir {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!("gepsea-dbt-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+/// Runs `program` serially on `db` (from `cwd`, with `blastdb` as BLASTDB) into `out`.
+fn serial(program: &str, cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &str, out: &Path) {
+    let mut c = Command::new(program);
+    c.current_dir(cwd).env_remove("BLASTDB").args(["-db", db, "-outfmt", outfmt, "-query"]).arg(query).arg("-out").arg(out);
+    if let Some(b) = blastdb {
+        c.env("BLASTDB", b);
+    }
+    run_ok(c);
+}
+
+/// `gepsea search` from `cwd`, with `blastdb` as BLASTDB.
+fn search(cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &str, out: &Path, extra: &[&str]) -> Output {
+    let mut c = gepsea();
+    c.current_dir(cwd).env_remove("BLASTDB").args(["search", "--quiet", "--workers", "2", "--db", db, "--outfmt", outfmt, "--query"]).arg(query).arg("--out").arg(out).args(extra);
+    if let Some(b) = blastdb {
+        c.env("BLASTDB", b);
+    }
+    run_ok(c)
+}
+
+fn assert_identical(got: &Path, want: &Path, what: &str) {
+    let (g, w) = (std::fs::read(got).unwrap(), std::fs::read(want).unwrap());
+    if g != w {
+        let (gl, wl) = (String::from_utf8_lossy(&g), String::from_utf8_lossy(&w));
+        let i = gl.lines().zip(wl.lines()).position(|(a, b)| a != b).unwrap_or(0);
+        panic!("{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}", i + 1, gl.lines().nth(i), wl.lines().nth(i));
+    }
+}
+
+/// Leftovers of a search next to its output: nothing but the output itself.
+fn assert_only(dir: &Path, expected: &[&str]) {
+    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    names.sort();
+    let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(names, want, "{} holds other files than the outputs", dir.display());
+}
+
+#[test]
+fn a_multi_volume_protein_database_is_searched_in_place_by_path() {
+    let f = fixture();
+    let prot = f.dir.join("prot");
+    let volumes = std::fs::read_dir(&prot).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".pin")).count();
+    assert!(volumes >= 3, "the fixture should be multi-volume, has {volumes} index files");
+    let before = snapshot(&prot);
+    let d = tempdir("prot");
+    for fmt in ["0", "5", "6", "7"] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        // By a path relative to the working directory, as a user types it.
+        serial("blastp", &f.dir, None, "prot/exdb", &f.dir.join("q.fasta"), fmt, &want);
+        for split in ["queries", "fragments"] {
+            let got = d.0.join(format!("gepsea.{fmt}.{split}"));
+            search(&f.dir, None, "prot/exdb", &f.dir.join("q.fasta"), fmt, &got, &["--split", split]);
+            assert_identical(&got, &want, &format!("outfmt {fmt}, split by {split}"));
+            std::fs::remove_file(&got).unwrap();
+        }
+        std::fs::remove_file(&want).unwrap();
+    }
+    assert_eq!(snapshot(&prot), before, "the database directory was written to");
+    assert_only(&d.0, &[]);
+}
+
+#[test]
+fn a_database_named_through_blastdb_keeps_its_name_and_work_dirs_are_reused() {
+    let f = fixture();
+    let d = tempdir("byname");
+    let blastdb = f.dir.join("prot");
+    let want = d.0.join("serial.7");
+    serial("blastp", &d.0, Some(&blastdb), "exdb", &f.dir.join("q.fasta"), "7", &want);
+    let work = d.0.join("work");
+    for (i, extra) in [&["--split", "fragments", "--fragments", "3"][..], &["--split", "fragments", "--fragments", "3", "--no-agent"]].iter().enumerate() {
+        let got = d.0.join(format!("gepsea.{i}"));
+        let mut args = extra.to_vec();
+        args.extend(["--work-dir", work.to_str().unwrap()]);
+        search(&d.0, Some(&blastdb), "exdb", &f.dir.join("q.fasta"), "7", &got, &args);
+        assert_identical(&got, &want, &format!("by name through BLASTDB, {extra:?}"));
+        assert!(std::fs::read_to_string(&got).unwrap().contains("# Database: exdb\n"), "the report names the database as given");
+    }
+    // One side directory, made by the first search and reused by the second: three
+    // virtual fragments over OID ranges covering the database once, in order.
+    let sides: Vec<PathBuf> = std::fs::read_dir(&work).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(sides.len(), 1, "{sides:?}");
+    let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(sides[0].join("manifest.json")).unwrap()).unwrap();
+    let frags = m["fragments"].as_array().unwrap();
+    assert_eq!(frags.len(), 3);
+    let mut next = 0;
+    for fr in frags {
+        assert_eq!(fr["first_oid"].as_u64().unwrap(), next);
+        next += fr["sequences"].as_u64().unwrap();
+    }
+    assert_eq!(next, m["sequences"].as_u64().unwrap());
+    let alias = std::fs::read_to_string(sides[0].join("frag01.stats.pal")).unwrap();
+    assert!(alias.contains("FIRST_OID ") && alias.contains("LAST_OID ") && alias.contains(&format!("NSEQ {next}\n")), "{alias}");
+}
+
+#[test]
+fn a_multi_volume_nucleotide_database_gives_serial_blastn_output() {
+    let f = fixture();
+    let nucl = f.dir.join("nucl");
+    assert!(nucl.join("s16.nal").is_file(), "the fixture should have a .nal alias over its volumes");
+    let before = snapshot(&nucl);
+    let d = tempdir("nucl");
+    for fmt in ["0", "6"] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastn", &f.dir, None, "nucl/s16", &f.dir.join("nq.fasta"), fmt, &want);
+        for split in ["queries", "fragments"] {
+            let got = d.0.join(format!("gepsea.{fmt}.{split}"));
+            search(&f.dir, None, "nucl/s16", &f.dir.join("nq.fasta"), fmt, &got, &["--split", split]);
+            assert_identical(&got, &want, &format!("blastn outfmt {fmt}, split by {split}"));
+        }
+    }
+    assert_eq!(snapshot(&nucl), before, "the database directory was written to");
+}
+
+#[test]
+fn taxonomy_columns_equal_serial_blast() {
+    let f = fixture();
+    let d = tempdir("tax");
+    // A taxid for every sequence, from its position: different taxa across fragments.
+    let fasta = std::fs::read_to_string(f.dir.join("DB.fasta")).unwrap();
+    let map: String = fasta.lines().filter_map(|l| l.strip_prefix('>')).enumerate().map(|(i, l)| format!("{} {}\n", l.split_whitespace().next().unwrap(), [9606, 10090, 562, 4932, 7227][i % 5])).collect();
+    std::fs::write(d.0.join("taxmap.txt"), map).unwrap();
+    let mut c = Command::new("makeblastdb");
+    c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "tax", "-taxid_map"]).arg(d.0.join("taxmap.txt")).args(["-out"]).arg(d.0.join("taxdb")).current_dir(f.dir.join("prot"));
+    run_ok(c);
+    // The same through `db format`, passing -taxid_map through (a relative path).
+    let mut c = gepsea();
+    c.current_dir(&d.0).args(["db", "format", "--input", DB_GZ, "--fragments", "3", "--title", "tax", "--name", "taxdb", "--out", "formatted", "--", "-taxid_map", "taxmap.txt"]);
+    run_ok(c);
+    let fmt = "6 qseqid sseqid staxids sscinames evalue bitscore";
+    let want = d.0.join("serial.tax");
+    serial("blastp", &d.0, None, "taxdb", &f.dir.join("q.fasta"), fmt, &want);
+    let text = std::fs::read_to_string(&want).unwrap();
+    assert!(text.lines().any(|l| l.split('\t').nth(2) == Some("10090")), "taxids should be in the serial output: {}", &text[..200.min(text.len())]);
+    for (db, split) in [("taxdb", "fragments"), ("taxdb", "queries"), ("formatted", "fragments")] {
+        let got = d.0.join(format!("gepsea.{db}.{split}"));
+        search(&d.0, None, db, &f.dir.join("q.fasta"), fmt, &got, &["--split", split]);
+        assert_identical(&got, &want, &format!("taxonomy columns, {db} split by {split}"));
+    }
+}
+
+#[test]
+fn db_format_streams_every_compression_to_the_same_fragments() {
+    let f = fixture();
+    let d = tempdir("format");
+    let plain = f.dir.join("DB.fasta");
+    run_ok({
+        let mut c = Command::new("zstd");
+        c.args(["-q", "-3"]).arg(&plain).arg("-o").arg(d.0.join("DB.fasta.zst"));
+        c
+    });
+    run_ok({
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(format!("bzip2 -c {} > {}", plain.display(), d.0.join("DB.fasta.bz2").display()));
+        c
+    });
+    let fragments = |m: &Path| -> Vec<(String, u64, u64, u64)> {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m.join("manifest.json")).unwrap()).unwrap();
+        v["fragments"].as_array().unwrap().iter().map(|f| (f["name"].as_str().unwrap().to_string(), f["sequences"].as_u64().unwrap(), f["residues"].as_u64().unwrap(), f["first_oid"].as_u64().unwrap())).collect()
+    };
+    let mut all = Vec::new();
+    for (input, jobs) in [(PathBuf::from(DB_GZ), "2"), (d.0.join("DB.fasta.zst"), "1"), (d.0.join("DB.fasta.bz2"), "2"), (plain.clone(), "2")] {
+        let out = d.0.join(format!("db-{}", input.extension().unwrap().to_string_lossy()));
+        run_ok({
+            let mut c = gepsea();
+            c.args(["db", "format", "--fragments", "4", "--title", "Example proteins", "--name", "exdb", "--jobs", jobs, "--input"]).arg(&input).arg("--out").arg(&out);
+            c
+        });
+        let names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+        assert!(!names.iter().any(|n| n.ends_with(".fasta") || n.ends_with(".log")), "no FASTA copy or log is kept: {names:?}");
+        run_ok({
+            let mut c = gepsea();
+            c.args(["db", "verify"]).arg(&out);
+            c
+        });
+        all.push((input, fragments(&out)));
+    }
+    let first = &all[0].1;
+    let residues: Vec<u64> = first.iter().map(|f| f.2).collect();
+    let (lo, hi) = (residues.iter().min().unwrap(), residues.iter().max().unwrap());
+    assert!(hi - lo <= 2 * 8081, "balanced by residues within two of the longest sequence: {residues:?}");
+    for (input, frags) in &all[1..] {
+        assert_eq!(frags, first, "{} cut differently", input.display());
+    }
+    // The formatted database searches like serial BLAST+ over a makeblastdb of the FASTA.
+    let want = d.0.join("serial.6");
+    serial("blastp", &f.dir, None, "prot/exdb", &f.dir.join("q.fasta"), "6", &want);
+    let got = d.0.join("gepsea.6");
+    search(&d.0, None, "db-zst", &f.dir.join("q.fasta"), "6", &got, &["--split", "fragments"]);
+    assert_identical(&got, &want, "a zstd-formatted database");
+}
+
+/// Runs gepsea expecting failure from `cwd`: returns stderr, checks `out` was not made.
+fn fails(cwd: &Path, args: &[&str], out: &Path) -> String {
+    let o = gepsea().current_dir(cwd).env_remove("BLASTDB").env("RUST_BACKTRACE", "1").args(args).output().unwrap();
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert!(!out.exists(), "{} was left behind", out.display());
+    let e = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!e.contains("stack backtrace"), "a user error printed a backtrace: {e}");
+    e
+}
+
+#[test]
+fn bad_databases_get_clear_errors_and_leave_nothing() {
+    let f = fixture();
+    let d = tempdir("bad");
+    let q = f.dir.join("q.fasta");
+    let q = q.to_str().unwrap();
+    let out = d.0.join("out.txt");
+    let o = out.to_str().unwrap();
+    // A name BLAST+ does not know.
+    let e = fails(&d.0, &["search", "--quiet", "--db", "no_such_db", "--query", q, "--out", o], &out);
+    assert!(e.contains("\"no_such_db\" not found") && e.contains("BLASTDB"), "{e}");
+    // A truncated volume (a copy of the database with one sequence file cut short).
+    let copy = d.0.join("copy");
+    std::fs::create_dir_all(&copy).unwrap();
+    for e in std::fs::read_dir(f.dir.join("prot")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, copy.join(p.file_name().unwrap())).unwrap();
+    }
+    let psq = copy.join("exdb.01.psq");
+    let len = std::fs::metadata(&psq).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&psq).unwrap().set_len(len / 2).unwrap();
+    let e = fails(&d.0, &["search", "--quiet", "--db", "copy/exdb", "--query", q, "--out", o], &out);
+    assert!(e.contains("exdb.01.psq") && e.contains(&format!("{} bytes", len / 2)) && e.contains(&len.to_string()), "{e}");
+    // An alias naming a volume that is not there.
+    std::fs::write(d.0.join("broken.pal"), "TITLE broken\nDBLIST copy/exdb.00 copy/missing_volume\n").unwrap();
+    let e = fails(&d.0, &["search", "--quiet", "--db", "broken", "--query", q, "--out", o], &out);
+    assert!(e.contains("broken") && e.contains("missing_volume"), "{e}");
+    // An alias whose counts do not match its volumes.
+    std::fs::write(d.0.join("lying.pal"), format!("TITLE lying\nDBLIST {}\nNSEQ 7\nLENGTH 1000\n", f.dir.join("prot/exdb").display())).unwrap();
+    let e = fails(&f.dir, &["search", "--quiet", "--split", "fragments", "--db", d.0.join("lying").to_str().unwrap(), "--query", q, "--out", o], &out);
+    assert!(e.contains("lying") && e.contains("sequences") && e.contains("7"), "{e}");
+    // Duplicate identifiers: makeblastdb -parse_seqids would refuse them, so does db format.
+    let dup = d.0.join("dup.fa");
+    std::fs::write(&dup, ">a first\nMKVL\n>b\nMKLV\n>c\nMKKV\n>a again\nMKVV\n").unwrap();
+    let dbout = d.0.join("dupdb");
+    let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()], &dbout);
+    assert!(e.contains("dup.fa:7: duplicate sequence identifier \"a\" (first seen on line 1)"), "{e}");
+    let leftovers: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("tmp")).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // Options gepsea sets itself, with what to use instead.
+    let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "1", "--out", dbout.to_str().unwrap(), "--", "-title", "x"], &dbout);
+    assert!(e.contains("-title is set by gepsea db format; use --title"), "{e}");
+    // --fragments belongs to existing databases.
+    run_ok({
+        let mut c = gepsea();
+        c.args(["db", "format", "--input", DB_GZ, "--fragments", "2", "--out"]).arg(d.0.join("g2"));
+        c
+    });
+    let e = fails(&d.0, &["search", "--quiet", "--split", "fragments", "--fragments", "5", "--db", "g2", "--query", q, "--out", o], &out);
+    assert!(e.contains("--fragments 5") && e.contains("format it again"), "{e}");
+    assert_only(&d.0, &["broken.pal", "copy", "dup.fa", "g2", "lying.pal"]);
+}
