@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-agent bench-cluster bench-paramedic demo clean
+.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
 
 all: build
 
@@ -42,6 +42,10 @@ bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
 bench-search: build | $(OUT)
 	./target/release/gepsea bench search --json $(OUT)/search.json
 
+# db format vs makeblastdb on 1 GB of synthesised FASTA; a large report's search memory.
+bench-db: build | $(OUT)
+	./target/release/gepsea bench db --json $(OUT)/db.json
+
 bench-agent: build | $(OUT)
 	./target/release/gepsea bench agent --json $(OUT)/agent.json
 
@@ -53,7 +57,7 @@ bench-cluster: build | $(OUT)
 bench-paramedic: build | $(OUT)
 	./target/release/gepsea bench paramedic --json $(OUT)/paramedic.json
 
-bench: bench-net bench-search bench-agent bench-cluster bench-paramedic
+bench: bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data

@@ -10,6 +10,7 @@ use gepsea_blast::{db, search};
 mod agent_cmd;
 mod bench_agent;
 mod bench_cluster;
+mod bench_db;
 mod bench_net;
 mod bench_search;
 mod plots;
@@ -229,6 +230,9 @@ enum Bench {
     Net(bench_net::NetArgs),
     /// gepsea search against serial blastp -num_threads 2, alternated.
     Search(bench_search::SearchBenchArgs),
+    /// gepsea db format against one makeblastdb over a synthesised FASTA (time, peak
+    /// memory), and a large search's peak memory against its report size.
+    Db(bench_db::DbBenchArgs),
     /// Offloaded request latency vs a gepsea-net ping-pong; agent throughput and CPU with 4 nodes.
     Agent(bench_agent::AgentBenchArgs),
     /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
@@ -399,6 +403,7 @@ fn run() -> Result<()> {
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.scratch, &a.blast_args)?),
         Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
         Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
+        Cmd::Bench { what: Bench::Db(a) } => bench_db::run(&a),
         Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),
         Cmd::Bench { what: Bench::Cluster(a) } => bench_cluster::run(&a),
         Cmd::Bench { what: Bench::Paramedic(a) } => bench_paramedic::run(&a),
