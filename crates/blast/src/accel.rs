@@ -42,6 +42,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::archive;
+pub use crate::parts::{assemble, count_hits, Assembler};
 use crate::report;
 use crate::search::{SearchError, SplitBy};
 use crate::tools::{self, ToolError};
@@ -202,6 +203,10 @@ pub enum BlastRequest {
         archive: Vec<u8>,
         work: WorkStats,
     },
+    /// Split by queries: a worker's output, already in the report's format, written by
+    /// BLAST+ into `path` in the job directory; its agent renames it into the batch's
+    /// part (nothing is read into memory or sent anywhere).
+    ResultFile { task: TaskPayload, path: PathBuf, work: WorkStats },
     /// A result on its way to the batch's merger (maybe zstd-compressed).
     Part {
         task: TaskPayload,
@@ -448,7 +453,7 @@ impl BlastPlugin {
             return Ok(());
         }
         if matches!(task, TaskPayload::Batch { .. }) {
-            return self.write_direct_part(ctx, &spec, &job, batch, nq, &text, work, (wire, raw));
+            return Err(PluginError::BadRequest(format!("batch {batch}: a split-by-queries result comes as a file, not as text")));
         }
         {
             let mut all = self.batches.lock();
@@ -529,25 +534,33 @@ impl BlastPlugin {
         self.maybe_write(ctx, &spec, &job, batch)
     }
 
-    /// Split by queries: the worker's output is the batch's part as it stands.
-    #[allow(clippy::too_many_arguments)]
-    fn write_direct_part(&self, ctx: &Context<'_>, spec: &JobSpec, job: &Path, batch: usize, queries: usize, text: &str, work: WorkStats, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
+    /// Split by queries: the worker's output file is the batch's part as it stands. The
+    /// job directory is shared by every node, so the worker's own agent puts it in place:
+    /// no merger, nothing read into memory but a line at a time to count hits.
+    fn on_result_file(&self, ctx: &Context<'_>, task: TaskPayload, file: &Path, work: WorkStats) -> Result<(), PluginError> {
+        let TaskPayload::Batch { job, batch, .. } = &task else {
+            return Err(PluginError::BadRequest("only split-by-queries results come as files".into()));
+        };
+        let spec = self.spec(job)?;
+        let (start, end) = *spec.batches.get(*batch).ok_or_else(|| PluginError::BadRequest(format!("no batch {batch}")))?;
         // Only one copy of a batch's output is written: a task re-run after its worker
         // died may deliver a second, identical one.
-        if !self.written.lock().insert((job.to_path_buf(), batch)) {
+        if !self.written.lock().insert((job.clone(), *batch)) {
+            let _ = std::fs::remove_file(file);
             return Ok(());
         }
-        let tmp = job.join(format!(".part-{batch:06}.tmp"));
-        let result = std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, part_path(job, batch))).map_err(|e| format!("{}: {e}", part_path(job, batch).display()));
+        let part = part_path(job, *batch);
+        let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
+        let result = crate::parts::count_hits_in(file, &spec.outfmt).and_then(|hits| std::fs::rename(file, &part).map(|_| hits)).map_err(|e| format!("{}: {e}", part.display()));
         let done = PartDone {
-            batch,
-            queries,
-            hits: count_hits(text, &spec.outfmt),
+            batch: *batch,
+            queries: end - start,
+            hits: *result.as_ref().unwrap_or(&0),
             whole_searches: 0,
             merger: ctx.node,
             work,
-            bytes_wire: wire,
-            bytes_raw: raw,
+            bytes_wire: 0,
+            bytes_raw: bytes,
             error: result.err(),
         };
         ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
@@ -605,6 +618,7 @@ impl Plugin for BlastPlugin {
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
         match postcard::from_bytes::<BlastRequest>(request).map_err(|e| PluginError::BadRequest(format!("blast request: {e}")))? {
             BlastRequest::Result { task, archive, work } => self.on_result(ctx, task, archive, work)?,
+            BlastRequest::ResultFile { task, path, work } => self.on_result_file(ctx, task, &path, work)?,
             BlastRequest::Stage { job, fragment } => {
                 let spec = self.spec(&job)?;
                 let (dir, source) = self.stage(ctx, &job, &spec, fragment)?;
@@ -626,147 +640,6 @@ impl Plugin for BlastPlugin {
         }
         Ok(Vec::new())
     }
-}
-
-// ----- assembling the parts ----------------------------------------------------------
-
-/// Joins per-batch reports (each a complete report for its queries) into the one report
-/// serial BLAST+ writes for all of them, a part at a time: only the part being added is
-/// in memory, whatever the size of the whole report.
-pub struct Assembler<W: std::io::Write> {
-    out: W,
-    fmt: u32,
-    parts: usize,
-    /// XML: iterations written so far; outfmt 7: queries processed so far.
-    count: usize,
-}
-
-impl<W: std::io::Write> Assembler<W> {
-    /// Writes to `out` a report of base format `fmt`.
-    pub fn new(out: W, fmt: u32) -> Self {
-        Assembler { out, fmt, parts: 0, count: 0 }
-    }
-
-    /// Appends the next part; `last` for the final one (it brings the footer).
-    pub fn part(&mut self, p: &str, last: bool) -> Result<(), String> {
-        let first = self.parts == 0;
-        self.parts += 1;
-        let out = &mut self.out;
-        let w = |out: &mut W, s: &str| out.write_all(s.as_bytes()).map_err(|e| format!("writing the report: {e}"));
-        match self.fmt {
-            0 => {
-                let body_start = p.find("\nQuery= ").map(|x| x + 1).ok_or("pairwise part without a query")?;
-                let footer = p.rfind("\n  Database: ").map(|x| x + 1).ok_or("pairwise part without a footer")?;
-                if first {
-                    w(out, &p[..body_start])?;
-                }
-                w(out, &p[body_start..footer])?;
-                if last {
-                    w(out, &p[footer..])?;
-                }
-            }
-            5 => {
-                let open = "<BlastOutput_iterations>\n";
-                let close = "</BlastOutput_iterations>\n";
-                let s = p.find(open).ok_or("XML part without iterations")? + open.len();
-                let e = p.rfind(close).ok_or("XML part without iterations end")?;
-                if first {
-                    w(out, &p[..s])?;
-                }
-                let offset = self.count;
-                for line in p[s..e].split_inclusive('\n') {
-                    if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
-                        let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
-                        w(out, &format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset))?;
-                        self.count += 1;
-                    } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
-                        let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
-                        w(out, &format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset))?;
-                    } else {
-                        w(out, line)?;
-                    }
-                }
-                if last {
-                    w(out, &p[e..])?;
-                }
-            }
-            7 => {
-                let at = p.rfind("# BLAST processed ").ok_or("tabular part without its trailer")?;
-                let n: usize = p[at + 18..].split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
-                self.count += n;
-                w(out, &p[..at])?;
-                if last {
-                    w(out, &format!("# BLAST processed {} queries\n", self.count))?;
-                }
-            }
-            _ => w(out, p)?,
-        }
-        Ok(())
-    }
-
-    /// The writer, flushed.
-    pub fn finish(mut self) -> Result<W, String> {
-        self.out.flush().map_err(|e| format!("writing the report: {e}"))?;
-        Ok(self.out)
-    }
-}
-
-/// [`Assembler`] over parts in memory (tests, small reports).
-pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
-    let mut a = Assembler::new(Vec::new(), fmt);
-    for (i, p) in parts.iter().enumerate() {
-        a.part(p, i + 1 == parts.len())?;
-    }
-    Ok(String::from_utf8(a.finish()?).expect("parts are text"))
-}
-
-/// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
-/// pairwise output, `<Hit>` elements of XML, and for tabular output runs of lines with the
-/// same query and subject columns (those of the format's field list; the first two
-/// columns when it names none; HSP lines when it names no query or subject column).
-pub fn count_hits(report: &str, outfmt: &str) -> usize {
-    let base = report::base_format(outfmt);
-    match base {
-        0 => {
-            let mut n = 0;
-            let mut in_list = false;
-            for line in report.lines() {
-                if line.starts_with("Sequences producing significant alignments") {
-                    in_list = true;
-                } else if in_list && (line.starts_with('>') || line.starts_with("Query= ")) {
-                    in_list = false;
-                } else if in_list && !line.trim().is_empty() {
-                    n += 1;
-                }
-            }
-            n
-        }
-        5 => report.lines().filter(|l| l.trim_start() == "<Hit>").count(),
-        6 | 7 | 10 => {
-            let fields: Vec<&str> = outfmt.split_whitespace().skip(1).collect();
-            let col = |names: &[&str], default: usize| fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None });
-            let (Some(q), Some(s)) = (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) else {
-                return report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count();
-            };
-            let sep = if base == 10 { ',' } else { '\t' };
-            let mut n = 0;
-            let mut last: Option<(String, String)> = None;
-            for line in report.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
-                let cols: Vec<&str> = line.split(sep).collect();
-                let key = (cols.get(q).copied().unwrap_or("").to_string(), cols.get(s).copied().unwrap_or("").to_string());
-                if last.as_ref() != Some(&key) {
-                    n += 1;
-                    last = Some(key);
-                }
-            }
-            n
-        }
-        _ => 0,
-    }
-}
-
-fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
-    line.strip_prefix(pre)?.strip_suffix(post)
 }
 
 // ----- the worker ----------------------------------------------------------------------
@@ -839,6 +712,15 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         if !threads.is_empty() {
             args.extend(["-num_threads", threads.as_str()]);
         }
+        // Split by queries, BLAST+ writes the batch's part itself, into the job directory.
+        let part_file = match &payload {
+            TaskPayload::Batch { batch, attempt, .. } => Some(job.join(format!(".part-{batch:06}.w{}-{attempt}.tmp", std::process::id()))),
+            _ => None,
+        };
+        let part_arg = part_file.as_ref().map(|p| p.to_string_lossy().to_string());
+        if let Some(p) = &part_arg {
+            args.extend(["-out", p.as_str()]);
+        }
         let started = Instant::now();
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
@@ -847,6 +729,9 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         })) {
             Ok(o) => o,
             Err(message) => {
+                if let Some(p) = &part_file {
+                    let _ = std::fs::remove_file(p);
+                }
                 // First failure: the task goes back to the queue once (another worker
                 // will likely take it); second: the master fails the run.
                 let retry = match &payload {
@@ -865,7 +750,11 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
             }
         };
         work.blast_seconds = started.elapsed().as_secs_f64();
-        let body = postcard::to_stdvec(&BlastRequest::Result { task: payload, archive: out.stdout, work }).unwrap();
+        let request = match part_file {
+            Some(path) => BlastRequest::ResultFile { task: payload, path, work },
+            None => BlastRequest::Result { task: payload, archive: out.stdout, work },
+        };
+        let body = postcard::to_stdvec(&request).unwrap();
         // Hand the result over and go on: collect earlier hand-overs without waiting.
         inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
         client.done(t.id).map_err(api_err)?;
@@ -1086,49 +975,6 @@ impl Drop for LocalAgent {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hits_are_query_subject_pairs_in_every_format() {
-        let tab = "q1\ts1\t90\nq1\ts1\t80\nq1\ts2\t70\nq2\ts1\t60\n";
-        assert_eq!(count_hits(tab, "6"), 3);
-        assert_eq!(count_hits(&format!("# BLASTP\n# 4 hits found\n{tab}# BLAST processed 2 queries\n"), "7"), 3);
-        assert_eq!(count_hits(&tab.replace('\t', ","), "10"), 3);
-        // Named fields: the query and subject columns wherever they are; none named: lines.
-        assert_eq!(count_hits("90\tq1\ts1\n80\tq1\ts1\n", "6 pident qseqid sseqid"), 1);
-        assert_eq!(count_hits("q1\t1e-5\nq1\t1e-3\n", "6 qseqid evalue"), 2);
-        let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
-        assert_eq!(count_hits(pairwise, "0"), 2);
-        assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);
-    }
-
-    #[test]
-    fn tabular_parts_join_with_one_trailer() {
-        let a = "# BLASTP\n# 1 hits found\nq1\ts\n# BLAST processed 1 queries\n";
-        let b = "# BLASTP\n# 0 hits found\n# BLAST processed 1 queries\n";
-        assert_eq!(assemble(&[a.into(), b.into()], 7).unwrap(), "# BLASTP\n# 1 hits found\nq1\ts\n# BLASTP\n# 0 hits found\n# BLAST processed 2 queries\n");
-    }
-
-    #[test]
-    fn xml_iterations_are_renumbered() {
-        let part = |q: &str| format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n");
-        let out = assemble(&[part("a"), part("b")], 5).unwrap();
-        assert_eq!(out.matches("<BlastOutput_iterations>").count(), 1);
-        assert!(out.contains("<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>b"), "{out}");
-        assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
-    }
-
-    #[test]
-    fn pairwise_keeps_the_first_header_and_the_last_footer() {
-        let part = |q: &str| format!("BLASTP\n\nDatabase: DB\n\nQuery= {q}\nhits {q}\n\n\n  Database: DB\n  footer\n");
-        let out = assemble(&[part("a"), part("b")], 0).unwrap();
-        assert_eq!(out, "BLASTP\n\nDatabase: DB\n\nQuery= a\nhits a\n\n\nQuery= b\nhits b\n\n\n  Database: DB\n  footer\n");
-        assert!(assemble(&["no queries".into()], 0).is_err());
     }
 }
 

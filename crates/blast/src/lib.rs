@@ -10,6 +10,7 @@ pub mod archive;
 pub mod cluster;
 pub mod db;
 pub mod fasta;
+pub mod parts;
 pub mod tools;
 pub mod report;
 pub mod schedule;

@@ -189,7 +189,7 @@ pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std
 pub struct Summary {
     /// Queries in the query file (all of them are in the output).
     pub queries: usize,
-    /// Query–subject pairs reported (see [`crate::accel::count_hits`] for tabular formats).
+    /// Query–subject pairs reported (see [`crate::parts::count_hits`] for tabular formats).
     pub hits: usize,
     /// How the search was cut into tasks ([`choose_split`]'s answer).
     pub split: SplitBy,
@@ -318,21 +318,53 @@ pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
     500
 }
 
-/// Each query's final hits (HSP texts with global query ids) and hit count.
+/// Each query's final hits (HSP texts numbered within the query's batch), held only
+/// until its batch is settled: then the batch's part of the report is written and its
+/// hits dropped, so the master never holds the whole report.
 struct QueryResults {
     hsps: Vec<Option<Vec<String>>>,
-    counts: Vec<usize>,
+    ranges: Vec<std::ops::Range<usize>>,
+    /// Queries of each batch not yet settled.
+    left: Vec<usize>,
+    /// Batches whose part is written (late duplicates of their results are ignored).
+    written: Vec<bool>,
+    /// Batches settled since the last [`QueryResults::take_settled`].
+    settled: Vec<usize>,
+    hits: usize,
 }
 
 impl QueryResults {
-    fn new(n: usize) -> Self {
-        QueryResults { hsps: vec![None; n], counts: vec![0; n] }
+    fn new(n: usize, ranges: &[std::ops::Range<usize>]) -> Self {
+        QueryResults { hsps: vec![None; n], ranges: ranges.to_vec(), left: ranges.iter().map(|r| r.len()).collect(), written: vec![false; ranges.len()], settled: Vec::new(), hits: 0 }
     }
 
-    /// Records query `g`'s hits (in final order), renumbering them to `Query_<g+1>`.
+    /// Records query `g`'s hits (in final order), renumbering them to its place in its
+    /// batch (`Query_<local+1>`), as the batch's own report numbers it.
     fn store(&mut self, g: usize, hits: &[archive::Hit]) {
-        self.counts[g] = hits.len();
-        self.hsps[g] = Some(hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, g + 1))).collect());
+        let b = self.ranges.partition_point(|r| r.end <= g);
+        if self.written[b] || self.hsps[g].is_some() {
+            return;
+        }
+        let local = g - self.ranges[b].start;
+        self.hits += hits.len();
+        self.hsps[g] = Some(hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect());
+        self.left[b] -= 1;
+        if self.left[b] == 0 {
+            self.settled.push(b);
+        }
+    }
+
+    /// The batches settled since the last call, each with its HSPs (dropped from here).
+    fn take_settled(&mut self) -> Vec<(usize, Vec<String>)> {
+        let settled = std::mem::take(&mut self.settled);
+        settled
+            .into_iter()
+            .map(|b| {
+                self.written[b] = true;
+                let hsps = self.ranges[b].clone().flat_map(|g| self.hsps[g].take().unwrap_or_default()).collect();
+                (b, hsps)
+            })
+            .collect()
     }
 }
 
@@ -519,8 +551,6 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         }
         std::fs::write(path, buf).map_err(|e| SearchError::Io(format!("{}: {e}", path.display())))
     };
-    let all_queries = scratch.join("queries.fasta");
-    write_fasta(&all_queries, &queries)?;
 
     let nfrag = manifest.fragments.len();
     let total_res: usize = queries.iter().map(|q| q.residues).sum();
@@ -583,7 +613,16 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let prelim = preliminary_list(k, cbs);
 
     let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
-    let mut results = QueryResults::new(queries.len());
+    let mut results = QueryResults::new(queries.len(), &batch_ranges);
+    // Each batch's part of the report, written as soon as the batch is settled.
+    let part_file = |b: usize| scratch.join(format!("part-{b:06}.txt"));
+    let write_parts = |results: &mut QueryResults| -> Result<(), SearchError> {
+        for (b, hsps) in results.take_settled() {
+            let spec = report::Spec { program: &program, blastdb: blastdb.as_ref(), db_name: &manifest.name, queries: &batch_files[b], outfmt: &opts.outfmt, blast_args: &opts.blast_args, scratch: &scratch };
+            report::write(&spec, &hsps, &part_file(b))?;
+        }
+        Ok(())
+    };
     let mut alive: Vec<bool> = vec![true; workers];
     let mut idle: Vec<bool> = vec![false; workers];
     // Per worker: when it reported ready, and when it stopped (for time accounting).
@@ -697,6 +736,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
                         }
                     }
                 }
+                write_parts(&mut results)?;
                 progress.set(done_queries);
             }
         }
@@ -710,18 +750,17 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
             let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
         }
     }
-    let hits: usize = results.counts.iter().sum();
-    let hsps: Vec<String> = results.hsps.into_iter().flat_map(|r| r.unwrap_or_default()).collect();
-    let spec = report::Spec {
-        program: &program,
-        blastdb: blastdb.as_ref(),
-        db_name: &manifest.name,
-        queries: &all_queries,
-        outfmt: &opts.outfmt,
-        blast_args: &opts.blast_args,
-        scratch: &scratch,
-    };
-    report::write(&spec, &hsps, &tmp_out)?;
+    let hits = results.hits;
+    // Out of core: the parts, one in memory at a time, joined into the output in order.
+    let file = std::fs::File::create(&tmp_out).map_err(|e| SearchError::Output { path: tmp_out.clone(), source: e })?;
+    let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
+    for b in 0..batch_ranges.len() {
+        let p = part_file(b);
+        let text = std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part(&text, b + 1 == batch_ranges.len()).map_err(SearchError::Io)?;
+        let _ = std::fs::remove_file(&p);
+    }
+    asm.finish().map_err(SearchError::Io)?;
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let wall = started.elapsed().as_secs_f64();
     let delivery = deliver(opts, None)?;

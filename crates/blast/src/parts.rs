@@ -1,0 +1,226 @@
+//! Report parts: joining per-batch reports into the one report serial BLAST+ writes
+//! ([`Assembler`], a part at a time, so the whole report is never in memory) and
+//! counting their hits ([`HitCounter`], a line at a time).
+
+use crate::report;
+
+/// Joins per-batch reports (each a complete report for its queries) into the one report
+/// serial BLAST+ writes for all of them, a part at a time: only the part being added is
+/// in memory, whatever the size of the whole report.
+pub struct Assembler<W: std::io::Write> {
+    out: W,
+    fmt: u32,
+    parts: usize,
+    /// XML: iterations written so far; outfmt 7: queries processed so far.
+    count: usize,
+}
+
+impl<W: std::io::Write> Assembler<W> {
+    /// Writes to `out` a report of base format `fmt`.
+    pub fn new(out: W, fmt: u32) -> Self {
+        Assembler { out, fmt, parts: 0, count: 0 }
+    }
+
+    /// Appends the next part; `last` for the final one (it brings the footer).
+    pub fn part(&mut self, p: &str, last: bool) -> Result<(), String> {
+        let first = self.parts == 0;
+        self.parts += 1;
+        let out = &mut self.out;
+        let w = |out: &mut W, s: &str| out.write_all(s.as_bytes()).map_err(|e| format!("writing the report: {e}"));
+        match self.fmt {
+            0 => {
+                let body_start = p.find("\nQuery= ").map(|x| x + 1).ok_or("pairwise part without a query")?;
+                let footer = p.rfind("\n  Database: ").map(|x| x + 1).ok_or("pairwise part without a footer")?;
+                if first {
+                    w(out, &p[..body_start])?;
+                }
+                w(out, &p[body_start..footer])?;
+                if last {
+                    w(out, &p[footer..])?;
+                }
+            }
+            5 => {
+                let open = "<BlastOutput_iterations>\n";
+                let close = "</BlastOutput_iterations>\n";
+                let s = p.find(open).ok_or("XML part without iterations")? + open.len();
+                let e = p.rfind(close).ok_or("XML part without iterations end")?;
+                if first {
+                    w(out, &p[..s])?;
+                }
+                let offset = self.count;
+                for line in p[s..e].split_inclusive('\n') {
+                    if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
+                        let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
+                        w(out, &format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset))?;
+                        self.count += 1;
+                    } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
+                        let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
+                        w(out, &format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset))?;
+                    } else {
+                        w(out, line)?;
+                    }
+                }
+                if last {
+                    w(out, &p[e..])?;
+                }
+            }
+            7 => {
+                let at = p.rfind("# BLAST processed ").ok_or("tabular part without its trailer")?;
+                let n: usize = p[at + 18..].split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
+                self.count += n;
+                w(out, &p[..at])?;
+                if last {
+                    w(out, &format!("# BLAST processed {} queries\n", self.count))?;
+                }
+            }
+            _ => w(out, p)?,
+        }
+        Ok(())
+    }
+
+    /// The writer, flushed.
+    pub fn finish(mut self) -> Result<W, String> {
+        self.out.flush().map_err(|e| format!("writing the report: {e}"))?;
+        Ok(self.out)
+    }
+}
+
+/// [`Assembler`] over parts in memory (tests, small reports).
+pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
+    let mut a = Assembler::new(Vec::new(), fmt);
+    for (i, p) in parts.iter().enumerate() {
+        a.part(p, i + 1 == parts.len())?;
+    }
+    Ok(String::from_utf8(a.finish()?).expect("parts are text"))
+}
+
+/// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
+/// pairwise output, `<Hit>` elements of XML, and for tabular output runs of lines with the
+/// same query and subject columns (those of the format's field list; the first two
+/// columns when it names none; HSP lines when it names no query or subject column).
+pub fn count_hits(report: &str, outfmt: &str) -> usize {
+    let mut c = HitCounter::new(outfmt);
+    for line in report.lines() {
+        c.line(line);
+    }
+    c.hits()
+}
+
+/// [`count_hits`] fed a line at a time, so that a report on disk is counted without
+/// being read into memory.
+pub struct HitCounter {
+    base: u32,
+    /// Tabular: the query and subject columns, or `None` to count HSP lines.
+    columns: Option<(usize, usize)>,
+    separator: char,
+    in_list: bool,
+    last: Option<(String, String)>,
+    n: usize,
+}
+
+impl HitCounter {
+    pub fn new(outfmt: &str) -> Self {
+        let base = report::base_format(outfmt);
+        let fields: Vec<&str> = outfmt.split_whitespace().skip(1).collect();
+        let col = |names: &[&str], default: usize| fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None });
+        let columns = match (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) {
+            (Some(q), Some(s)) => Some((q, s)),
+            _ => None,
+        };
+        HitCounter { base, columns, separator: if base == 10 { ',' } else { '\t' }, in_list: false, last: None, n: 0 }
+    }
+
+    /// The next line of the report (without its line end).
+    pub fn line(&mut self, line: &str) {
+        match self.base {
+            0 => {
+                if line.starts_with("Sequences producing significant alignments") {
+                    self.in_list = true;
+                } else if self.in_list && (line.starts_with('>') || line.starts_with("Query= ")) {
+                    self.in_list = false;
+                } else if self.in_list && !line.trim().is_empty() {
+                    self.n += 1;
+                }
+            }
+            5 => self.n += usize::from(line.trim_start() == "<Hit>"),
+            6 | 7 | 10 if !line.starts_with('#') && !line.is_empty() => match self.columns {
+                None => self.n += 1,
+                Some((q, s)) => {
+                    let cols: Vec<&str> = line.split(self.separator).collect();
+                    let key = (cols.get(q).copied().unwrap_or(""), cols.get(s).copied().unwrap_or(""));
+                    if self.last.as_ref().map(|(a, b)| (a.as_str(), b.as_str())) != Some(key) {
+                        self.n += 1;
+                        self.last = Some((key.0.to_string(), key.1.to_string()));
+                    }
+                }
+            },
+            _ => {}
+        }
+    }
+
+    pub fn hits(&self) -> usize {
+        self.n
+    }
+}
+
+/// Hits in the report at `path`, read a line at a time.
+pub fn count_hits_in(path: &std::path::Path, outfmt: &str) -> std::io::Result<usize> {
+    use std::io::BufRead;
+    let mut c = HitCounter::new(outfmt);
+    let mut r = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
+    let mut buf = Vec::new();
+    while r.read_until(b'\n', &mut buf)? > 0 {
+        let line = String::from_utf8_lossy(&buf);
+        c.line(line.trim_end_matches(['\n', '\r']));
+        buf.clear();
+    }
+    Ok(c.hits())
+}
+
+fn between<'a>(line: &'a str, pre: &str, post: &str) -> Option<&'a str> {
+    line.strip_prefix(pre)?.strip_suffix(post)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_are_query_subject_pairs_in_every_format() {
+        let tab = "q1\ts1\t90\nq1\ts1\t80\nq1\ts2\t70\nq2\ts1\t60\n";
+        assert_eq!(count_hits(tab, "6"), 3);
+        assert_eq!(count_hits(&format!("# BLASTP\n# 4 hits found\n{tab}# BLAST processed 2 queries\n"), "7"), 3);
+        assert_eq!(count_hits(&tab.replace('\t', ","), "10"), 3);
+        // Named fields: the query and subject columns wherever they are; none named: lines.
+        assert_eq!(count_hits("90\tq1\ts1\n80\tq1\ts1\n", "6 pident qseqid sseqid"), 1);
+        assert_eq!(count_hits("q1\t1e-5\nq1\t1e-3\n", "6 qseqid evalue"), 2);
+        let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
+        assert_eq!(count_hits(pairwise, "0"), 2);
+        assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);
+    }
+
+    #[test]
+    fn tabular_parts_join_with_one_trailer() {
+        let a = "# BLASTP\n# 1 hits found\nq1\ts\n# BLAST processed 1 queries\n";
+        let b = "# BLASTP\n# 0 hits found\n# BLAST processed 1 queries\n";
+        assert_eq!(assemble(&[a.into(), b.into()], 7).unwrap(), "# BLASTP\n# 1 hits found\nq1\ts\n# BLASTP\n# 0 hits found\n# BLAST processed 2 queries\n");
+    }
+
+    #[test]
+    fn xml_iterations_are_renumbered() {
+        let part = |q: &str| format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n");
+        let out = assemble(&[part("a"), part("b")], 5).unwrap();
+        assert_eq!(out.matches("<BlastOutput_iterations>").count(), 1);
+        assert!(out.contains("<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>b"), "{out}");
+        assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
+    }
+
+    #[test]
+    fn pairwise_keeps_the_first_header_and_the_last_footer() {
+        let part = |q: &str| format!("BLASTP\n\nDatabase: DB\n\nQuery= {q}\nhits {q}\n\n\n  Database: DB\n  footer\n");
+        let out = assemble(&[part("a"), part("b")], 0).unwrap();
+        assert_eq!(out, "BLASTP\n\nDatabase: DB\n\nQuery= a\nhits a\n\n\nQuery= b\nhits b\n\n\n  Database: DB\n  footer\n");
+        assert!(assemble(&["no queries".into()], 0).is_err());
+    }
+}
+
