@@ -212,7 +212,7 @@ fn a_multi_volume_nucleotide_database_gives_serial_blastn_output() {
     assert!(nucl.join("s16.nal").is_file(), "the fixture should have a .nal alias over its volumes");
     let before = snapshot(&nucl);
     let d = tempdir("nucl");
-    for fmt in ["0", "6"] {
+    for fmt in ["0", "5", "6", "7"] {
         let want = d.0.join(format!("serial.{fmt}"));
         serial("blastn", &f.dir, None, "nucl/s16", &f.dir.join("nq.fasta"), fmt, &want);
         for split in ["queries", "fragments"] {

@@ -18,9 +18,11 @@
 //!    faster than makeblastdb).
 //!
 //! Memory: the read buffers, the checkpoints (at most [`MAX_CHECKPOINTS`] × 24 bytes)
-//! and, for duplicate detection, one 64-bit hash per sequence identifier; a hash seen
-//! twice is confirmed by exact identifiers in one more pass over the input, so a
-//! collision is never reported as a duplicate. No FASTA copy is kept: each fragment's
+//! and, for duplicate detection, a 64-bit hash per sequence identifier, sorted in runs
+//! of at most 4 Mi hashes (32 MiB) that spill to the build directory and are merged at
+//! the end (8 bytes of disk per sequence); a hash seen twice is confirmed by exact
+//! identifiers in one more pass over the input, so a collision is never reported as a
+//! duplicate. No FASTA copy is kept: each fragment's
 //! files are hashed (SHA-256) and sized once, here, for [`super::verify`] and
 //! [`super::open`].
 //!
@@ -30,7 +32,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::{BufRead, Read, Seek, SeekFrom, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::{alias_letter, io, sha256_file, stats_alias, write_stats_db, DbError, Fragment, Manifest, MANIFEST_VERSION};
@@ -106,21 +108,103 @@ fn id_hash(id: &str) -> u64 {
     h.finish()
 }
 
-/// Pass 1 (see the module docs).
-fn scan(input: &Path) -> Result<Scanned, DbError> {
+/// Identifier hashes of every sequence, held in sorted runs of at most `cap` in memory
+/// and spilled to files in `dir` beyond: memory stays bounded whatever the number of
+/// sequences, and a merge of the runs finds every hash seen more than once.
+struct IdHashes {
+    run: Vec<u64>,
+    cap: usize,
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl IdHashes {
+    fn new(dir: &Path, cap: usize) -> Self {
+        IdHashes { run: Vec::new(), cap: cap.max(1), dir: dir.to_path_buf(), files: Vec::new() }
+    }
+
+    fn push(&mut self, h: u64) -> Result<(), DbError> {
+        self.run.push(h);
+        if self.run.len() >= self.cap {
+            self.spill()?;
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self) -> Result<(), DbError> {
+        self.run.sort_unstable();
+        let path = self.dir.join(format!(".ids-{}.run", self.files.len()));
+        let mut w = std::io::BufWriter::new(std::fs::File::create(&path).map_err(io(&path))?);
+        for h in &self.run {
+            w.write_all(&h.to_le_bytes()).map_err(io(&path))?;
+        }
+        w.flush().map_err(io(&path))?;
+        self.files.push(path);
+        self.run.clear();
+        Ok(())
+    }
+
+    /// Hashes seen more than once; removes the run files.
+    fn repeated(mut self) -> Result<HashSet<u64>, DbError> {
+        let mut repeated = HashSet::new();
+        if self.files.is_empty() {
+            self.run.sort_unstable();
+            repeated.extend(self.run.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]));
+            return Ok(repeated);
+        }
+        if !self.run.is_empty() {
+            self.spill()?;
+        }
+        // k-way merge of the sorted runs.
+        let mut readers = Vec::new();
+        for p in &self.files {
+            readers.push(std::io::BufReader::with_capacity(64 << 10, std::fs::File::open(p).map_err(io(p))?));
+        }
+        let next = |r: &mut std::io::BufReader<std::fs::File>| -> Option<u64> {
+            let mut b = [0u8; 8];
+            r.read_exact(&mut b).ok().map(|_| u64::from_le_bytes(b))
+        };
+        let mut heap = std::collections::BinaryHeap::new();
+        for (i, r) in readers.iter_mut().enumerate() {
+            if let Some(h) = next(r) {
+                heap.push(std::cmp::Reverse((h, i)));
+            }
+        }
+        let mut last = None;
+        while let Some(std::cmp::Reverse((h, i))) = heap.pop() {
+            if last == Some(h) {
+                repeated.insert(h);
+            }
+            last = Some(h);
+            if let Some(n) = next(&mut readers[i]) {
+                heap.push(std::cmp::Reverse((n, i)));
+            }
+        }
+        for p in &self.files {
+            let _ = std::fs::remove_file(p);
+        }
+        Ok(repeated)
+    }
+}
+
+/// Identifier hashes kept in memory at once (32 MiB) before a sorted run goes to disk.
+const ID_HASHES_IN_MEMORY: usize = 4 << 20;
+
+/// Pass 1 (see the module docs); `work` holds spilled identifier hashes.
+fn scan(input: &Path, work: &Path) -> Result<Scanned, DbError> {
     let (reader, compression) = fasta::open_with(input, READ_BUFFER)?;
     let mut checkpoints = Vec::new();
     let mut spacing = 0u64;
     let mut residues_before = 0u64;
     let mut sequence = 0u64;
-    let mut hashes: HashSet<u64> = HashSet::new();
-    let mut collided: HashSet<u64> = HashSet::new();
+    let mut hashes = IdHashes::new(work, ID_HASHES_IN_MEMORY);
+    let mut spill_error = None;
     let mut guess = MolGuess::default();
     let totals = fasta::scan(reader, input, |l| {
         match l {
             Line::Header { id, offset, .. } => {
-                if !hashes.insert(id_hash(id)) {
-                    collided.insert(id_hash(id));
+                if let Err(e) = hashes.push(id_hash(id)) {
+                    spill_error.get_or_insert(e);
                 }
                 let last = checkpoints.last().map_or(0, |c: &Checkpoint| c.offset);
                 if checkpoints.is_empty() || offset - last >= spacing {
@@ -145,7 +229,10 @@ fn scan(input: &Path) -> Result<Scanned, DbError> {
         }
         Ok(())
     })?;
-    drop(hashes);
+    if let Some(e) = spill_error {
+        return Err(e);
+    }
+    let collided = hashes.repeated()?;
     if !collided.is_empty() {
         confirm_duplicates(input, &collided)?;
     }
@@ -202,18 +289,6 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
         }
     }
     let blast_version = tools::version()?;
-    let scanned = scan(o.input)?;
-    progress(Progress::Scanned { sequences: scanned.totals.sequences, residues: scanned.totals.residues, bytes: scanned.totals.bytes });
-    if o.fragments as u64 > scanned.totals.sequences {
-        return Err(DbError::TooManyFragments { sequences: scanned.totals.sequences, fragments: o.fragments });
-    }
-    let starts = cut(&scanned.checkpoints, scanned.totals, o.fragments);
-    if starts.len() < o.fragments {
-        return Err(DbError::Format(format!("cannot cut {} into {} non-empty fragments balanced by residues; ask for fewer", o.input.display(), o.fragments)));
-    }
-    let dbtype = o.dbtype.unwrap_or(scanned.moltype);
-    let name = o.name.clone().unwrap_or_else(|| default_name(o.input));
-    let title = o.title.clone().unwrap_or_else(|| name.clone());
     // Build in a sibling temporary directory, then swap it in: a failed run leaves the
     // previous database (or nothing) behind, never half a database.
     let parent = o.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -221,29 +296,7 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
     let tmp = parent.join(format!(".{}.tmp{}", o.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let plan = Plan::new(&scanned, &starts, o.fragments);
-    let jobs = if o.jobs == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { o.jobs };
-    let result = build(o.input, &scanned, &plan, jobs, dbtype, &title, &user_args, &tmp, &mut progress).and_then(|fragments| {
-        let l = alias_letter(dbtype);
-        let list: Vec<&str> = fragments.iter().map(|f| f.name.as_str()).collect();
-        let whole = tmp.join(format!("{name}.{l}al"));
-        std::fs::write(&whole, format!("TITLE {title}\nDBLIST {}\n", list.join(" "))).map_err(io(&whole))?;
-        write_stats_db(&tmp, dbtype, &title, scanned.totals.sequences, scanned.totals.residues)?;
-        let m = Manifest {
-            format_version: MANIFEST_VERSION,
-            name: name.clone(),
-            dbtype,
-            title: title.clone(),
-            blast_version,
-            sequences: scanned.totals.sequences,
-            residues: scanned.totals.residues,
-            fragments,
-            external: None,
-        };
-        let path = tmp.join("manifest.json");
-        std::fs::write(&path, serde_json::to_string_pretty(&m).expect("a manifest serialises")).map_err(io(&path))?;
-        Ok(m)
-    });
+    let result = format_into(o, &tmp, &blast_version, &user_args, &mut progress);
     match result {
         Ok(m) => {
             if o.out.exists() {
@@ -257,6 +310,44 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
             Err(e)
         }
     }
+}
+
+/// Everything [`format`] does inside its temporary directory `tmp`.
+fn format_into(o: &FormatOptions, tmp: &Path, blast_version: &str, user_args: &[String], progress: &mut impl FnMut(Progress)) -> Result<Manifest, DbError> {
+    let scanned = scan(o.input, tmp)?;
+    progress(Progress::Scanned { sequences: scanned.totals.sequences, residues: scanned.totals.residues, bytes: scanned.totals.bytes });
+    if o.fragments as u64 > scanned.totals.sequences {
+        return Err(DbError::TooManyFragments { sequences: scanned.totals.sequences, fragments: o.fragments });
+    }
+    let starts = cut(&scanned.checkpoints, scanned.totals, o.fragments);
+    if starts.len() < o.fragments {
+        return Err(DbError::Format(format!("cannot cut {} into {} non-empty fragments balanced by residues; ask for fewer", o.input.display(), o.fragments)));
+    }
+    let dbtype = o.dbtype.unwrap_or(scanned.moltype);
+    let name = o.name.clone().unwrap_or_else(|| default_name(o.input));
+    let title = o.title.clone().unwrap_or_else(|| name.clone());
+    let plan = Plan::new(&scanned, &starts, o.fragments);
+    let jobs = if o.jobs == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { o.jobs };
+    let fragments = build(o.input, &scanned, &plan, jobs, dbtype, &title, user_args, tmp, progress)?;
+    let l = alias_letter(dbtype);
+    let list: Vec<&str> = fragments.iter().map(|f| f.name.as_str()).collect();
+    let whole = tmp.join(format!("{name}.{l}al"));
+    std::fs::write(&whole, format!("TITLE {title}\nDBLIST {}\n", list.join(" "))).map_err(io(&whole))?;
+    write_stats_db(tmp, dbtype, &title, scanned.totals.sequences, scanned.totals.residues)?;
+    let m = Manifest {
+        format_version: MANIFEST_VERSION,
+        name: name.clone(),
+        dbtype,
+        title: title.clone(),
+        blast_version: blast_version.to_string(),
+        sequences: scanned.totals.sequences,
+        residues: scanned.totals.residues,
+        fragments,
+        external: None,
+    };
+    let path = tmp.join("manifest.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&m).expect("a manifest serialises")).map_err(io(&path))?;
+    Ok(m)
 }
 
 /// What [`format`] reports as it goes.
@@ -491,6 +582,22 @@ mod tests {
         assert_eq!(a.iter().filter(|x| *x == "-parse_seqids").count(), 1);
         assert!(Path::new(&a[2]).is_absolute() && a[2].ends_with("map.txt"), "{a:?}");
         assert_eq!(&a[3..], ["-max_file_sz", "1GB"]);
+    }
+
+    #[test]
+    fn repeated_identifier_hashes_are_found_across_spilled_runs() {
+        let dir = std::env::temp_dir().join(format!("gepsea-idhash-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for cap in [1000, 7, 1] {
+            let mut h = IdHashes::new(&dir, cap);
+            for x in (0..100u64).chain([42, 99, 0]) {
+                h.push(x * 2654435761 % 1000003).unwrap();
+            }
+            let want: HashSet<u64> = [42u64, 99, 0].iter().map(|x| x * 2654435761 % 1000003).collect();
+            assert_eq!(h.repeated().unwrap(), want, "cap {cap}");
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "run files are removed");
+        std::fs::remove_dir(&dir).unwrap();
     }
 
     #[test]
