@@ -886,8 +886,8 @@ pub fn master(
     let n = spec.batches.len();
     for b in 0..n {
         let p = part_path(job, b);
-        let text = std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part(&text, b + 1 == n).map_err(SearchError::Io)?;
+        let part = std::fs::File::open(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
         // The part is in the output: its disk space is not needed twice.
         let _ = std::fs::remove_file(&p);
     }

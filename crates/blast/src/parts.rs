@@ -5,14 +5,27 @@
 use crate::report;
 
 /// Joins per-batch reports (each a complete report for its queries) into the one report
-/// serial BLAST+ writes for all of them, a part at a time: only the part being added is
-/// in memory, whatever the size of the whole report.
+/// serial BLAST+ writes for all of them, a line at a time: only the line being copied is
+/// in memory, whatever the size of a part or of the whole report.
+///
+/// Per part: pairwise output keeps the first part's header (up to its first `Query= `)
+/// and the last part's footer (from `  Database: `); XML keeps the first header and the
+/// last closing tags and renumbers iterations; outfmt 7 sums the `# BLAST processed N
+/// queries` trailers into one; other formats are concatenated.
 pub struct Assembler<W: std::io::Write> {
     out: W,
     fmt: u32,
     parts: usize,
     /// XML: iterations written so far; outfmt 7: queries processed so far.
     count: usize,
+}
+
+/// Where a line of a part stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Section {
+    Header,
+    Body,
+    Footer,
 }
 
 impl<W: std::io::Write> Assembler<W> {
@@ -23,59 +36,99 @@ impl<W: std::io::Write> Assembler<W> {
 
     /// Appends the next part; `last` for the final one (it brings the footer).
     pub fn part(&mut self, p: &str, last: bool) -> Result<(), String> {
+        self.part_from(p.as_bytes(), last)
+    }
+
+    /// Appends the next part, read from `r` a line at a time; `last` for the final one.
+    pub fn part_from(&mut self, mut r: impl std::io::BufRead, last: bool) -> Result<(), String> {
         let first = self.parts == 0;
         self.parts += 1;
-        let out = &mut self.out;
-        let w = |out: &mut W, s: &str| out.write_all(s.as_bytes()).map_err(|e| format!("writing the report: {e}"));
-        match self.fmt {
-            0 => {
-                let body_start = p.find("\nQuery= ").map(|x| x + 1).ok_or("pairwise part without a query")?;
-                let footer = p.rfind("\n  Database: ").map(|x| x + 1).ok_or("pairwise part without a footer")?;
-                if first {
-                    w(out, &p[..body_start])?;
-                }
-                w(out, &p[body_start..footer])?;
-                if last {
-                    w(out, &p[footer..])?;
-                }
+        let offset = self.count;
+        let mut section = Section::Header;
+        let mut trailer = false;
+        let mut footer = String::new();
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            if r.read_until(b'\n', &mut buf).map_err(|e| format!("reading a part: {e}"))? == 0 {
+                break;
             }
-            5 => {
-                let open = "<BlastOutput_iterations>\n";
-                let close = "</BlastOutput_iterations>\n";
-                let s = p.find(open).ok_or("XML part without iterations")? + open.len();
-                let e = p.rfind(close).ok_or("XML part without iterations end")?;
-                if first {
-                    w(out, &p[..s])?;
-                }
-                let offset = self.count;
-                for line in p[s..e].split_inclusive('\n') {
-                    if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
-                        let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
-                        w(out, &format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset))?;
-                        self.count += 1;
-                    } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
-                        let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
-                        w(out, &format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset))?;
-                    } else {
-                        w(out, line)?;
+            let line = std::str::from_utf8(&buf).map_err(|_| "a part is not text".to_string())?;
+            // Which section this line opens or belongs to, and what to write for it.
+            let text: Option<std::borrow::Cow<'_, str>> = match self.fmt {
+                0 => {
+                    if line.starts_with("Query= ") {
+                        // What looked like the footer was inside the body after all.
+                        if section == Section::Footer {
+                            self.out.write_all(footer.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+                            footer.clear();
+                        }
+                        section = Section::Body;
+                    } else if section == Section::Body && line.starts_with("  Database: ") {
+                        section = Section::Footer;
+                    }
+                    match section {
+                        Section::Header => first.then_some(line.into()),
+                        Section::Body => Some(line.into()),
+                        // The footer is the part from its last `  Database: ` line on:
+                        // held until the end of the part or the next query says which.
+                        Section::Footer => {
+                            footer.push_str(line);
+                            None
+                        }
                     }
                 }
-                if last {
-                    w(out, &p[e..])?;
-                }
+                5 => match section {
+                    Section::Header => {
+                        if line == "<BlastOutput_iterations>\n" {
+                            section = Section::Body;
+                        }
+                        first.then_some(line.into())
+                    }
+                    Section::Body if line == "</BlastOutput_iterations>\n" => {
+                        section = Section::Footer;
+                        last.then_some(line.into())
+                    }
+                    Section::Body => {
+                        if let Some(v) = between(line, "  <Iteration_iter-num>", "</Iteration_iter-num>\n") {
+                            let k: usize = v.parse().map_err(|_| format!("bad iteration number {v:?}"))?;
+                            self.count += 1;
+                            Some(format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset).into())
+                        } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
+                            let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
+                            Some(format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset).into())
+                        } else {
+                            Some(line.into())
+                        }
+                    }
+                    Section::Footer => last.then_some(line.into()),
+                },
+                7 => match line.strip_prefix("# BLAST processed ") {
+                    Some(rest) => {
+                        let n: usize = rest.split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
+                        self.count += n;
+                        trailer = true;
+                        last.then(|| format!("# BLAST processed {} queries\n", self.count).into())
+                    }
+                    None => Some(line.into()),
+                },
+                _ => Some(line.into()),
+            };
+            if let Some(t) = text {
+                self.out.write_all(t.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
             }
-            7 => {
-                let at = p.rfind("# BLAST processed ").ok_or("tabular part without its trailer")?;
-                let n: usize = p[at + 18..].split_whitespace().next().and_then(|x| x.parse().ok()).ok_or("bad trailer")?;
-                self.count += n;
-                w(out, &p[..at])?;
-                if last {
-                    w(out, &format!("# BLAST processed {} queries\n", self.count))?;
-                }
-            }
-            _ => w(out, p)?,
         }
-        Ok(())
+        if last {
+            self.out.write_all(footer.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+        }
+        match self.fmt {
+            0 if section == Section::Header => Err("pairwise part without a query".into()),
+            0 if section == Section::Body => Err("pairwise part without a footer".into()),
+            5 if section == Section::Header => Err("XML part without iterations".into()),
+            5 if section == Section::Body => Err("XML part without iterations end".into()),
+            7 if !trailer => Err("tabular part without its trailer".into()),
+            _ => Ok(()),
+        }
     }
 
     /// The writer, flushed.
@@ -221,6 +274,10 @@ mod tests {
         let out = assemble(&[part("a"), part("b")], 0).unwrap();
         assert_eq!(out, "BLASTP\n\nDatabase: DB\n\nQuery= a\nhits a\n\n\nQuery= b\nhits b\n\n\n  Database: DB\n  footer\n");
         assert!(assemble(&["no queries".into()], 0).is_err());
+        // A "  Database: " line inside a query's section is not the footer.
+        let odd = "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\n  Database: DB\n  footer\n";
+        let out = assemble(&[odd.into(), part("c")], 0).unwrap();
+        assert_eq!(out, "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\nQuery= c\nhits c\n\n\n  Database: DB\n  footer\n");
     }
 }
 

@@ -756,8 +756,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
     for b in 0..batch_ranges.len() {
         let p = part_file(b);
-        let text = std::fs::read_to_string(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part(&text, b + 1 == batch_ranges.len()).map_err(SearchError::Io)?;
+        let part = std::fs::File::open(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == batch_ranges.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
         let _ = std::fs::remove_file(&p);
     }
     asm.finish().map_err(SearchError::Io)?;
