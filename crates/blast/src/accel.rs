@@ -724,7 +724,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let started = Instant::now();
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
-            ToolError::Failed { stderr, .. } => stderr,
+            ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
             other => other.to_string(),
         })) {
             Ok(o) => o,
@@ -824,6 +824,7 @@ pub fn master(
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
     while done_batches.len() < spec.batches.len() {
+        crate::search::check_interrupted()?;
         watch()?;
         // An agent died: results it held (handed over by its workers, or being merged
         // there) are gone. Search every unfinished batch again; results that did

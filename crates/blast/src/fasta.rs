@@ -1,11 +1,10 @@
 //! FASTA reading with the checks a user needs before hours of BLAST: the file and line
-//! of every problem, duplicate identifiers, empty input, and the molecule type.
+//! of every problem, empty input, and the molecule type.
 //!
 //! Records keep their defline and sequence lines byte for byte (BLAST prints deflines
 //! verbatim, trailing blanks included), so a fragment file is the exact slice of the
 //! input it came from.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -219,17 +218,15 @@ pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>
     Ok(totals)
 }
 
-/// Reads and validates records from `input`, naming `path` in errors.
+/// Reads and validates records from `input`, naming `path` in errors. Duplicate
+/// identifiers are kept, as BLAST+ keeps them in a query file (queries are known by their
+/// position); a database with them is refused by `db format`, as makeblastdb
+/// `-parse_seqids` would.
 pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaError> {
     let mut recs: Vec<Record> = Vec::new();
-    let mut seen: HashMap<String, usize> = HashMap::new();
     scan(BufReader::new(input), path, |l| {
         match l {
-            Line::Header { defline, id, line, .. } => {
-                if let Some(&first) = seen.get(id) {
-                    return Err(FastaError::Duplicate { path: path.to_path_buf(), line, id: id.to_string(), first });
-                }
-                seen.insert(id.to_string(), line);
+            Line::Header { defline, line, .. } => {
                 recs.push(Record { defline: defline.to_string(), lines: Vec::new(), residues: 0, line });
             }
             Line::Sequence { text, residues } => {
@@ -305,8 +302,8 @@ mod tests {
         assert_eq!(e, "x.fa:4: invalid character '1' in sequence \"b\"");
         let e = parse("ACGT\n>a\nAC\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa:1: sequence data before the first '>' header line");
-        let e = parse(">a\nAC\n>a x\nAC\n").unwrap_err().to_string();
-        assert_eq!(e, "x.fa:3: duplicate sequence identifier \"a\" (first seen on line 1)");
+        // Duplicate query identifiers are BLAST+'s business: it accepts them.
+        assert_eq!(parse(">a\nAC\n>a x\nAC\n").unwrap().len(), 2);
         let e = parse(">a\n>b\nAC\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa:1: sequence \"a\" has no residues");
         assert!(matches!(parse("\n\n"), Err(FastaError::Empty { .. })));

@@ -113,12 +113,66 @@ impl std::fmt::Display for SplitBy {
 /// Queries per worker from which `--split auto` cuts by queries.
 pub const AUTO_QUERIES_PER_WORKER: usize = 4;
 
+/// The (query, database) molecule types of a BLAST+ search program.
+pub fn program_types(program: &str) -> Option<(MolType, MolType)> {
+    use MolType::*;
+    match program {
+        "blastp" => Some((Prot, Prot)),
+        "blastn" => Some((Nucl, Nucl)),
+        "blastx" => Some((Nucl, Prot)),
+        "tblastn" => Some((Prot, Nucl)),
+        "tblastx" => Some((Nucl, Nucl)),
+        _ => None,
+    }
+}
+
+/// Programs that translate the query or the database. Split by queries they are exact
+/// by construction (each task is a serial BLAST+ run on the whole database); the merge
+/// of fragments is not proven for them, so they are searched by queries only.
+pub fn is_translated(program: &str) -> bool {
+    matches!(program, "blastx" | "tblastn" | "tblastx")
+}
+
+/// BLAST+ options gepsea sets itself, and what to use instead.
+const OWNED_OPTIONS: &[(&str, &str)] = &[
+    ("-db", "give the database with --db"),
+    ("-query", "give the queries with --query"),
+    ("-out", "give the output file with --out"),
+    ("-outfmt", "give the format with --outfmt (e.g. --outfmt \"6 qseqid sseqid evalue\")"),
+    ("-remote", "gepsea searches local databases; drop -remote"),
+    ("-subject", "gepsea searches a database; make one with `gepsea db format` or makeblastdb and give it with --db"),
+    ("-subject_loc", "gepsea searches a database; drop -subject_loc"),
+    ("-import_search_strategy", "give the options themselves after --"),
+    ("-export_search_strategy", "run one serial BLAST+ search to export a strategy"),
+];
+
+/// Refuses, one option at a time, the BLAST+ options after `--` that gepsea sets itself;
+/// `-num_threads` too when several workers run (they are the threads: use --workers).
+pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchError> {
+    for a in args {
+        if let Some((option, instead)) = OWNED_OPTIONS.iter().find(|(o, _)| o == a) {
+            return Err(SearchError::OwnedOption { option: option.to_string(), instead });
+        }
+        if a == "-num_threads" && workers > 1 {
+            return Err(SearchError::OwnedOption { option: a.clone(), instead: "gepsea runs --workers BLAST+ processes and gives idle cores to the last tasks; use --workers (with --workers 1, -num_threads is passed on)" });
+        }
+    }
+    Ok(())
+}
+
 /// The split a search uses: `requested`, or — when `None` — by queries on one machine
 /// with at least [`AUTO_QUERIES_PER_WORKER`] queries per worker, by fragments otherwise
 /// (few queries need the fragments' extra parallelism; on a cluster the fragments let a
 /// node hold only part of the database, and the no-agent baseline is mpiBLAST's own
 /// fragment search).
-pub fn choose_split(requested: Option<SplitBy>, one_machine: bool, no_agent: bool, queries: usize, workers: usize) -> Result<SplitBy, SearchError> {
+pub fn choose_split(requested: Option<SplitBy>, one_machine: bool, no_agent: bool, queries: usize, workers: usize, program: &str) -> Result<SplitBy, SearchError> {
+    if is_translated(program) {
+        return match requested {
+            Some(SplitBy::Fragments) => Err(SearchError::TranslatedByFragments(program.to_string())),
+            _ if no_agent => Err(SearchError::QuerySplitWithoutAgents),
+            _ => Ok(SplitBy::Queries),
+        };
+    }
     match requested {
         Some(SplitBy::Queries) if no_agent => Err(SearchError::QuerySplitWithoutAgents),
         Some(s) => Ok(s),
@@ -142,6 +196,29 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
         "blastx" | "tblastx" => 10_002,
         _ => 10_000,
     }
+}
+
+/// BLAST+'s own query batches: it reads queries into a batch until their letters reach
+/// `cap` (the query that reaches it is the batch's last; measured with `BATCH_SIZE` on
+/// tblastx: a first query of 171 letters is a batch of its own at 171 and shares one at
+/// 172). A task per batch runs exactly the searches a serial run does; translated
+/// searches need that, since their results depend on which queries share a batch
+/// (tblastx: two queries searched apart report other hits than together).
+pub fn blast_batches(queries: &[Record], cap: usize) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let (mut start, mut acc) = (0, 0);
+    for (i, q) in queries.iter().enumerate() {
+        acc += q.residues;
+        if acc >= cap {
+            out.push(start..i + 1);
+            start = i + 1;
+            acc = 0;
+        }
+    }
+    if start < queries.len() {
+        out.push(start..queries.len());
+    }
+    out
 }
 
 /// Query batches for a split by queries: contiguous, in input order, none above `cap`
@@ -231,6 +308,20 @@ pub enum SearchError {
     TypeMismatch { query: PathBuf, query_type: &'static str, db: PathBuf, db_type: &'static str },
     #[error("--program {program} cannot search a {db_type} database (use {expected})")]
     ProgramMismatch { program: String, db_type: &'static str, expected: &'static str },
+    #[error("--program {0}: not a BLAST+ search program gepsea runs (blastp, blastn, blastx, tblastn, tblastx)")]
+    UnknownProgram(String),
+    #[error("{query}: looks like {query_type} sequences, but {program} searches {expected} queries")]
+    QueryTypeForProgram { query: PathBuf, query_type: &'static str, program: String, expected: &'static str },
+    #[error("{0} is searched split by queries only (drop --split fragments): the exact merge of fragments is not proven for translated searches")]
+    TranslatedByFragments(String),
+    #[error("{0} is searched in BLAST+'s own query batches, whose composition changes its results: --batch-residues does not apply")]
+    TranslatedBatches(String),
+    #[error("BLAST+ option {option} is set by gepsea; {instead}")]
+    OwnedOption { option: String, instead: &'static str },
+    #[error("BLAST+ refused the options after --: {0}")]
+    BlastOptions(String),
+    #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
+    Interrupted(i32),
     #[error("cannot write the output {path}: {source}")]
     Output { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
@@ -483,14 +574,27 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
 }
 
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
+    let result = run_checked(opts, env);
+    // A signal also kills the workers, which may surface first as another error.
+    match interrupted() {
+        Some(sig) if result.is_err() => Err(SearchError::Interrupted(sig)),
+        _ => result,
+    }
+}
+
+fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     let started = Instant::now();
-    let queries = fasta::read(&opts.query)?;
     let workers = match &env {
         Env::ClusterNoAgent(net) => net.workers.max(1),
         _ => opts.workers.max(1),
     };
+    check_blast_args(&opts.blast_args, workers)?;
+    if let Some(p) = &opts.program {
+        program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
+    }
+    let queries = fasta::read(&opts.query)?;
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
-    let split = choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers)?;
+    let split = choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
     // Claim the output location first: an unwritable path fails now, not after the search.
     let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // Absolute: BLAST+ tools run with the scratch directory as their working directory.
@@ -516,18 +620,21 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     }
     let blastdb = database.blastdb_str()?;
     let manifest = database.manifest.clone();
-    let qtype = fasta::guess_moltype(&queries);
-    if qtype != manifest.dbtype {
-        return Err(SearchError::TypeMismatch { query: opts.query.clone(), query_type: mol_name(qtype), db: opts.db.clone(), db_type: mol_name(manifest.dbtype) });
-    }
-    let expected = if manifest.dbtype == MolType::Prot { "blastp" } else { "blastn" };
-    let program = opts.program.clone().unwrap_or_else(|| expected.to_string());
-    let fits = match manifest.dbtype {
-        MolType::Prot => ["blastp", "blastx"].contains(&program.as_str()),
-        MolType::Nucl => ["blastn", "tblastx", "tblastn"].contains(&program.as_str()),
+    let (default, programs) = match manifest.dbtype {
+        MolType::Prot => ("blastp", "blastp or blastx"),
+        MolType::Nucl => ("blastn", "blastn, tblastn or tblastx"),
     };
-    if !fits || program != expected {
-        return Err(SearchError::ProgramMismatch { program, db_type: mol_name(manifest.dbtype), expected });
+    let program = opts.program.clone().unwrap_or_else(|| default.to_string());
+    let (query_type, db_type) = program_types(&program).ok_or_else(|| SearchError::UnknownProgram(program.clone()))?;
+    if db_type != manifest.dbtype {
+        return Err(SearchError::ProgramMismatch { program, db_type: mol_name(manifest.dbtype), expected: programs });
+    }
+    let qtype = fasta::guess_moltype(&queries);
+    if qtype != query_type {
+        if opts.program.is_none() {
+            return Err(SearchError::TypeMismatch { query: opts.query.clone(), query_type: mol_name(qtype), db: opts.db.clone(), db_type: mol_name(manifest.dbtype) });
+        }
+        return Err(SearchError::QueryTypeForProgram { query: opts.query.clone(), query_type: mol_name(qtype), program, expected: mol_name(query_type) });
     }
     tools::version()?;
     let tmp_out = out_dir.join(format!(".{out_name}.gepsea-tmp{}", std::process::id()));
@@ -543,6 +650,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
     let db_dir = database.dir.clone();
+    validate_options(&program, &blastdb, &queries[0], &opts.outfmt, &opts.blast_args, &scratch)?;
 
     let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
         let mut buf = Vec::new();
@@ -565,7 +673,9 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         SplitBy::Queries => {
             let cap = blast_batch_letters(&program, &opts.blast_args);
             match opts.batch_residues {
+                Some(_) if is_translated(&program) => return Err(SearchError::TranslatedBatches(program)),
                 Some(r) => batches(&queries, r.min(cap)),
+                None if is_translated(&program) => blast_batches(&queries, cap),
                 None => guided_batches(&queries, workers, cap),
             }
         }
@@ -636,6 +746,7 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     let mut ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
 
     while !sched.all_done() {
+        check_interrupted()?;
         // Hand out work.
         for w in 0..workers {
             if alive[w] && idle[w] {
@@ -981,6 +1092,48 @@ fn merge_batch(
     Ok(risky)
 }
 
+/// One tiny BLAST+ run (the first query against the one-sequence statistics database)
+/// with the user's options, before any worker starts: a mistyped option or a bad value
+/// fails here in a fraction of a second, with BLAST+'s own error line, instead of in
+/// every task. Only option errors count: anything else the statistics database cannot
+/// show (e.g. `-taxids`) is left to the real search.
+fn validate_options(program: &str, blastdb: &str, first: &Record, outfmt: &str, args: &[String], scratch: &Path) -> Result<(), SearchError> {
+    let q = scratch.join("validate.fasta");
+    let mut buf = Vec::new();
+    first.write_to(&mut buf);
+    std::fs::write(&q, buf).map_err(|e| SearchError::Io(format!("{}: {e}", q.display())))?;
+    let (qs, out) = (q.to_string_lossy().to_string(), scratch.join("validate.out").to_string_lossy().to_string());
+    let mut all: Vec<&str> = vec!["-query", &qs, "-db", "stats", "-outfmt", outfmt, "-out", &out];
+    all.extend(args.iter().map(|s| s.as_str()));
+    match tools::run(program, &all, Some(blastdb.as_ref()), Some(scratch)) {
+        Err(ToolError::Failed { stderr, .. }) if tools::is_option_error(&stderr) => Err(SearchError::BlastOptions(tools::error_lines(&stderr))),
+        Err(e @ ToolError::Missing { .. }) => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+static INTERRUPTED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Records that the process got signal `sig` (SIGINT, SIGTERM): the running search stops
+/// at its next check, removes its temporary files and stops its processes, and returns
+/// [`SearchError::Interrupted`]. Call it from a signal-handling thread.
+pub fn interrupt(sig: i32) {
+    INTERRUPTED.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The signal recorded by [`interrupt`], if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// `Err(Interrupted)` once a signal was recorded (polled by the masters' loops).
+pub(crate) fn check_interrupted() -> Result<(), SearchError> {
+    interrupted().map_or(Ok(()), |s| Err(SearchError::Interrupted(s)))
+}
+
 /// The hidden `gepsea worker` process: searches whatever the master sends.
 pub fn worker(ns: &str, port_id: u32, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
     worker_on(Port::open(PortConfig::new(ns, Addr::new(MASTER.node, port_id)))?, scratch, blast_args)
@@ -1012,7 +1165,7 @@ fn worker_on(port: Port, scratch: &Path, blast_args: &[String]) -> Result<(), Se
             }
             Err(e) => {
                 let message = match e {
-                    ToolError::Failed { stderr, .. } => stderr,
+                    ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
                     other => other.to_string(),
                 };
                 port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Failed { task: t.task, message }).unwrap())?;
@@ -1065,13 +1218,36 @@ mod tests {
     #[test]
     fn auto_split_is_by_queries_on_one_machine_with_enough_queries() {
         use SplitBy::*;
-        assert_eq!(choose_split(None, true, false, 8, 2).unwrap(), Queries);
-        assert_eq!(choose_split(None, true, false, 7, 2).unwrap(), Fragments);
-        assert_eq!(choose_split(None, false, false, 500, 2).unwrap(), Fragments, "a cluster");
-        assert_eq!(choose_split(None, true, true, 500, 2).unwrap(), Fragments, "the no-agent baseline");
-        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2).unwrap(), Fragments);
-        assert_eq!(choose_split(Some(Queries), false, false, 1, 8).unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2), Err(SearchError::QuerySplitWithoutAgents)));
+        assert_eq!(choose_split(None, true, false, 8, 2, "blastp").unwrap(), Queries);
+        assert_eq!(choose_split(None, true, false, 7, 2, "blastp").unwrap(), Fragments);
+        assert_eq!(choose_split(None, false, false, 500, 2, "blastp").unwrap(), Fragments, "a cluster");
+        assert_eq!(choose_split(None, true, true, 500, 2, "blastp").unwrap(), Fragments, "the no-agent baseline");
+        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp").unwrap(), Fragments);
+        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp").unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp"), Err(SearchError::QuerySplitWithoutAgents)));
+        // Translated searches: by queries, wherever they run.
+        assert_eq!(choose_split(None, false, false, 1, 8, "blastx").unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn"), Err(SearchError::TranslatedByFragments(_))));
+        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx"), Err(SearchError::QuerySplitWithoutAgents)));
+    }
+
+    #[test]
+    fn blast_batches_close_with_the_query_that_reaches_the_size() {
+        assert_eq!(blast_batches(&recs(&[171, 500]), 171), vec![0..1, 1..2]);
+        assert_eq!(blast_batches(&recs(&[171, 500]), 172), vec![0..2]);
+        assert_eq!(blast_batches(&recs(&[100, 100, 100, 100, 100]), 250), vec![0..3, 3..5]);
+        assert_eq!(blast_batches(&recs(&[5]), 10_002), vec![0..1]);
+    }
+
+    #[test]
+    fn owned_blast_options_are_refused_with_what_to_use() {
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        for o in ["-db", "-query", "-out", "-outfmt", "-remote", "-subject"] {
+            let e = check_blast_args(&args(&["-evalue", "1", o, "x"]), 1).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("BLAST+ option {o} is set by gepsea; ")), "{e}");
+        }
+        assert!(check_blast_args(&args(&["-num_threads", "4"]), 2).unwrap_err().to_string().contains("use --workers"));
+        assert!(check_blast_args(&args(&["-num_threads", "4", "-evalue", "1e-5"]), 1).is_ok());
     }
 
     #[test]

@@ -65,15 +65,21 @@ pub fn run_env(program: &str, args: &[&str], blastdb: Option<&OsStr>, cwd: Optio
     Ok(out)
 }
 
-/// BLAST+'s own complaint in `stderr`: its `Error:` lines (BLAST+ prints its whole
-/// usage text after a bad option; the user needs the one line that says what is wrong).
+/// BLAST+'s own complaint in `stderr`: its first error line (BLAST+ prints its whole
+/// usage text after a bad option, and the same error twice; the user needs the one line
+/// that says what is wrong).
 pub fn error_lines(stderr: &str) -> String {
-    let lines: Vec<&str> = stderr.lines().map(str::trim).filter(|l| l.contains("Error")).collect();
-    if lines.is_empty() {
-        stderr.trim().to_string()
-    } else {
-        lines.join("; ")
-    }
+    let errors: Vec<&str> = stderr.lines().map(str::trim).filter(|l| l.starts_with("Error") || l.contains(" error: ")).collect();
+    // For a bad option value BLAST+ first says what failed to convert, then which
+    // argument it was: the line naming the argument says more.
+    let named = errors.iter().find(|l| l.starts_with("Error: Argument") || l.starts_with("Error: Unknown argument"));
+    named.or(errors.first()).copied().unwrap_or(stderr.trim()).to_string()
+}
+
+/// Whether BLAST+'s `stderr` reports a bad command-line option (its argument parser's
+/// `CArgException`), as opposed to a problem with the data.
+pub fn is_option_error(stderr: &str) -> bool {
+    stderr.contains("CArgException")
 }
 
 /// The BLAST+ version, e.g. `2.12.0+`.
@@ -81,4 +87,21 @@ pub fn version() -> Result<String, ToolError> {
     let out = run("blastp", &["-version"], None, None)?;
     let s = String::from_utf8_lossy(&out.stdout);
     Ok(s.split_whitespace().nth(1).unwrap_or("unknown").to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_error_line_is_blasts_complaint() {
+        let usage = "USAGE\n  blastp [-h] ...\nDESCRIPTION\n   Protein-Protein BLAST 2.12.0+\n\nUse '-help' to print detailed descriptions of command line arguments\n========================================================================\n\nError: Unknown argument: \"evalu\"\nError:  (CArgException::eInvalidArg) Unknown argument: \"evalu\"\n";
+        assert_eq!(error_lines(usage), "Error: Unknown argument: \"evalu\"");
+        assert!(is_option_error(usage));
+        let value = "Error: Cannot convert string 'abc' to double (m_Pos = 0)\nError: Argument \"evalue\". Argument cannot be converted:  `abc'\nError:  (CArgException::eConvert) Argument \"evalue\". Argument cannot be converted:  `abc'\n";
+        assert_eq!(error_lines(value), "Error: Argument \"evalue\". Argument cannot be converted:  `abc'");
+        let db = "BLAST Database error: No alias or index file found for protein database [x] in search path [/tmp::]";
+        assert_eq!(error_lines(db), db);
+        assert!(!is_option_error(db));
+    }
 }

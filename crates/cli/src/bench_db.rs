@@ -28,10 +28,14 @@ pub struct DbBenchArgs {
     pub gigabytes: f64,
     #[arg(long, default_value_t = 4)]
     pub fragments: usize,
-    /// Queries of the search whose report memory is measured (0: no search); 48 give a
-    /// report of about 1 GB on the 1 GB database.
-    #[arg(long, default_value_t = 48)]
+    /// Queries of the search whose report memory is measured (0: no search). On the
+    /// 1 GB database a query's XML report is about 7 MB (pairwise: 4.9 MB, measured), so
+    /// 150 give a report of about 1 GB.
+    #[arg(long, default_value_t = 150)]
     pub queries: usize,
+    /// Format of that report.
+    #[arg(long, default_value = "5")]
+    pub outfmt: String,
     #[arg(long, default_value = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz")]
     pub query: PathBuf,
     /// Working directory (default: a temporary one, removed at the end).
@@ -189,20 +193,21 @@ pub fn run(a: &DbBenchArgs) -> Result<()> {
             // times), all printed: a report many times the size of the database part a
             // query needs.
             let mut c = Command::new(&exe);
-            c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--db"]).arg(&gdb).arg("--query").arg(&q).arg("--out").arg(&out);
+            c.args(["search", "--quiet", "--workers", "2", "--outfmt", &a.outfmt, "--db"]).arg(&gdb).arg("--query").arg(&q).arg("--out").arg(&out);
             c.args(["--", "-num_descriptions", "20000", "-num_alignments", "20000"]);
             let (t_s, p_s) = measured(c)?;
             let report = std::fs::metadata(&out)?.len();
             let gepsea_peak = p_s.by_name.get("gepsea").copied().unwrap_or(0).max(p_s.own);
             eprintln!(
-                "bench db: search of {} queries: report {:.0} MB in {t_s:.1} s; peak RSS of the master {:.0} MiB, of any other gepsea process {:.0} MiB (target <= 512 for a report >= 1 GB), of blastp {:.0} MiB",
+                "bench db: search of {} queries, outfmt {}: report {:.0} MB in {t_s:.1} s; peak RSS of the master {:.0} MiB, of any other gepsea process {:.0} MiB (target <= 512 for a report >= 1 GB), of blastp {:.0} MiB",
                 a.queries,
+                a.outfmt,
                 report as f64 / 1e6,
                 mib(p_s.own),
                 mib(p_s.by_name.get("gepsea").copied().unwrap_or(0)),
                 mib(p_s.by_name.get("blastp").copied().unwrap_or(0))
             );
-            search = json!({ "queries": a.queries, "report_bytes": report, "seconds": t_s, "master_peak_kib": p_s.own, "gepsea_peak_kib": gepsea_peak, "by_name_peak_kib": p_s.by_name });
+            search = json!({ "queries": a.queries, "outfmt": a.outfmt, "report_bytes": report, "seconds": t_s, "master_peak_kib": p_s.own, "gepsea_peak_kib": gepsea_peak, "by_name_peak_kib": p_s.by_name });
         }
         Ok(json!({
             "fasta_bytes": bytes, "sequences": seqs, "fragments": a.fragments, "cores": cores,

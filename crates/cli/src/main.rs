@@ -134,7 +134,8 @@ struct SearchArgs {
     /// BLAST+ output format, e.g. 6, 7, 0, 5 or "6 qseqid sseqid evalue".
     #[arg(long, default_value = "0")]
     outfmt: String,
-    /// blastp or blastn (default: from the database type).
+    /// blastp, blastn, blastx, tblastn or tblastx (default: blastp or blastn, from the
+    /// database type). The translated searches are split by queries.
     #[arg(long)]
     program: Option<String>,
     /// How to cut the search into tasks: by query batches, each searched on the whole
@@ -244,15 +245,50 @@ enum Bench {
 }
 
 /// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
-/// (anyhow would print a backtrace with it set); panics keep theirs.
+/// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
+/// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
 fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 2 && (args[1] == "--version" || args[1] == "-V") {
+        print_version();
+        return std::process::ExitCode::SUCCESS;
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gepsea: error: {e:#}");
-            std::process::ExitCode::FAILURE
+            match e.downcast_ref::<search::SearchError>() {
+                Some(search::SearchError::Interrupted(sig)) => std::process::ExitCode::from((128 + sig) as u8),
+                _ => std::process::ExitCode::FAILURE,
+            }
         }
     }
+}
+
+/// gepsea's version and the BLAST+ it drives (found on PATH).
+fn print_version() {
+    println!("gepsea {}", env!("CARGO_PKG_VERSION"));
+    match gepsea_blast::tools::version() {
+        Ok(v) => println!("BLAST+ {v}"),
+        Err(e) => println!("BLAST+: {e}"),
+    }
+}
+
+/// SIGINT and SIGTERM stop a search cleanly (see [`search::interrupt`]); a second one
+/// ends the process at once.
+fn stop_on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if search::interrupted().is_some() {
+                std::process::exit(128 + sig);
+            }
+            eprintln!("gepsea search: stopping (signal {sig}): removing temporary files and stopping workers");
+            search::interrupt(sig);
+        }
+    });
+    Ok(())
 }
 
 fn run() -> Result<()> {
@@ -334,6 +370,10 @@ fn run() -> Result<()> {
                 },
             };
             let launch = gepsea_blast::cluster::detect().filter(|l| l.size > 1);
+            // The master cleans up after itself; other ranks keep the default action.
+            if launch.is_none_or(|l| l.rank == 0) {
+                stop_on_signals()?;
+            }
             let s = match launch {
                 Some(l) => {
                     let Some(rendezvous) = a.rendezvous.clone() else {

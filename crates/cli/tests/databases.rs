@@ -3,42 +3,15 @@
 //! compressed input, and the errors a damaged or wrong database gets. Every output is
 //! compared byte for byte with serial NCBI BLAST+ on the same database.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
-const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
-const RRNA: &str = "/usr/share/microbiomeutil-data/RESOURCES/rRNA16S.gold.fasta";
-
-fn gepsea() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gepsea"))
-}
-
-fn run_ok(mut c: Command) -> Output {
-    let out = c.output().expect("spawn");
-    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
-
-/// The first `n` records of a FASTA text.
-fn head(text: &str, n: usize) -> String {
-    let mut out = String::new();
-    let mut count = 0;
-    for line in text.lines() {
-        if line.starts_with('>') {
-            count += 1;
-        }
-        if count > n {
-            break;
-        }
-        out.push_str(line);
-        out.push('\n');
-    }
-    out
-}
+use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ, RRNA};
 
 /// Built once per test process, removed at exit: the example proteins as plain FASTA,
 /// a 4-volume protein database and a multi-volume 16S nucleotide database (makeblastdb
@@ -63,13 +36,6 @@ fn fixture() -> &'static Fixture {
         std::fs::create_dir_all(dir.join("nucl")).unwrap();
         // SAFETY: registering a plain C callback that only removes a directory.
         unsafe { libc::atexit(remove_fixture) };
-        let zcat = |p: &str| String::from_utf8(run_ok({
-            let mut c = Command::new("zcat");
-            c.arg(p);
-            c
-        })
-        .stdout)
-        .unwrap();
         let db = zcat(DB_GZ);
         std::fs::write(dir.join("DB.fasta"), &db).unwrap();
         std::fs::write(dir.join("q.fasta"), head(&zcat(QUERY_GZ), 24)).unwrap();
@@ -97,19 +63,6 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime)> {
         .collect()
 }
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-fn tempdir(tag: &str) -> TempDir {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!("gepsea-dbt-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
-}
-
 /// Runs `program` serially on `db` (from `cwd`, with `blastdb` as BLASTDB) into `out`.
 fn serial(program: &str, cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &str, out: &Path) {
     let mut c = Command::new(program);
@@ -128,15 +81,6 @@ fn search(cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &s
         c.env("BLASTDB", b);
     }
     run_ok(c)
-}
-
-fn assert_identical(got: &Path, want: &Path, what: &str) {
-    let (g, w) = (std::fs::read(got).unwrap(), std::fs::read(want).unwrap());
-    if g != w {
-        let (gl, wl) = (String::from_utf8_lossy(&g), String::from_utf8_lossy(&w));
-        let i = gl.lines().zip(wl.lines()).position(|(a, b)| a != b).unwrap_or(0);
-        panic!("{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}", i + 1, gl.lines().nth(i), wl.lines().nth(i));
-    }
 }
 
 /// Leftovers of a search next to its output: nothing but the output itself.

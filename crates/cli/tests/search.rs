@@ -390,9 +390,7 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     // Empty query file.
     std::fs::write(p("empty.fa"), "").unwrap();
     assert!(search(&db3, &s(&p("empty.fa"))).contains("no sequences"));
-    // Duplicate ids.
-    std::fs::write(p("dup.fa"), ">q1\nMKV\n>q1\nMKL\n").unwrap();
-    assert!(search(&db3, &s(&p("dup.fa"))).contains("duplicate sequence identifier \"q1\" (first seen on line 1)"));
+    // (Duplicate query ids are accepted, as BLAST+ accepts them: tests/programs.rs.)
     // Nucleotide queries against a protein database.
     std::fs::write(p("dna.fa"), ">n1\nACGTACGTTGCAACGTAGCTAGCTAGCTGACTGATCGATCG\n").unwrap();
     let e = search(&db3, &s(&p("dna.fa")));
@@ -417,12 +415,22 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     // Unwritable output path.
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
-    // A BLAST+ failure in every task: retried once, then BLAST's own message.
+    // A bad option is refused before any task runs (more in tests/programs.rs).
     for split in SPLITS {
         let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"]).args(split).args(["--", "-evalue", "abc"]).output().unwrap();
         assert!(!o.status.success());
         let e = String::from_utf8_lossy(&o.stderr);
-        assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("evalue"), "{split:?}: {e}");
+        assert!(!e.contains("retrying once") && e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{split:?}: {e}");
+        assert!(!out.exists());
+    }
+    // A BLAST+ failure in every task (taxonomy filtering of a database without taxonomy,
+    // which only the real search can tell): retried once, then BLAST's own line.
+    for split in SPLITS {
+        let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"]).args(split).args(["--", "-taxids", "9606"]).output().unwrap();
+        assert!(!o.status.success());
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("Taxonomy ID"), "{split:?}: {e}");
+        assert!(!e.contains("USAGE"), "{e}");
         assert!(!out.exists());
     }
     // The no-agent baseline is mpiBLAST's fragment search only.

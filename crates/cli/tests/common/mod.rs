@@ -1,0 +1,71 @@
+//! Helpers shared by the integration tests: running gepsea and BLAST+, temporary
+//! directories removed on drop, FASTA slices of the example data.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
+pub const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
+pub const RRNA: &str = "/usr/share/microbiomeutil-data/RESOURCES/rRNA16S.gold.fasta";
+
+pub fn gepsea() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_gepsea"))
+}
+
+/// Runs `c`, failing the test with its stderr unless it succeeds.
+pub fn run_ok(mut c: Command) -> Output {
+    let out = c.output().expect("spawn");
+    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The text of a gzip file.
+pub fn zcat(path: &str) -> String {
+    let mut c = Command::new("zcat");
+    c.arg(path);
+    String::from_utf8(run_ok(c).stdout).unwrap()
+}
+
+/// The first `n` records of a FASTA text.
+pub fn head(text: &str, n: usize) -> String {
+    let mut out = String::new();
+    let mut count = 0;
+    for line in text.lines() {
+        if line.starts_with('>') {
+            count += 1;
+        }
+        if count > n {
+            break;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// A directory removed when dropped (also when the test fails).
+pub struct TempDir(pub PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory named after the test and this process.
+pub fn tempdir(tag: &str) -> TempDir {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!("gepsea-t-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+/// Byte equality with the first differing line in the failure message.
+pub fn assert_identical(got: &std::path::Path, want: &std::path::Path, what: &str) {
+    let (g, w) = (std::fs::read(got).unwrap_or_else(|e| panic!("{}: {e}", got.display())), std::fs::read(want).unwrap());
+    if g != w {
+        let (gl, wl) = (String::from_utf8_lossy(&g), String::from_utf8_lossy(&w));
+        let i = gl.lines().zip(wl.lines()).position(|(a, b)| a != b).unwrap_or(gl.lines().count().min(wl.lines().count()));
+        panic!("{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}", i + 1, gl.lines().nth(i), wl.lines().nth(i));
+    }
+}

@@ -1,0 +1,315 @@
+//! BLAST+ programs and options as a user gives them: the translated searches (blastx,
+//! tblastn, tblastx) identical to serial BLAST+, duplicate query identifiers as BLAST+
+//! takes them, options gepsea owns refused with what to use instead, a mistyped option
+//! reported by BLAST+'s own line before any worker starts, `--version`, and SIGINT /
+//! SIGTERM stopping a search cleanly.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
+
+/// One codon per amino acid: a protein written back as DNA whose translation in frame 1
+/// is the protein again (ambiguity letters as their usual reading).
+fn back_translate(protein: &str) -> String {
+    protein
+        .chars()
+        .filter_map(|a| {
+            Some(match a.to_ascii_uppercase() {
+                'A' => "GCT",
+                'R' => "CGT",
+                'N' | 'B' => "AAT",
+                'D' => "GAT",
+                'C' | 'U' => "TGT",
+                'Q' => "CAA",
+                'E' | 'Z' => "GAA",
+                'G' => "GGT",
+                'H' => "CAT",
+                'I' => "ATT",
+                'L' | 'J' => "CTG",
+                'K' | 'O' => "AAA",
+                'M' => "ATG",
+                'F' => "TTT",
+                'P' => "CCG",
+                'S' => "TCT",
+                'T' => "ACT",
+                'W' => "TGG",
+                'Y' => "TAT",
+                'V' => "GTT",
+                'X' => "NNN",
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+/// A FASTA text with every sequence back-translated, 60 letters a line.
+fn back_translate_fasta(fasta: &str) -> String {
+    let mut out = String::new();
+    let mut seq = String::new();
+    let flush = |seq: &mut String, out: &mut String| {
+        let dna = back_translate(seq);
+        for chunk in dna.as_bytes().chunks(60) {
+            out.push_str(std::str::from_utf8(chunk).unwrap());
+            out.push('\n');
+        }
+        seq.clear();
+    };
+    for line in fasta.lines() {
+        if line.starts_with('>') {
+            if !seq.is_empty() {
+                flush(&mut seq, &mut out);
+            }
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            seq.push_str(line.trim());
+        }
+    }
+    flush(&mut seq, &mut out);
+    out
+}
+
+/// Built once, removed at exit: protein and back-translated queries, a protein database
+/// of the example proteins, a nucleotide database of 800 of them back-translated.
+struct Fixture {
+    dir: PathBuf,
+}
+
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+
+extern "C" fn remove_fixture() {
+    if let Some(f) = FIXTURE.get() {
+        let _ = std::fs::remove_dir_all(&f.dir);
+    }
+}
+
+fn fixture() -> &'static Fixture {
+    FIXTURE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gepsea-programs-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // SAFETY: registering a plain C callback that only removes a directory.
+        unsafe { libc::atexit(remove_fixture) };
+        let db = zcat(DB_GZ);
+        let queries = zcat(QUERY_GZ);
+        std::fs::write(dir.join("prot.fasta"), &db).unwrap();
+        std::fs::write(dir.join("q.fasta"), head(&queries, 8)).unwrap();
+        // 16 queries back-translated: about 19,000 letters, two of blastx's 10,002-letter
+        // batches.
+        std::fs::write(dir.join("nq.fasta"), back_translate_fasta(&head(&queries, 16))).unwrap();
+        std::fs::write(dir.join("nq2.fasta"), back_translate_fasta(&head(&queries, 2))).unwrap();
+        std::fs::write(dir.join("nucl.fasta"), back_translate_fasta(&head(&db, 800))).unwrap();
+        for (input, t, out) in [("prot.fasta", "prot", "protdb"), ("nucl.fasta", "nucl", "nucldb")] {
+            let mut c = Command::new("makeblastdb");
+            c.args(["-in", input, "-dbtype", t, "-parse_seqids", "-title", out, "-out", out]).current_dir(&dir);
+            run_ok(c);
+        }
+        Fixture { dir }
+    })
+}
+
+fn serial(program: &str, dir: &Path, db: &str, query: &str, outfmt: &str, out: &Path, extra: &[&str]) {
+    let mut c = Command::new(program);
+    c.current_dir(dir).env_remove("BLASTDB").args(["-db", db, "-query", query, "-outfmt", outfmt, "-out"]).arg(out).args(extra);
+    run_ok(c);
+}
+
+fn search(dir: &Path, program: &str, db: &str, query: &str, outfmt: &str, out: &Path, mode: &[&str], extra: &[&str]) {
+    let mut c = gepsea();
+    c.current_dir(dir).env_remove("BLASTDB").args(["search", "--quiet", "--workers", "2", "--program", program, "--db", db, "--query", query, "--outfmt", outfmt, "--out"]).arg(out).args(mode);
+    if !extra.is_empty() {
+        c.arg("--").args(extra);
+    }
+    run_ok(c);
+}
+
+#[test]
+fn translated_searches_are_identical_to_serial_blast() {
+    let f = fixture();
+    let d = tempdir("translated");
+    for (program, db, query, fmt) in [("blastx", "protdb", "nq.fasta", "0"), ("blastx", "protdb", "nq.fasta", "7"), ("tblastn", "nucldb", "q.fasta", "0"), ("tblastn", "nucldb", "q.fasta", "6"), ("tblastx", "nucldb", "nq2.fasta", "6")] {
+        let want = d.0.join(format!("serial-{program}.{fmt}"));
+        serial(program, &f.dir, db, query, fmt, &want, &[]);
+        let text = std::fs::read_to_string(&want).unwrap();
+        assert!(text.lines().filter(|l| !l.starts_with('#')).count() > 10, "{program} should find hits: {}", &text[..300.min(text.len())]);
+        let got = d.0.join(format!("gepsea-{program}.{fmt}"));
+        let summary = d.0.join("summary.json");
+        search(&f.dir, program, db, query, fmt, &got, &["--summary-json", summary.to_str().unwrap()], &[]);
+        assert_identical(&got, &want, &format!("{program} outfmt {fmt}"));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        assert_eq!(v["split"], "Queries", "{program}");
+        if program == "blastx" {
+            assert!(v["tasks"].as_u64().unwrap() >= 2, "blastx should span several of BLAST+'s batches: {v}");
+        }
+    }
+    // The fragment merge is not proven for translated searches: refused, not guessed.
+    let out = d.0.join("refused.txt");
+    let o = gepsea().current_dir(&f.dir).args(["search", "--quiet", "--program", "blastx", "--split", "fragments", "--db", "protdb", "--query", "nq.fasta", "--out"]).arg(&out).output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("blastx is searched split by queries only"), "{e}");
+    assert!(!out.exists());
+    // A query file of the wrong molecule for the program.
+    let o = gepsea().current_dir(&f.dir).args(["search", "--quiet", "--program", "blastx", "--db", "protdb", "--query", "q.fasta", "--out"]).arg(&out).output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("looks like protein sequences, but blastx searches nucleotide queries"), "{e}");
+}
+
+#[test]
+fn duplicate_query_identifiers_are_kept_as_blast_keeps_them() {
+    let f = fixture();
+    let d = tempdir("dups");
+    // The same identifier three times, with different sequences, as BLAST+ accepts it.
+    let q = head(&std::fs::read_to_string(f.dir.join("q.fasta")).unwrap(), 6);
+    let mut n = 0;
+    let dup: String = q
+        .lines()
+        .map(|l| {
+            if l.starts_with('>') {
+                n += 1;
+                if n % 2 == 0 {
+                    return ">same_id repeated\n".to_string();
+                }
+            }
+            format!("{l}\n")
+        })
+        .collect();
+    std::fs::write(d.0.join("dup.fasta"), dup).unwrap();
+    let query = d.0.join("dup.fasta");
+    let query = query.to_str().unwrap();
+    for (fmt, split) in [("0", "queries"), ("6", "fragments"), ("5", "queries")] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastp", &f.dir, "protdb", query, fmt, &want, &[]);
+        let got = d.0.join(format!("gepsea.{fmt}.{split}"));
+        search(&f.dir, "blastp", "protdb", query, fmt, &got, &["--split", split], &[]);
+        assert_identical(&got, &want, &format!("duplicate ids, outfmt {fmt}, by {split}"));
+    }
+}
+
+/// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that
+/// the error is one line without BLAST+'s usage text or a backtrace.
+fn one_line_error(dir: &Path, args: &[&str], out: &Path) -> String {
+    let started = Instant::now();
+    let o = gepsea().current_dir(dir).env("RUST_BACKTRACE", "1").args(args).output().unwrap();
+    assert!(!o.status.success(), "{args:?} should fail");
+    assert!(!out.exists(), "{} was left behind", out.display());
+    let e = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert!(!e.contains("USAGE") && !e.contains("backtrace"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(60), "refused late: {:?}", started.elapsed());
+    e
+}
+
+#[test]
+fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
+    let f = fixture();
+    let d = tempdir("options");
+    let out = d.0.join("out.txt");
+    let o = out.to_str().unwrap();
+    let base = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", "q.fasta", "--out", o, "--"];
+    for (option, value, hint) in [("-db", "x", "--db"), ("-query", "x", "--query"), ("-out", "x", "--out"), ("-outfmt", "6", "--outfmt"), ("-remote", "", "drop -remote"), ("-subject", "x", "--db"), ("-num_threads", "2", "--workers")] {
+        let mut args = base.to_vec();
+        args.push(option);
+        if !value.is_empty() {
+            args.push(value);
+        }
+        let e = one_line_error(&f.dir, &args, &out);
+        assert!(e.contains(&format!("BLAST+ option {option} is set by gepsea")) && e.contains(hint), "{option}: {e}");
+    }
+    // With one worker, -num_threads is BLAST+'s own business.
+    let want = d.0.join("serial.6");
+    serial("blastp", &f.dir, "protdb", "q.fasta", "6", &want, &["-num_threads", "2"]);
+    let got = d.0.join("gepsea.6");
+    let mut c = gepsea();
+    c.current_dir(&f.dir).args(["search", "--quiet", "--workers", "1", "--db", "protdb", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(&got).args(["--", "-num_threads", "2"]);
+    run_ok(c);
+    assert_identical(&got, &want, "-num_threads with one worker");
+    // A mistyped option and a bad value: BLAST+'s own error line, before any task runs
+    // (nothing is retried).
+    let mut args = base.to_vec();
+    args.extend(["-evalu", "1"]);
+    let e = one_line_error(&f.dir, &args, &out);
+    assert!(e.contains("BLAST+ refused the options after --") && e.contains("Unknown argument: \"evalu\""), "{e}");
+    let mut args = base.to_vec();
+    args.extend(["-evalue", "abc"]);
+    let e = one_line_error(&f.dir, &args, &out);
+    assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
+}
+
+#[test]
+fn version_names_gepsea_and_blast() {
+    let o = run_ok({
+        let mut c = gepsea();
+        c.arg("--version");
+        c
+    });
+    let blast = String::from_utf8(run_ok({
+        let mut c = Command::new("blastp");
+        c.arg("-version");
+        c
+    })
+    .stdout)
+    .unwrap();
+    let v = blast.split_whitespace().nth(1).unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("gepsea {}\nBLAST+ {v}\n", env!("CARGO_PKG_VERSION")));
+}
+
+/// Processes whose command line mentions `needle`, other than the caller.
+fn processes_with(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) && !cmd.contains("programs-") {
+                found.push(cmd);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_signal_stops_a_search_and_leaves_nothing_behind() {
+    let f = fixture();
+    let d = tempdir("signals");
+    let queries = d.0.join("q40.fasta");
+    std::fs::write(&queries, head(&zcat(QUERY_GZ), 40)).unwrap();
+    for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
+        let outdir = d.0.join(format!("out{sig}"));
+        std::fs::create_dir_all(&outdir).unwrap();
+        let mut child = gepsea()
+            .current_dir(&f.dir)
+            .args(["search", "--quiet", "--workers", "2", "--db", "protdb", "--outfmt", "0", "--query"])
+            .arg(&queries)
+            .arg("--out")
+            .arg(outdir.join("hits.txt"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait until the job has started (its job directory exists), then signal.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::fs::read_dir(&outdir).unwrap().count() < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, sig) };
+        let st = child.wait_with_output().unwrap();
+        assert_eq!(st.status.code(), Some(code), "signal {sig}: {}", String::from_utf8_lossy(&st.stderr));
+        let left: Vec<_> = std::fs::read_dir(&outdir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(left.is_empty(), "left next to the output: {left:?}");
+        for p in [std::env::temp_dir().join(format!("gepsea-search-{pid}")), std::env::temp_dir().join(format!("gepsea-search{pid}"))] {
+            assert!(!p.exists(), "{} was left", p.display());
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !processes_with(&format!("search{pid}")).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(processes_with(&format!("search{pid}")), Vec::<String>::new(), "processes of the stopped search");
+    }
+}
