@@ -93,6 +93,23 @@ pub struct JobSpec {
     /// SHA-256 of each file a search of a fragment reads, by file name (from the
     /// manifest), per fragment.
     pub fragment_files: Vec<BTreeMap<String, String>>,
+    /// Where each batch's finished part goes: in the work directory, named by a hash of
+    /// everything that decides its contents, so that a rerun finds it (resume).
+    pub parts: Vec<PathBuf>,
+}
+
+impl JobSpec {
+    /// Batch `batch`'s finished part.
+    fn part(&self, batch: usize) -> Result<&Path, PluginError> {
+        self.parts.get(batch).map(|p| p.as_path()).ok_or_else(|| PluginError::BadRequest(format!("no batch {batch}")))
+    }
+}
+
+/// A temporary name next to `part` (same file system, so the rename into place is
+/// atomic), unique to this process and `tag`.
+pub fn part_tmp(part: &Path, tag: &str) -> PathBuf {
+    let name = part.file_name().unwrap_or_default().to_string_lossy();
+    part.with_file_name(format!(".{name}.{}-{tag}.tmp", std::process::id()))
 }
 
 /// Where a staged fragment came from.
@@ -242,10 +259,6 @@ pub struct PartDone {
 
 pub fn topic(job_id: &str) -> String {
     format!("blast/{job_id}")
-}
-
-fn part_path(job: &Path, batch: usize) -> PathBuf {
-    job.join(format!("part-{batch:06}"))
 }
 
 pub fn batch_file(job: &Path, batch: usize) -> PathBuf {
@@ -549,9 +562,9 @@ impl BlastPlugin {
             let _ = std::fs::remove_file(file);
             return Ok(());
         }
-        let part = part_path(job, *batch);
+        let part = spec.part(*batch)?;
         let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-        let result = crate::parts::count_hits_in(file, &spec.outfmt).and_then(|hits| std::fs::rename(file, &part).map(|_| hits)).map_err(|e| format!("{}: {e}", part.display()));
+        let result = crate::parts::count_hits_in(file, &spec.outfmt).and_then(|hits| std::fs::rename(file, part).map(|_| hits)).map_err(|e| format!("{}: {e}", part.display()));
         let done = PartDone {
             batch: *batch,
             queries: end - start,
@@ -595,9 +608,10 @@ impl BlastPlugin {
             std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
             let queries = batch_file(job, batch);
             let rs = report::Spec { program: &spec.program, blastdb: spec.blastdb.as_ref(), db_name: &spec.db_name, queries: &queries, outfmt: &spec.outfmt, blast_args: &spec.blast_args, scratch: &scratch };
-            let tmp = job.join(format!(".part-{batch:06}.tmp"));
+            let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+            let tmp = part_tmp(part, "merged");
             report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
-            std::fs::rename(&tmp, part_path(job, batch)).map_err(|e| e.to_string())
+            std::fs::rename(&tmp, part).map_err(|e| e.to_string())
         })();
         let _ = std::fs::remove_dir_all(&scratch);
         let done = PartDone { error: result.err(), ..done };
@@ -714,7 +728,7 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         }
         // Split by queries, BLAST+ writes the batch's part itself, into the job directory.
         let part_file = match &payload {
-            TaskPayload::Batch { batch, attempt, .. } => Some(job.join(format!(".part-{batch:06}.w{}-{attempt}.tmp", std::process::id()))),
+            TaskPayload::Batch { batch, attempt, .. } => spec.parts.get(*batch).map(|p| part_tmp(p, &format!("w{attempt}"))),
             _ => None,
         };
         let part_arg = part_file.as_ref().map(|p| p.to_string_lossy().to_string());
@@ -789,6 +803,8 @@ pub struct AccelStats {
     pub worker_span_seconds: f64,
     /// Times unfinished batches were searched again because an agent died.
     pub resubmitted_after_failure: usize,
+    /// Batches whose part an earlier, interrupted run had finished (resume).
+    pub reused_parts: usize,
 }
 
 /// Runs the job `spec` (files already in `job`): submits tasks, waits for every part,
@@ -817,12 +833,24 @@ pub fn master(
             prefetches.push(client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body }));
         }
     }
-    let all: Vec<usize> = (0..spec.batches.len()).collect();
-    let submitted = Instant::now();
-    submit_tasks(client, spec, job, &all).map_err(api_err)?;
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
+    // Resume: batches whose part a previous run finished are not searched again.
+    for (b, part) in spec.parts.iter().enumerate() {
+        if part.is_file() {
+            done_batches.insert(b);
+            queries_done += spec.batches[b].1 - spec.batches[b].0;
+            stats.hits += crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
+            stats.reused_parts += 1;
+        }
+    }
+    if queries_done > 0 {
+        on_progress(queries_done);
+    }
+    let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+    let submitted = Instant::now();
+    submit_tasks(client, spec, job, &todo).map_err(api_err)?;
     while done_batches.len() < spec.batches.len() {
         crate::search::check_interrupted()?;
         watch()?;
@@ -885,12 +913,10 @@ pub fn master(
     let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
     let mut asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&spec.outfmt));
     let n = spec.batches.len();
-    for b in 0..n {
-        let p = part_path(job, b);
-        let part = std::fs::File::open(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+    // The parts stay until the output is in place: a run stopped now resumes from them.
+    for (b, p) in spec.parts.iter().enumerate() {
+        let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
         asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        // The part is in the output: its disk space is not needed twice.
-        let _ = std::fs::remove_file(&p);
     }
     asm.finish().map_err(SearchError::Io)?;
     stats.parts = n;

@@ -42,6 +42,9 @@ pub struct SearchOptions {
     /// Virtual fragments of an existing database split by fragments (default: one per
     /// worker); a formatted database has the fragments `db format` made.
     pub fragments: Option<usize>,
+    /// Reuse the parts an interrupted run of the same search finished (see [`part_keys`]);
+    /// `false` searches everything again.
+    pub resume: bool,
     pub query: PathBuf,
     pub out: PathBuf,
     pub workers: usize,
@@ -198,6 +201,53 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
     }
 }
 
+/// Removes what a search killed outright (SIGKILL, node loss) left behind: its
+/// temporary output next to `out_name`, its job directory there, its scratch and
+/// namespace directories in the temporary directory — only those whose process is gone.
+fn sweep_stale(out_dir: &Path, out_name: &str) {
+    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
+    let tmp_prefix = format!(".{out_name}.gepsea-tmp");
+    let tmp = std::env::temp_dir();
+    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])] {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(dead)) {
+                let p = e.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+    }
+}
+
+/// The name of each batch's finished part: a SHA-256 of everything that decides its
+/// bytes — the database (its manifest: checksums and sizes, or an existing database's
+/// `-info`), program, output format, BLAST+ options, split, and the batch's queries as
+/// written. A rerun of the same search finds the parts an interrupted run finished; a
+/// changed database, query or option names other parts, so nothing stale is reused.
+pub fn part_keys(manifest: &Manifest, program: &str, outfmt: &str, blast_args: &[String], split: SplitBy, batches: &[Vec<u8>]) -> Vec<String> {
+    use sha2::{Digest, Sha256};
+    let mut common = Sha256::new();
+    common.update(b"gepsea part 1\0");
+    common.update(serde_json::to_vec(manifest).expect("a manifest serialises"));
+    for s in [program, outfmt, &split.to_string()] {
+        common.update(s.as_bytes());
+        common.update(b"\0");
+    }
+    for a in blast_args {
+        common.update(a.as_bytes());
+        common.update(b"\0");
+    }
+    batches
+        .iter()
+        .map(|b| {
+            let mut h = common.clone();
+            h.update(b);
+            format!("{:x}", h.finalize())[..32].to_string()
+        })
+        .collect()
+}
+
 /// BLAST+'s own query batches: it reads queries into a batch until their letters reach
 /// `cap` (the query that reaches it is the batch's last; measured with `BATCH_SIZE` on
 /// tblastx: a first query of 171 letters is a batch of its own at 171 and shares one at
@@ -287,6 +337,8 @@ pub struct Summary {
     pub accel: Option<crate::accel::AccelStats>,
     /// What [`SearchOptions::deliver`] reported (its time is not in `wall_seconds`).
     pub delivery: Option<serde_json::Value>,
+    /// Batches whose part an earlier, interrupted run of the same search had finished.
+    pub reused_parts: usize,
 }
 
 /// Why a search failed.
@@ -600,14 +652,13 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // Absolute: BLAST+ tools run with the scratch directory as their working directory.
     let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let out_name = opts.out.file_name().unwrap_or_default().to_string_lossy().to_string();
-    // The work directory: the user's (kept, a cache of side directories), or one of our
-    // own next to the output (shared storage on a cluster), removed at the end.
-    let (work_dir, _work_guard) = match &opts.work_dir {
-        Some(d) => (d.clone(), None),
-        None => {
-            let d = out_dir.join(format!(".{out_name}.gepsea-work{}", std::process::id()));
-            (d.clone(), Some(RemoveDir(d)))
-        }
+    sweep_stale(&out_dir, &out_name);
+    // The work directory: the user's (kept: a cache of side directories), or one of our
+    // own next to the output (shared storage on a cluster), removed when the search
+    // succeeds. Finished parts wait there for a rerun if the search is stopped.
+    let (work_dir, own_work_dir) = match &opts.work_dir {
+        Some(d) => (d.clone(), false),
+        None => (out_dir.join(format!(".{out_name}.gepsea-work")), true),
     };
     let fragments = match split {
         // Split by queries every task searches the whole database: one virtual fragment.
@@ -680,19 +731,57 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             }
         }
     };
-    let mut sched = Scheduler::new();
     let mut batch_files = Vec::new();
+    let mut batch_texts = Vec::new();
     for (b, r) in batch_ranges.iter().enumerate() {
         let f = scratch.join(format!("batch{b}.fasta"));
-        write_fasta(&f, &queries[r.clone()])?;
+        let mut buf = Vec::new();
+        for q in &queries[r.clone()] {
+            q.write_to(&mut buf);
+        }
+        std::fs::write(&f, &buf).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
         batch_files.push(f);
+        batch_texts.push(buf);
+    }
+    let parts_dir = work_dir.join("parts");
+    std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
+    let parts: Vec<PathBuf> = part_keys(&manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts).into_iter().map(|k| parts_dir.join(format!("{k}.part"))).collect();
+    drop(batch_texts);
+    if !opts.resume {
+        for p in &parts {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    let reusable: Vec<usize> = (0..parts.len()).filter(|&b| parts[b].is_file()).collect();
+    if !reusable.is_empty() && !opts.quiet {
+        let q: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
+        eprintln!("gepsea search: resuming from {}: {} of {} batches ({q} of {} queries) are done already", work_dir.display(), reusable.len(), parts.len(), queries.len());
+    }
+    let mut sched = Scheduler::new();
+    for (b, r) in batch_ranges.iter().enumerate() {
+        if reusable.contains(&b) {
+            continue;
+        }
         for frag in 0..nfrag {
             sched.add(b, Target::Fragment(frag), r.clone().collect());
         }
     }
+    let done_work = |parts: &[PathBuf]| {
+        for p in parts {
+            let _ = std::fs::remove_file(p);
+        }
+        if own_work_dir {
+            let _ = std::fs::remove_dir_all(&work_dir);
+        } else {
+            let _ = std::fs::remove_dir(&parts_dir);
+        }
+    };
 
     if !no_agent {
-        return run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns }, &mut cleanup, env);
+        let parts_for_cleanup = parts.clone();
+        let s = run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns, parts }, &mut cleanup, env)?;
+        done_work(&parts_for_cleanup);
+        return Ok(s);
     }
     let mut pc = PortConfig::new(&ns, MASTER);
     // Where each worker is: local workers are ports 1..=W of this node; launched ones
@@ -724,12 +813,18 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
 
     let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
     let mut results = QueryResults::new(queries.len(), &batch_ranges);
+    let mut reused_hits = 0;
+    for &b in &reusable {
+        results.written[b] = true;
+        reused_hits += crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
+    }
     // Each batch's part of the report, written as soon as the batch is settled.
-    let part_file = |b: usize| scratch.join(format!("part-{b:06}.txt"));
     let write_parts = |results: &mut QueryResults| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
             let spec = report::Spec { program: &program, blastdb: blastdb.as_ref(), db_name: &manifest.name, queries: &batch_files[b], outfmt: &opts.outfmt, blast_args: &opts.blast_args, scratch: &scratch };
-            report::write(&spec, &hsps, &part_file(b))?;
+            let tmp = crate::accel::part_tmp(&parts[b], "master");
+            report::write(&spec, &hsps, &tmp)?;
+            std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
         }
         Ok(())
     };
@@ -738,7 +833,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // Per worker: when it reported ready, and when it stopped (for time accounting).
     let mut hello_at: Vec<Option<Instant>> = vec![None; workers];
     let mut gone_at: Vec<Option<Instant>> = vec![None; workers];
-    let mut done_queries = 0usize;
+    let mut done_queries: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
     let mut fallbacks = 0usize;
     let mut blast_seconds = 0.0;
     let mut last_death = String::new();
@@ -861,18 +956,17 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
         }
     }
-    let hits = results.hits;
+    let hits = results.hits + reused_hits;
     // Out of core: the parts, one in memory at a time, joined into the output in order.
     let file = std::fs::File::create(&tmp_out).map_err(|e| SearchError::Output { path: tmp_out.clone(), source: e })?;
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
-    for b in 0..batch_ranges.len() {
-        let p = part_file(b);
-        let part = std::fs::File::open(&p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == batch_ranges.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        let _ = std::fs::remove_file(&p);
+    for (b, p) in parts.iter().enumerate() {
+        let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    done_work(&parts);
     let wall = started.elapsed().as_secs_f64();
     let delivery = deliver(opts, None)?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -893,6 +987,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         output: opts.out.clone(),
         accel: None,
         delivery,
+        reused_parts: reusable.len(),
     })
 }
 
@@ -908,6 +1003,7 @@ struct Accel<'a> {
     tmp_out: PathBuf,
     out_dir: PathBuf,
     ns: String,
+    parts: Vec<PathBuf>,
 }
 
 /// Agent mode on one machine: start the node's agent and W workers registered with it;
@@ -953,6 +1049,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         assign: opts.assign,
         // A virtual fragment has no files to stage: it is a view of the database itself.
         hot_swap: opts.hot_swap && a.manifest.has_fragment_files(),
+        parts: a.parts.clone(),
         // Searching a fragment reads its BLAST files and its statistics alias, never
         // the FASTA it was made from.
         fragment_files: a.manifest.fragments.iter().map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect()).collect(),
@@ -1022,6 +1119,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         blast_seconds: stats.work.blast_seconds,
         worker_seconds: stats.worker_span_seconds * workers as f64,
         output: opts.out.clone(),
+        reused_parts: stats.reused_parts,
         accel: Some(stats),
         delivery,
     })

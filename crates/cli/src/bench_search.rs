@@ -137,6 +137,8 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 db: gdb.clone(),
                 work_dir: None,
                 fragments: None,
+                // Every round searches everything.
+                resume: false,
                 query: qpath.clone(),
                 out: out_g.clone(),
                 workers: a.workers,

@@ -122,6 +122,11 @@ struct SearchArgs {
     /// balanced by residues (default: one per worker).
     #[arg(long)]
     fragments: Option<usize>,
+    /// Search everything again, even what an interrupted run of the same search left
+    /// finished in the work directory (by default a rerun after a kill, a signal or a
+    /// walltime limit redoes only unfinished batches).
+    #[arg(long)]
+    no_resume: bool,
     /// Query FASTA (plain or .gz).
     #[arg(long)]
     query: PathBuf,
@@ -345,6 +350,7 @@ fn run() -> Result<()> {
                 db: a.db,
                 work_dir: a.work_dir,
                 fragments: a.fragments,
+                resume: !a.no_resume,
                 query: a.query,
                 out: a.out,
                 workers,
@@ -416,12 +422,13 @@ fn run() -> Result<()> {
             }
             if !opts.quiet {
                 eprintln!(
-                    "gepsea search: {} queries, {} hits, {} tasks split by {} ({} queries re-searched whole), {:.2} s, output {}",
+                    "gepsea search: {} queries, {} hits, {} tasks split by {} ({} queries re-searched whole{}), {:.2} s, output {}",
                     s.queries,
                     s.hits,
                     s.tasks,
                     s.split,
                     s.whole_db_fallbacks,
+                    if s.reused_parts > 0 { format!("; {} batches reused from an interrupted run", s.reused_parts) } else { String::new() },
                     s.wall_seconds,
                     s.output.display()
                 );

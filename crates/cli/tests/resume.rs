@@ -1,0 +1,125 @@
+//! Long jobs that survive being stopped: a search killed (SIGKILL) or stopped (SIGTERM)
+//! halfway and run again redoes only its unfinished batches and writes output identical
+//! to serial BLAST+; a changed option or `--no-resume` reuses nothing; nothing is left
+//! but the output once it succeeds.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
+
+/// A formatted database, 40 queries and serial references, in `dir`.
+fn setup(dir: &Path) {
+    std::fs::write(dir.join("q.fasta"), head(&zcat(QUERY_GZ), 40)).unwrap();
+    run_ok({
+        let mut c = gepsea();
+        c.args(["db", "format", "--input", DB_GZ, "--fragments", "3", "--out"]).arg(dir.join("db"));
+        c
+    });
+}
+
+fn serial(dir: &Path, outfmt: &str, extra: &[&str], out: &Path) {
+    let mut c = Command::new("blastp");
+    c.current_dir(dir.join("db")).env("BLASTDB", dir.join("db")).args(["-db", "DB", "-outfmt", outfmt, "-query"]).arg(dir.join("q.fasta")).arg("-out").arg(out).args(extra);
+    run_ok(c);
+}
+
+fn search_cmd(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> Command {
+    let mut c = gepsea();
+    c.current_dir(dir).args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(out).args(mode);
+    if !extra.is_empty() {
+        c.arg("--").args(extra);
+    }
+    c
+}
+
+/// Finished parts in the default work directory of `out`.
+fn finished_parts(out: &Path) -> usize {
+    let parts = out.parent().unwrap().join(format!(".{}.gepsea-work/parts", out.file_name().unwrap().to_string_lossy()));
+    std::fs::read_dir(parts).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count()).unwrap_or(0)
+}
+
+/// Starts a search and stops it with `signal` once at least one batch is finished;
+/// returns how many were.
+fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> usize {
+    let mut child = search_cmd(dir, out, mode, &[]).stderr(Stdio::null()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while finished_parts(out) == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, signal) };
+    let st = child.wait().unwrap();
+    assert!(!st.success(), "the search finished before it could be stopped");
+    // Killed outright, the master cannot stop its children: let them notice.
+    std::thread::sleep(Duration::from_millis(300));
+    let n = finished_parts(out);
+    assert!(n >= 1, "a batch should have been finished");
+    n
+}
+
+/// Runs the search to the end; returns the number of batches reused.
+fn rerun(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> u64 {
+    let summary = dir.join("summary.json");
+    let mut flags = mode.to_vec();
+    flags.extend(["--summary-json", summary.to_str().unwrap()]);
+    run_ok(search_cmd(dir, out, &flags, extra));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    std::fs::remove_file(&summary).unwrap();
+    v["reused_parts"].as_u64().unwrap()
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
+    let d = tempdir("resume");
+    setup(&d.0);
+    let want = d.0.join("serial.6");
+    serial(&d.0, "6", &[], &want);
+    let cases: [(&[&str], i32, &str); 3] = [(&["--split", "queries"], libc::SIGKILL, "killed"), (&["--split", "fragments"], libc::SIGTERM, "stopped"), (&["--no-agent"], libc::SIGKILL, "killed, no agents")];
+    for (i, (mode, signal, what)) in cases.iter().enumerate() {
+        let outdir = d.0.join(format!("out{i}"));
+        std::fs::create_dir_all(&outdir).unwrap();
+        let out = outdir.join("hits.tsv");
+        let done = stop_halfway(&d.0, &out, mode, *signal);
+        if *signal == libc::SIGTERM {
+            // Stopped cleanly: only the work directory (for the rerun) is left.
+            assert_eq!(entries(&outdir), vec![".hits.tsv.gepsea-work".to_string()], "{what}");
+        }
+        let reused = rerun(&d.0, &out, mode, &[]);
+        assert!(reused as usize >= done, "{what}: {done} batches were finished, {reused} reused");
+        assert_identical(&out, &want, &format!("{what}, {mode:?}, then rerun"));
+        assert_eq!(entries(&outdir), vec!["hits.tsv".to_string()], "{what}: nothing but the output after success");
+    }
+}
+
+#[test]
+fn a_changed_option_or_no_resume_reuses_nothing() {
+    let d = tempdir("noreuse");
+    setup(&d.0);
+    let outdir = d.0.join("out");
+    std::fs::create_dir_all(&outdir).unwrap();
+    let out = outdir.join("hits.tsv");
+    let mode: &[&str] = &["--split", "queries"];
+    stop_halfway(&d.0, &out, mode, libc::SIGTERM);
+    // Other options: other parts (the finished ones stay for a rerun of the first).
+    let want = d.0.join("serial-evalue.6");
+    serial(&d.0, "6", &["-evalue", "1e-3"], &want);
+    assert_eq!(rerun(&d.0, &out, mode, &["-evalue", "1e-3"]), 0, "a changed option reuses nothing");
+    assert_identical(&out, &want, "-evalue 1e-3 after an interrupted default run");
+    // --no-resume searches everything again.
+    std::fs::remove_file(&out).unwrap();
+    stop_halfway(&d.0, &out, mode, libc::SIGTERM);
+    let want = d.0.join("serial.6");
+    serial(&d.0, "6", &[], &want);
+    assert_eq!(rerun(&d.0, &out, &["--split", "queries", "--no-resume"], &[]), 0, "--no-resume reuses nothing");
+    assert_identical(&out, &want, "--no-resume");
+}
