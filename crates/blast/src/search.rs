@@ -201,6 +201,16 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
     }
 }
 
+fn work_dir_name(out_name: &str) -> String {
+    format!(".{out_name}.gepsea-work")
+}
+
+/// The work directory a search of `out` uses when none is given.
+fn default_work_dir(out: &Path) -> Option<PathBuf> {
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
+}
+
 /// Removes what a search killed outright (SIGKILL, node loss) left behind: its
 /// temporary output next to `out_name`, its job directory there, its scratch and
 /// namespace directories in the temporary directory — only those whose process is gone.
@@ -627,6 +637,16 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
 
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     let result = run_checked(opts, env);
+    if result.is_err() && opts.work_dir.is_none() {
+        // Kept for a rerun only if it holds finished parts: a search that failed before
+        // finishing anything (a bad database, a bad option) leaves nothing behind.
+        if let Some(dir) = default_work_dir(&opts.out) {
+            let has_parts = std::fs::read_dir(dir.join("parts")).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".part")));
+            if !has_parts {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
     // A signal also kills the workers, which may surface first as another error.
     match interrupted() {
         Some(sig) if result.is_err() => Err(SearchError::Interrupted(sig)),
@@ -658,7 +678,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // succeeds. Finished parts wait there for a rerun if the search is stopped.
     let (work_dir, own_work_dir) = match &opts.work_dir {
         Some(d) => (d.clone(), false),
-        None => (out_dir.join(format!(".{out_name}.gepsea-work")), true),
+        None => (out_dir.join(work_dir_name(&out_name)), true),
     };
     let fragments = match split {
         // Split by queries every task searches the whole database: one virtual fragment.

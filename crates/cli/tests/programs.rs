@@ -76,25 +76,10 @@ fn back_translate_fasta(fasta: &str) -> String {
 
 /// Built once, removed at exit: protein and back-translated queries, a protein database
 /// of the example proteins, a nucleotide database of 800 of them back-translated.
-struct Fixture {
-    dir: PathBuf,
-}
+static DIR: OnceLock<PathBuf> = OnceLock::new();
 
-static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-
-extern "C" fn remove_fixture() {
-    if let Some(f) = FIXTURE.get() {
-        let _ = std::fs::remove_dir_all(&f.dir);
-    }
-}
-
-fn fixture() -> &'static Fixture {
-    FIXTURE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gepsea-programs-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        // SAFETY: registering a plain C callback that only removes a directory.
-        unsafe { libc::atexit(remove_fixture) };
+fn fixture() -> &'static Path {
+    common::fixture(&DIR, "programs", |dir| {
         let db = zcat(DB_GZ);
         let queries = zcat(QUERY_GZ);
         std::fs::write(dir.join("prot.fasta"), &db).unwrap();
@@ -106,10 +91,9 @@ fn fixture() -> &'static Fixture {
         std::fs::write(dir.join("nucl.fasta"), back_translate_fasta(&head(&db, 800))).unwrap();
         for (input, t, out) in [("prot.fasta", "prot", "protdb"), ("nucl.fasta", "nucl", "nucldb")] {
             let mut c = Command::new("makeblastdb");
-            c.args(["-in", input, "-dbtype", t, "-parse_seqids", "-title", out, "-out", out]).current_dir(&dir);
+            c.args(["-in", input, "-dbtype", t, "-parse_seqids", "-title", out, "-out", out]).current_dir(dir);
             run_ok(c);
         }
-        Fixture { dir }
     })
 }
 
@@ -119,12 +103,9 @@ fn serial(program: &str, dir: &Path, db: &str, query: &str, outfmt: &str, out: &
     run_ok(c);
 }
 
-fn search(dir: &Path, program: &str, db: &str, query: &str, outfmt: &str, out: &Path, mode: &[&str], extra: &[&str]) {
+fn search(dir: &Path, program: &str, db: &str, query: &str, outfmt: &str, out: &Path, mode: &[&str]) {
     let mut c = gepsea();
     c.current_dir(dir).env_remove("BLASTDB").args(["search", "--quiet", "--workers", "2", "--program", program, "--db", db, "--query", query, "--outfmt", outfmt, "--out"]).arg(out).args(mode);
-    if !extra.is_empty() {
-        c.arg("--").args(extra);
-    }
     run_ok(c);
 }
 
@@ -134,12 +115,12 @@ fn translated_searches_are_identical_to_serial_blast() {
     let d = tempdir("translated");
     for (program, db, query, fmt) in [("blastx", "protdb", "nq.fasta", "0"), ("blastx", "protdb", "nq.fasta", "7"), ("tblastn", "nucldb", "q.fasta", "0"), ("tblastn", "nucldb", "q.fasta", "6"), ("tblastx", "nucldb", "nq2.fasta", "6")] {
         let want = d.0.join(format!("serial-{program}.{fmt}"));
-        serial(program, &f.dir, db, query, fmt, &want, &[]);
+        serial(program, f, db, query, fmt, &want, &[]);
         let text = std::fs::read_to_string(&want).unwrap();
         assert!(text.lines().filter(|l| !l.starts_with('#')).count() > 10, "{program} should find hits: {}", &text[..300.min(text.len())]);
         let got = d.0.join(format!("gepsea-{program}.{fmt}"));
         let summary = d.0.join("summary.json");
-        search(&f.dir, program, db, query, fmt, &got, &["--summary-json", summary.to_str().unwrap()], &[]);
+        search(f, program, db, query, fmt, &got, &["--summary-json", summary.to_str().unwrap()]);
         assert_identical(&got, &want, &format!("{program} outfmt {fmt}"));
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         assert_eq!(v["split"], "Queries", "{program}");
@@ -149,12 +130,12 @@ fn translated_searches_are_identical_to_serial_blast() {
     }
     // The fragment merge is not proven for translated searches: refused, not guessed.
     let out = d.0.join("refused.txt");
-    let o = gepsea().current_dir(&f.dir).args(["search", "--quiet", "--program", "blastx", "--split", "fragments", "--db", "protdb", "--query", "nq.fasta", "--out"]).arg(&out).output().unwrap();
+    let o = gepsea().current_dir(f).args(["search", "--quiet", "--program", "blastx", "--split", "fragments", "--db", "protdb", "--query", "nq.fasta", "--out"]).arg(&out).output().unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("blastx is searched split by queries only"), "{e}");
     assert!(!out.exists());
     // A query file of the wrong molecule for the program.
-    let o = gepsea().current_dir(&f.dir).args(["search", "--quiet", "--program", "blastx", "--db", "protdb", "--query", "q.fasta", "--out"]).arg(&out).output().unwrap();
+    let o = gepsea().current_dir(f).args(["search", "--quiet", "--program", "blastx", "--db", "protdb", "--query", "q.fasta", "--out"]).arg(&out).output().unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("looks like protein sequences, but blastx searches nucleotide queries"), "{e}");
 }
@@ -164,7 +145,7 @@ fn duplicate_query_identifiers_are_kept_as_blast_keeps_them() {
     let f = fixture();
     let d = tempdir("dups");
     // The same identifier three times, with different sequences, as BLAST+ accepts it.
-    let q = head(&std::fs::read_to_string(f.dir.join("q.fasta")).unwrap(), 6);
+    let q = head(&std::fs::read_to_string(f.join("q.fasta")).unwrap(), 6);
     let mut n = 0;
     let dup: String = q
         .lines()
@@ -183,9 +164,9 @@ fn duplicate_query_identifiers_are_kept_as_blast_keeps_them() {
     let query = query.to_str().unwrap();
     for (fmt, split) in [("0", "queries"), ("6", "fragments"), ("5", "queries")] {
         let want = d.0.join(format!("serial.{fmt}"));
-        serial("blastp", &f.dir, "protdb", query, fmt, &want, &[]);
+        serial("blastp", f, "protdb", query, fmt, &want, &[]);
         let got = d.0.join(format!("gepsea.{fmt}.{split}"));
-        search(&f.dir, "blastp", "protdb", query, fmt, &got, &["--split", split], &[]);
+        search(f, "blastp", "protdb", query, fmt, &got, &["--split", split]);
         assert_identical(&got, &want, &format!("duplicate ids, outfmt {fmt}, by {split}"));
     }
 }
@@ -217,26 +198,26 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
         if !value.is_empty() {
             args.push(value);
         }
-        let e = one_line_error(&f.dir, &args, &out);
+        let e = one_line_error(f, &args, &out);
         assert!(e.contains(&format!("BLAST+ option {option} is set by gepsea")) && e.contains(hint), "{option}: {e}");
     }
     // With one worker, -num_threads is BLAST+'s own business.
     let want = d.0.join("serial.6");
-    serial("blastp", &f.dir, "protdb", "q.fasta", "6", &want, &["-num_threads", "2"]);
+    serial("blastp", f, "protdb", "q.fasta", "6", &want, &["-num_threads", "2"]);
     let got = d.0.join("gepsea.6");
     let mut c = gepsea();
-    c.current_dir(&f.dir).args(["search", "--quiet", "--workers", "1", "--db", "protdb", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(&got).args(["--", "-num_threads", "2"]);
+    c.current_dir(f).args(["search", "--quiet", "--workers", "1", "--db", "protdb", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(&got).args(["--", "-num_threads", "2"]);
     run_ok(c);
     assert_identical(&got, &want, "-num_threads with one worker");
     // A mistyped option and a bad value: BLAST+'s own error line, before any task runs
     // (nothing is retried).
     let mut args = base.to_vec();
     args.extend(["-evalu", "1"]);
-    let e = one_line_error(&f.dir, &args, &out);
+    let e = one_line_error(f, &args, &out);
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("Unknown argument: \"evalu\""), "{e}");
     let mut args = base.to_vec();
     args.extend(["-evalue", "abc"]);
-    let e = one_line_error(&f.dir, &args, &out);
+    let e = one_line_error(f, &args, &out);
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
 }
 
@@ -281,8 +262,8 @@ fn a_signal_stops_a_search_and_leaves_nothing_behind() {
     for (sig, code) in [(libc::SIGTERM, 143), (libc::SIGINT, 130)] {
         let outdir = d.0.join(format!("out{sig}"));
         std::fs::create_dir_all(&outdir).unwrap();
-        let mut child = gepsea()
-            .current_dir(&f.dir)
+        let child = gepsea()
+            .current_dir(f)
             .args(["search", "--quiet", "--workers", "2", "--db", "protdb", "--outfmt", "0", "--query"])
             .arg(&queries)
             .arg("--out")

@@ -69,3 +69,34 @@ pub fn assert_identical(got: &std::path::Path, want: &std::path::Path, what: &st
         panic!("{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}", i + 1, gl.lines().nth(i), wl.lines().nth(i));
     }
 }
+
+/// Directories built once per test process by [`fixture`], removed when it exits.
+static AT_EXIT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_fixtures() {
+    if let Ok(dirs) = AT_EXIT.lock() {
+        for d in dirs.iter() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// A directory shared by the tests of one file, built once by `init` and removed when
+/// the test process exits (tests run as threads of one process; the last one to finish
+/// cannot know it is the last).
+pub fn fixture(cell: &'static std::sync::OnceLock<PathBuf>, tag: &str, init: impl FnOnce(&std::path::Path)) -> &'static std::path::Path {
+    cell.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gepsea-{tag}-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut dirs = AT_EXIT.lock().unwrap();
+        if dirs.is_empty() {
+            // SAFETY: registering a plain C callback that only removes directories.
+            unsafe { libc::atexit(remove_fixtures) };
+        }
+        dirs.push(dir.clone());
+        drop(dirs);
+        init(&dir);
+        dir
+    })
+}
