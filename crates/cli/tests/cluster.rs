@@ -134,8 +134,8 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
     let mut killed = false;
     while Instant::now() < deadline && !killed {
         std::thread::sleep(Duration::from_millis(100));
-        // The job's files live in the rendezvous directory every node shares.
-        let parts = std::fs::read_dir(c.dir.0.join("rv-kill.6")).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().starts_with(".gepsea-job")).flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten()).filter(|e| e.file_name().to_string_lossy().starts_with("part-")).count();
+        // Finished parts go to the search's work directory next to the output (shared).
+        let parts = std::fs::read_dir(c.dir.0.join(".kill.6.gepsea-work/parts")).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count();
         if parts >= 2 {
             let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[2]])).stdout).unwrap();
             for pid in pids.split_whitespace() {
