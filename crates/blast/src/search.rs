@@ -388,6 +388,10 @@ pub enum SearchError {
     Output { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Io(String),
+    #[error("cluster launch: {0}")]
+    Launch(String),
+    #[error(transparent)]
+    Meet(#[from] crate::cluster::meet::MeetError),
     #[error("task {task} ({what}) failed twice; BLAST+ said: {message}")]
     TaskFailed { task: usize, what: String, message: String },
     #[error("all workers died; the last one: {0}")]

@@ -173,16 +173,19 @@ struct SearchArgs {
     #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
     merge_assign: String,
     /// Cluster mode (under mpirun/srun): a directory every node shares, where the
-    /// nodes' agents meet.
+    /// processes and agents of the job meet [default: .OUT.gepsea-rendezvous next to
+    /// the output].
     #[arg(long)]
     rendezvous: Option<PathBuf>,
     /// Cluster mode: the network the agents talk over, as CIDR (e.g. 10.1.0.0/16).
     #[arg(long)]
     agent_net: Option<String>,
-    /// Cluster mode: the agents' TCP port.
-    #[arg(long, default_value_t = 7400)]
+    /// Cluster mode: the agents' TCP port (0: the kernel picks a free one on each node,
+    /// so several jobs can share nodes).
+    #[arg(long, default_value_t = 0)]
     agent_port: u16,
-    /// Cluster mode: number of nodes (default: processes / processes per node).
+    /// Cluster mode: the number of nodes, checked against the hosts the processes
+    /// report (never needed: nodes are found through the rendezvous).
     #[arg(long)]
     nodes: Option<usize>,
     /// Also deliver the output to a storage site (`gepsea paramedic serve --listen`
@@ -377,15 +380,12 @@ fn run() -> Result<()> {
             };
             let launch = gepsea_blast::cluster::detect().filter(|l| l.size > 1);
             // The master cleans up after itself; other ranks keep the default action.
-            if launch.is_none_or(|l| l.rank == 0) {
+            if launch.as_ref().is_none_or(|l| l.rank == 0) {
                 stop_on_signals()?;
             }
             let s = match launch {
                 Some(l) => {
-                    let Some(rendezvous) = a.rendezvous.clone() else {
-                        anyhow::bail!("running under a launcher (rank {} of {}): give --rendezvous DIR, a directory every node shares, so the nodes' agents can meet", l.rank, l.size);
-                    };
-                    let c = gepsea_blast::cluster::ClusterOptions { rendezvous, agent_net: a.agent_net.clone(), agent_port: a.agent_port, nodes: a.nodes };
+                    let c = gepsea_blast::cluster::ClusterOptions { rendezvous: a.rendezvous.clone(), agent_net: a.agent_net.clone(), agent_port: a.agent_port, nodes: a.nodes };
                     let opts = search::SearchOptions { quiet: opts.quiet || l.rank != 0, ..opts };
                     match gepsea_blast::cluster::run(&opts, l, &c)? {
                         Some(s) => s,

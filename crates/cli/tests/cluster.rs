@@ -68,12 +68,44 @@ impl Cluster {
         out
     }
 
-    /// `mpirun -np 6` (2 processes per node) of `gepsea search`, from node 0.
-    fn mpirun(&self, fmt: &str, out: &Path, extra: &[&str]) -> Command {
+    /// `mpirun -np 6 --map-by MAP` (2 processes per node) of `gepsea search`, from node
+    /// 0, with neither --nodes nor --rendezvous: the processes find their nodes
+    /// through the default rendezvous next to the output.
+    fn mpirun(&self, map_by: &str, fmt: &str, out: &Path, extra: &[&str]) -> Command {
         let mut c = self.bed.mpirun(&self.dir.0, &[2, 2, 2], 6).unwrap();
+        c.args(["--map-by", map_by]);
         c.arg(env!("CARGO_BIN_EXE_gepsea")).args(["search", "--outfmt", fmt, "--db"]).arg(self.dir.0.join("g")).arg("--query").arg(self.dir.0.join("q.fasta"));
-        c.arg("--out").arg(out).arg("--rendezvous").arg(self.dir.0.join(format!("rv-{}", out.file_name().unwrap().to_string_lossy()))).args(["--agent-net", &self.subnet]).args(extra);
+        c.arg("--out").arg(out).args(["--agent-net", &self.subnet]).args(extra);
         c
+    }
+
+    /// Only the outputs, the inputs and the serial reference are left in the job
+    /// directory, and no gepsea file in /tmp or /dev/shm belongs to this test's runs.
+    fn assert_clean(&self, namespaces: &[String]) {
+        let names: Vec<String> = std::fs::read_dir(&self.dir.0).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let left: Vec<&String> = names.iter().filter(|n| n.starts_with('.') || n.contains("gepsea")).collect();
+        assert!(left.is_empty(), "left next to the outputs: {left:?}");
+        for ns in namespaces {
+            for d in ["/tmp", "/dev/shm"] {
+                let stale: Vec<String> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(ns.as_str())).collect();
+                assert!(stale.is_empty(), "left in {d}: {stale:?}");
+            }
+        }
+    }
+}
+
+fn namespace_of(out: &Path) -> String {
+    gepsea_blast::cluster::namespace(out)
+}
+
+fn output_of(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn processes_left(c: &Cluster) {
+    for i in 0..3 {
+        let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[i]])).stdout).unwrap();
+        assert!(pids.trim().is_empty(), "processes left in node {i}: {pids}");
     }
 }
 
@@ -85,6 +117,16 @@ fn assert_same(got: &Path, want: &Path, what: &str) {
     assert!(strip(&g) == strip(&w), "{what}: output differs from serial BLAST+ ({} vs {} bytes)", g.len(), w.len());
 }
 
+/// The staging summary: each of the 3 fragments was read from shared storage by
+/// exactly one agent of the cluster (the others took it from that agent's memory), and
+/// no node copied a fragment in twice.
+fn assert_hot_swap(log: &str, what: &str) {
+    let line = log.lines().find(|l| l.contains("fragments staged")).unwrap_or_else(|| panic!("{what}: no staging summary: {log}"));
+    let num = |after: &str| -> u32 { line.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
+    assert_eq!(num(" from storage"), 3, "{what}: {line}");
+    assert!(num(" from another node") + num(" from memory") + 3 <= 9, "{what}: {line}");
+}
+
 #[test]
 fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
     if skip() {
@@ -94,29 +136,41 @@ fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
     // The mpiBLAST baseline (no agents: workers talk to rank 0 over gepsea-net TCP).
     let want = c.serial("7");
     let got = c.dir.0.join("mpi-no-agent.7");
-    let o = c.mpirun("7", &got, &["--batch-residues", "3000", "--no-agent"]).output().unwrap();
-    assert!(o.status.success(), "mpirun --no-agent failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    let o = c.mpirun("node", "7", &got, &["--batch-residues", "3000", "--no-agent"]).output().unwrap();
+    assert!(o.status.success(), "mpirun --no-agent failed: {}", output_of(&o));
     assert_same(&got, &want, "outfmt 7 under mpirun on 3 nodes without agents");
-    for fmt in ["6", "0"] {
-        let want = c.serial(fmt);
-        let got = c.dir.0.join(format!("mpi.{fmt}"));
-        let o = c.mpirun(fmt, &got, &["--batch-residues", "3000"]).output().unwrap();
-        assert!(o.status.success(), "mpirun failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-        assert_same(&got, &want, &format!("outfmt {fmt} under mpirun on 3 nodes"));
-        // Hot-swap: each of the 3 fragments was read from shared storage by exactly one
-        // agent of the cluster (the others took it from that agent's memory), and no
-        // node copied a fragment in twice.
-        let log = String::from_utf8_lossy(&o.stderr).to_string();
-        let line = log.lines().find(|l| l.contains("fragments staged")).unwrap_or_else(|| panic!("no staging summary: {log}"));
-        let num = |after: &str| -> u32 { line.split(after).next().unwrap().rsplit(' ').next().unwrap().parse().unwrap() };
-        assert_eq!(num(" from storage"), 3, "{line}");
-        assert!(num(" from another node") + num(" from memory") + 3 <= 9, "{line}");
+    // Round-robin and block placement at the same time on the same nodes, meeting in
+    // one shared rendezvous directory: node ids come from the hosts, ports from the
+    // kernel, so neither the placement nor the other job matters.
+    let want = c.serial("6");
+    let rv = c.dir.0.join("shared-rv");
+    let runs: Vec<(&str, PathBuf, std::process::Child)> = ["node", "slot"]
+        .into_iter()
+        .map(|map| {
+            let out = c.dir.0.join(format!("by-{map}.6"));
+            let child = c.mpirun(map, "6", &out, &["--batch-residues", "3000", "--rendezvous"]).arg(&rv).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            (map, out, child)
+        })
+        .collect();
+    let mut namespaces = Vec::new();
+    for (map, out, child) in runs {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "mpirun --map-by {map} failed: {}", output_of(&o));
+        assert_same(&out, &want, &format!("outfmt 6 under mpirun --map-by {map} on 3 nodes, beside another search"));
+        assert_hot_swap(&output_of(&o), &format!("--map-by {map}"));
+        namespaces.push(namespace_of(&out));
     }
-    // Nothing left running.
-    for i in 0..3 {
-        let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[i]])).stdout).unwrap();
-        assert!(pids.trim().is_empty(), "processes left in node {i}: {pids}");
-    }
+    let rv_left: Vec<_> = std::fs::read_dir(&rv).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(rv_left.is_empty(), "left in the shared rendezvous: {rv_left:?}");
+    std::fs::remove_dir(&rv).unwrap();
+    let want = c.serial("0");
+    let got = c.dir.0.join("mpi.0");
+    let o = c.mpirun("slot", "0", &got, &["--batch-residues", "3000"]).output().unwrap();
+    assert!(o.status.success(), "mpirun failed: {}", output_of(&o));
+    assert_same(&got, &want, "outfmt 0 under mpirun on 3 nodes");
+    namespaces.push(namespace_of(&got));
+    processes_left(&c);
+    c.assert_clean(&namespaces);
 }
 
 #[test]
@@ -127,9 +181,9 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
     let c = Cluster::new("gk");
     let want = c.serial("6");
     let got = c.dir.0.join("kill.6");
-    let child = c.mpirun("6", &got, &["--batch-residues", "1500", "--merge-assign", "static"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    // Once the first parts are written, kill the agent of the third node (node id 5:
-    // ranks 4 and 5 live there).
+    let child = c.mpirun("slot", "6", &got, &["--batch-residues", "1500", "--merge-assign", "static"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // Once the first parts are written, kill the agent of the third node (rank 0, the
+    // master, is on the first).
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut killed = false;
     while Instant::now() < deadline && !killed {
@@ -140,7 +194,7 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
             let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[2]])).stdout).unwrap();
             for pid in pids.split_whitespace() {
                 let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ");
-                if cmd.contains(" agent ") && cmd.contains("--node-id 5 ") {
+                if cmd.contains(" agent --namespace ") {
                     run_ok(Command::new("kill").args(["-9", pid]));
                     killed = true;
                 }
@@ -153,4 +207,72 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
     assert!(o.status.success(), "mpirun failed after the agent was killed: {log}");
     assert!(log.contains("is gone; searching its unfinished batches again"), "the master did not notice: {log}");
     assert_same(&got, &want, "outfmt 6 with node 3's agent killed");
+}
+
+/// `examples/slurm.sbatch` and `examples/pbs.sh` run as shipped (paths from the
+/// environment, as their comments say): the Slurm one under a stand-in for `srun`
+/// (Slurm is not installed here) that gives each task the environment srun gives and
+/// places the 6 tasks cyclically over the 3 nodes; the PBS one under the real
+/// OpenMPI `mpirun`, with a `$PBS_NODEFILE` listing each node once per slot.
+#[test]
+fn the_batch_system_examples_run_as_written() {
+    if skip() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let c = Cluster::new("gx");
+    let d = &c.dir.0;
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let want = c.serial("6");
+    let bin = d.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let ns = c.bed.ns.join(" ");
+    let srun = format!(
+        r#"#!/bin/bash
+while [ "${{1#--}}" != "$1" ]; do shift; done
+ns=({ns})
+pids=()
+for rank in 0 1 2 3 4 5; do
+  node=$((rank % 3)); localid=$((rank / 3))
+  ip netns exec "${{ns[$node]}}" env SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_PROCID=$rank SLURM_NTASKS=6 \
+    SLURM_LOCALID=$localid SLURM_NODEID=$node SLURM_STEP_NUM_NODES=3 SLURM_STEP_TASKS_PER_NODE='2(x3)' "$@" &
+  pids+=($!)
+done
+rc=0; for p in "${{pids[@]}}"; do wait "$p" || rc=1; done; exit $rc
+"#
+    );
+    std::fs::write(bin.join("srun"), srun).unwrap();
+    std::fs::set_permissions(bin.join("srun"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script_env = |cmd: &mut Command, out: &Path| {
+        cmd.env("DB", d.join("g")).env("QUERY", d.join("q.fasta")).env("OUT", out).env("OUTFMT", "6").env("BLAST_OPTIONS", "");
+        cmd.env("AGENT_NET", &c.subnet).env("GEPSEA", env!("CARGO_BIN_EXE_gepsea"));
+    };
+    let slurm_out = d.join("slurm.6");
+    let mut cmd = Command::new("bash");
+    cmd.arg(examples.join("slurm.sbatch")).env("PATH", format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()));
+    script_env(&mut cmd, &slurm_out);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "slurm.sbatch failed: {}", output_of(&o));
+    assert_same(&slurm_out, &want, "examples/slurm.sbatch (srun, cyclic placement)");
+
+    // The PBS script calls plain `mpirun`: the testbed's wiring goes in through
+    // OpenMPI's environment (OMPI_MCA_*), as a site's defaults would.
+    let _ = c.bed.mpirun(d, &[2, 2, 2], 6).unwrap(); // writes rsh.sh
+    let nodefile = d.join("pbs_nodefile");
+    std::fs::write(&nodefile, c.bed.ip.iter().flat_map(|ip| [ip, ip]).map(|ip| format!("{ip}\n")).collect::<String>()).unwrap();
+    let pbs_out = d.join("pbs.6");
+    let mut cmd = c.bed.cmd(0, "bash");
+    cmd.arg(examples.join("pbs.sh")).env("PBS_NODEFILE", &nodefile).env("PBS_O_WORKDIR", d);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMPI_MCA_plm_rsh_agent", d.join("rsh.sh")).env("OMPI_MCA_rtc", "^hwloc");
+    cmd.env("OMPI_MCA_btl_tcp_if_include", &c.subnet).env("OMPI_MCA_oob_tcp_if_include", &c.subnet);
+    script_env(&mut cmd, &pbs_out);
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "pbs.sh failed: {}", output_of(&o));
+    assert_same(&pbs_out, &want, "examples/pbs.sh (mpirun over $PBS_NODEFILE)");
+    std::fs::remove_dir_all(&bin).unwrap();
+    for f in ["rsh.sh", "hosts", "pbs_nodefile"] {
+        std::fs::remove_file(d.join(f)).unwrap();
+    }
+    processes_left(&c);
+    c.assert_clean(&[namespace_of(&slurm_out), namespace_of(&pbs_out)]);
 }
