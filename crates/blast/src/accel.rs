@@ -979,7 +979,6 @@ impl LocalAgent {
     pub fn start(exe: &Path, namespace: &str) -> Result<LocalAgent, SearchError> {
         let child = with_parent_death(&mut Command::new(exe))
             .args(["agent", "--namespace", namespace, "--node-id", "1"])
-            .env("GEPSEA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

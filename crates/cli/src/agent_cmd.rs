@@ -166,8 +166,6 @@ pub fn run(a: &AgentArgs) -> Result<()> {
     if let Some(AgentAction::Status(s)) = &a.action {
         return status(s);
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("GEPSEA_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init();
     let (cfg, cpu) = config(&a.run)?;
     if let Some(cpu) = cpu {
         pin(cpu)?;

@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
 mod agent_cmd;
+mod logging;
 mod bench_agent;
 mod bench_cluster;
 mod bench_db;
@@ -22,6 +23,12 @@ mod procstat;
 #[derive(Parser)]
 #[command(name = "gepsea", version, about = "gepsea: a software accelerator for parallel scientific applications")]
 struct Cli {
+    /// More log output: -v info, -vv debug, -vvv trace (RUST_LOG, when set, decides).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Errors only: no progress, no summary lines, no warnings.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -155,9 +162,6 @@ struct SearchArgs {
     /// for blastp, which also caps this value).
     #[arg(long)]
     batch_residues: Option<usize>,
-    /// No progress output.
-    #[arg(long)]
-    quiet: bool,
     /// The mpiBLAST architecture without agents: the master merges and writes everything.
     #[arg(long)]
     no_agent: bool,
@@ -301,6 +305,8 @@ fn stop_on_signals() -> Result<()> {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
+    let default_level = if matches!(&cli.cmd, Cmd::Agent(a) if a.action.is_none()) { "info" } else { "warn" };
+    logging::init(cli.verbose, cli.quiet, default_level);
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {
             let o = db::FormatOptions {
@@ -365,7 +371,7 @@ fn run() -> Result<()> {
                     "fragments" => Some(search::SplitBy::Fragments),
                     _ => None,
                 },
-                quiet: a.quiet,
+                quiet: cli.quiet,
                 blast_args: a.blast_args,
                 worker_exe: std::env::current_exe().context("locating the gepsea executable")?,
                 no_agent: a.no_agent,

@@ -207,7 +207,6 @@ fn run_with_agents(opts: &SearchOptions, launch: &Launch, c: &ClusterOptions, ns
         let child = with_parent_death(&mut Command::new(&opts.worker_exe))
             .args(["agent", "--namespace", ns, "--node-id", &node.to_string(), "--listen", &listen.to_string(), "--nodes", &nodes.to_string(), "--rendezvous"])
             .arg(dir.join("agents"))
-            .env("GEPSEA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

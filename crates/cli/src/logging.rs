@@ -1,0 +1,52 @@
+//! One logging switch for every command, following the Rust convention: `RUST_LOG`
+//! (tracing-subscriber's filter syntax, e.g. `debug` or `warn,gepsea_agent=debug`)
+//! decides when set; otherwise `-v` (info), `-vv` (debug), `-vvv` (trace) and `-q`
+//! (errors only) move the command's default level (info for the agent, a daemon whose
+//! log is its output; warn for everything else). `GEPSEA_LOG`, the older name, is
+//! still read after `RUST_LOG`.
+//!
+//! The chosen filter is exported as `RUST_LOG` before anything else starts, so the
+//! agents and workers a command spawns log at the same level.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+/// The filter for `-v` × `verbose` or `-q` over `default`.
+pub fn level(verbose: u8, quiet: bool, default: &str) -> &'static str {
+    const LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+    let base = LEVELS.iter().position(|l| *l == default).unwrap_or(1);
+    if quiet {
+        return "error";
+    }
+    LEVELS[(base + verbose as usize).min(LEVELS.len() - 1)]
+}
+
+/// Installs the subscriber (stderr) and exports the filter to child processes. Call it
+/// first in `main`, before any thread starts (it sets an environment variable).
+pub fn init(verbose: u8, quiet: bool, default: &str) {
+    let from_env = ["RUST_LOG", "GEPSEA_LOG"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()));
+    let spec = from_env.unwrap_or_else(|| level(verbose, quiet, default).to_string());
+    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+        eprintln!("gepsea: warning: RUST_LOG={spec:?} is not a log filter ({e}); logging warnings only");
+        EnvFilter::new("warn")
+    });
+    std::env::set_var("RUST_LOG", &spec);
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::level;
+
+    #[test]
+    fn flags_move_the_default_level() {
+        assert_eq!(level(0, false, "warn"), "warn");
+        assert_eq!(level(1, false, "warn"), "info");
+        assert_eq!(level(2, false, "warn"), "debug");
+        assert_eq!(level(9, false, "warn"), "trace");
+        assert_eq!(level(0, false, "info"), "info");
+        assert_eq!(level(1, false, "info"), "debug");
+        assert_eq!(level(0, true, "info"), "error");
+    }
+}
