@@ -160,12 +160,23 @@ pub mod builtin {
         fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
             let req: AppendRequest = postcard::from_bytes(request).map_err(|e| PluginError::BadRequest(format!("append request: {e}")))?;
             if !req.path.is_absolute() {
-                return Err(PluginError::BadRequest(format!("append path {} must be absolute (the agent's working directory is not the caller's)", req.path.display())));
+                return Err(PluginError::BadRequest(format!(
+                    "append path {} must be absolute (the agent's working directory is not the caller's)",
+                    req.path.display()
+                )));
             }
-            let chunk = if req.zstd_level > 0 { ctx.engine.compress(&Codec::Zstd, req.zstd_level, &req.data).map_err(|e| PluginError::Failed(e.to_string()))? } else { req.data };
+            let chunk = if req.zstd_level > 0 {
+                ctx.engine.compress(&Codec::Zstd, req.zstd_level, &req.data).map_err(|e| PluginError::Failed(e.to_string()))?
+            } else {
+                req.data
+            };
             let mut files = self.files.lock();
             if !files.contains_key(&req.path) {
-                let f = OpenOptions::new().create(true).append(true).open(&req.path).map_err(|e| PluginError::Failed(format!("opening {}: {e}", req.path.display())))?;
+                let f = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&req.path)
+                    .map_err(|e| PluginError::Failed(format!("opening {}: {e}", req.path.display())))?;
                 files.insert(req.path.clone(), f);
             }
             let f = files.get_mut(&req.path).unwrap();
@@ -192,7 +203,10 @@ pub mod builtin {
             let key = format!("counter/{name}");
             loop {
                 let (version, value) = match ctx.services.board_get(&key)? {
-                    Some(v) => (v.version, u64::from_le_bytes(v.value.try_into().map_err(|_| PluginError::Failed(format!("{key} is not a counter")))?)),
+                    Some(v) => (
+                        v.version,
+                        u64::from_le_bytes(v.value.try_into().map_err(|_| PluginError::Failed(format!("{key} is not a counter")))?),
+                    ),
                     None => (0, 0),
                 };
                 if let Cas::Written(_) = ctx.services.board_cas(&key, version, &(value + 1).to_le_bytes())? {

@@ -154,10 +154,16 @@ const FIRST_SESSION: usize = 16;
 
 /// Where a reply goes.
 enum ReplyTo {
-    Client { port: u32, id: u64 },
+    Client {
+        port: u32,
+        id: u64,
+    },
     Local(Sender<Reply>),
     /// Another agent's `PeerMsg` operation `op`.
-    Peer { node: u32, op: u64 },
+    Peer {
+        node: u32,
+        op: u64,
+    },
     /// Nobody waits (background work such as directory clean-up).
     Discard,
 }
@@ -427,7 +433,9 @@ impl Agent {
         if let Some(entry) = &rendezvous_entry {
             let doc = serde_json::json!({"node": me, "pid": std::process::id(), "listen": listen.map(|a| a.to_string())});
             let tmp = entry.with_extension("json.tmp");
-            std::fs::write(&tmp, doc.to_string()).and_then(|_| std::fs::rename(&tmp, entry)).map_err(io_err(format!("writing {}", entry.display())))?;
+            std::fs::write(&tmp, doc.to_string())
+                .and_then(|_| std::fs::rename(&tmp, entry))
+                .map_err(io_err(format!("writing {}", entry.display())))?;
         }
         let poll = Poll::new().map_err(io_err("creating the event loop"))?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating the waker"))?);
@@ -685,7 +693,9 @@ impl Agent {
         let Ok(rd) = std::fs::read_dir(&dir) else { return };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            let Some(n) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Some(n) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
             if n != self.me && !self.known.contains_key(&n) && !self.dead.contains(&n) {
                 debug!("node {}: found agent {n} in {}", self.me, dir.display());
                 self.known.insert(n, None);
@@ -929,12 +939,25 @@ impl Agent {
                     return LocalReply::Refused(format!("this connection is already registered (port {p}); a process registers once"));
                 }
                 if let Some((p, _)) = self.clients.iter().find(|(_, c)| c.pid == pid) {
-                    return LocalReply::Refused(format!("process {pid} is already registered with this agent (port {p}); a process registers once"));
+                    return LocalReply::Refused(format!(
+                        "process {pid} is already registered with this agent (port {p}); a process registers once"
+                    ));
                 }
                 let port = self.next_port;
                 self.next_port += 1;
                 self.sessions.get_mut(&t).unwrap().port = Some(port);
-                self.clients.insert(port, ClientInfo { session: t, pid, name: name.clone(), inbox: Inbox::new(), parked: None, activity: Activity::Idle, holds: Vec::new() });
+                self.clients.insert(
+                    port,
+                    ClientInfo {
+                        session: t,
+                        pid,
+                        name: name.clone(),
+                        inbox: Inbox::new(),
+                        parked: None,
+                        activity: Activity::Idle,
+                        holds: Vec::new(),
+                    },
+                );
                 info!("node {}: registered {name:?} (pid {pid}) as port {port}", self.me);
                 self.publish_state();
                 LocalReply::Registered { node: self.me, port, namespace: self.cfg.namespace.clone(), ready: self.ready }
@@ -1088,7 +1111,10 @@ impl Agent {
                 let id = postcard::take_from_bytes::<u64>(&body).map(|(id, _)| id).ok();
                 warn!("node {}: malformed request from {src}: {e}", self.me);
                 if let Some(id) = id {
-                    self.reply(ReplyTo::Client { port: src.port, id }, Reply::err(ErrorKind::BadRequest, format!("{e} (is the client library the agent's version?)")));
+                    self.reply(
+                        ReplyTo::Client { port: src.port, id },
+                        Reply::err(ErrorKind::BadRequest, format!("{e} (is the client library the agent's version?)")),
+                    );
                 }
             }
         }
@@ -1112,7 +1138,14 @@ impl Agent {
         }
         let r = match op {
             Op::Ping => Reply::Ok,
-            Op::BoardGet { .. } | Op::BoardPut { .. } | Op::BoardCas { .. } | Op::Lock { .. } | Op::Unlock { .. } | Op::MergeOpen { .. } | Op::MergePush { .. } | Op::MergePull { .. } => {
+            Op::BoardGet { .. }
+            | Op::BoardPut { .. }
+            | Op::BoardCas { .. }
+            | Op::Lock { .. }
+            | Op::Unlock { .. }
+            | Op::MergeOpen { .. }
+            | Op::MergePush { .. }
+            | Op::MergePull { .. } => {
                 if let (Op::BoardPut { value, .. } | Op::BoardCas { value, .. }, true) = (&op, true) {
                     if value.len() > crate::core::board::MAX_VALUE {
                         return self.reply(reply, Reply::err(ErrorKind::TooLarge, BoardError::TooLarge { len: value.len() }.to_string()));
@@ -1128,7 +1161,10 @@ impl Agent {
                     Dest::Nodes(n) => {
                         let missing: Vec<u32> = n.iter().copied().filter(|x| !self.view.contains(x)).collect();
                         if !missing.is_empty() {
-                            return self.reply(reply, Reply::err(ErrorKind::Unavailable, format!("nodes {missing:?} are not live agents (view {:?})", self.view)));
+                            return self.reply(
+                                reply,
+                                Reply::err(ErrorKind::Unavailable, format!("nodes {missing:?} are not live agents (view {:?})", self.view)),
+                            );
                         }
                         n
                     }
@@ -1232,7 +1268,10 @@ impl Agent {
             }
             Op::GmaPut { ptr, offset, data } => {
                 if offset.checked_add(data.len() as u64).is_none_or(|end| end > ptr.len) {
-                    Reply::err(ErrorKind::BadRequest, format!("put of {} bytes at offset {offset} overruns the block of {} bytes", data.len(), ptr.len))
+                    Reply::err(
+                        ErrorKind::BadRequest,
+                        format!("put of {} bytes at offset {offset} overruns the block of {} bytes", data.len(), ptr.len),
+                    )
                 } else if ptr.node == self.me {
                     match self.port.with_region(ptr.region, |r| r[offset as usize..offset as usize + data.len()].copy_from_slice(&data)) {
                         Ok(()) => Reply::Ok,
@@ -1246,7 +1285,10 @@ impl Agent {
             }
             Op::GmaGet { ptr, offset, len } => {
                 if offset.checked_add(len).is_none_or(|end| end > ptr.len) {
-                    Reply::err(ErrorKind::BadRequest, format!("get of {len} bytes at offset {offset} overruns the block of {} bytes", ptr.len))
+                    Reply::err(
+                        ErrorKind::BadRequest,
+                        format!("get of {len} bytes at offset {offset} overruns the block of {} bytes", ptr.len),
+                    )
                 } else if ptr.node == self.me {
                     match self.port.with_region(ptr.region, |r| r[offset as usize..(offset + len) as usize].to_vec()) {
                         Ok(d) => Reply::Data(d),
@@ -1322,7 +1364,10 @@ impl Agent {
                     return self.run_plugin(client, name, body, reply);
                 }
                 if !self.view.contains(&node) {
-                    return self.reply(reply, Reply::err(ErrorKind::Unavailable, format!("node {node} is not a live agent (view {:?})", self.view)));
+                    return self.reply(
+                        reply,
+                        Reply::err(ErrorKind::Unavailable, format!("node {node} is not a live agent (view {:?})", self.view)),
+                    );
                 }
                 let op = self.new_op();
                 self.peer_ops.insert(op, (node, reply));
@@ -1339,7 +1384,13 @@ impl Agent {
 
     fn run_plugin(&mut self, client: Client, name: String, body: Vec<u8>, reply: ReplyTo) {
         let Some(p) = self.registry.get(&name).cloned() else {
-            return self.reply(reply, Reply::err(ErrorKind::UnknownPlugin, format!("no plug-in named {name:?} on node {} (it has: {})", self.me, self.registry.names().join(", "))));
+            return self.reply(
+                reply,
+                Reply::err(
+                    ErrorKind::UnknownPlugin,
+                    format!("no plug-in named {name:?} on node {} (it has: {})", self.me, self.registry.names().join(", ")),
+                ),
+            );
         };
         let engine = self.engine.clone();
         let node = self.me;
@@ -1454,7 +1505,10 @@ impl Agent {
                     self.publish_state();
                     Reply::Ok
                 }
-                Err(cap) => Reply::err(ErrorKind::TooLarge, format!("{name:?} is larger than the whole cache of node {} ({cap} bytes; raise --cache-bytes)", self.me)),
+                Err(cap) => Reply::err(
+                    ErrorKind::TooLarge,
+                    format!("{name:?} is larger than the whole cache of node {} ({cap} bytes; raise --cache-bytes)", self.me),
+                ),
             },
             Internal::DropLocal { name } => {
                 self.store.remove(&name);
@@ -1659,7 +1713,17 @@ impl Agent {
             // flight behind, or we learnt of it only now): it is alive.
             self.peer_alive(from, 0, 0);
         }
-        if self.scheduler.is_none() && matches!(m, PeerMsg::Submit { .. } | PeerMsg::Take { .. } | PeerMsg::CancelTake { .. } | PeerMsg::Done { .. } | PeerMsg::Giveback { .. } | PeerMsg::Rejoin { .. }) {
+        if self.scheduler.is_none()
+            && matches!(
+                m,
+                PeerMsg::Submit { .. }
+                    | PeerMsg::Take { .. }
+                    | PeerMsg::CancelTake { .. }
+                    | PeerMsg::Done { .. }
+                    | PeerMsg::Giveback { .. }
+                    | PeerMsg::Rejoin { .. }
+            )
+        {
             // Sent by an agent that already sees us as the scheduler: keep it until we do.
             self.early_sched.push((from, m));
             return;
@@ -1694,7 +1758,8 @@ impl Agent {
                 }
             }
             PeerMsg::BoardCopy { entries } => {
-                self.board.adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
+                self.board
+                    .adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
             }
             PeerMsg::Reclaim { view, locks } => {
                 for (name, client, mode) in locks {
@@ -1844,7 +1909,17 @@ impl Agent {
             cache_bytes_limit: self.cfg.cache_bytes,
             gma_bytes_limit: self.cfg.gma_bytes,
             clients: {
-                let mut v: Vec<StatusClient> = self.clients.iter().map(|(p, c)| StatusClient { port: *p, pid: c.pid, name: c.name.clone(), activity: c.activity, subscribed_unread: c.inbox.unread() }).collect();
+                let mut v: Vec<StatusClient> = self
+                    .clients
+                    .iter()
+                    .map(|(p, c)| StatusClient {
+                        port: *p,
+                        pid: c.pid,
+                        name: c.name.clone(),
+                        activity: c.activity,
+                        subscribed_unread: c.inbox.unread(),
+                    })
+                    .collect();
                 v.sort_by_key(|c| c.port);
                 v
             },
@@ -1853,14 +1928,24 @@ impl Agent {
                 .locks
                 .snapshot()
                 .into_iter()
-                .map(|(name, h, w)| StatusLock { name, holders: h.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect(), waiting: w.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect() })
+                .map(|(name, h, w)| StatusLock {
+                    name,
+                    holders: h.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect(),
+                    waiting: w.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect(),
+                })
                 .collect(),
             cache_objects: self.store.names(),
             cache_bytes: self.store.bytes(),
             gma_blocks: self.gma.blocks(),
             gma_bytes: self.gma.used(),
             merge_streams: self.merges.len(),
-            tasks: self.scheduler.as_ref().map(|s| StatusTasks { queued: s.queued(), running: s.running(), idle_takers: s.idle_takers(), assigned_total: s.assigned_total, settling: s.settling() }),
+            tasks: self.scheduler.as_ref().map(|s| StatusTasks {
+                queued: s.queued(),
+                running: s.running(),
+                idle_takers: s.idle_takers(),
+                assigned_total: s.assigned_total,
+                settling: s.settling(),
+            }),
             plugins: self.registry.describe(),
             requests_served: self.requests_served,
             peer_messages: self.peer_messages,
@@ -1972,4 +2057,3 @@ fn swap(s: &InProc, name: &str, me: u32, to: u32) -> Reply {
         Err(e) => Reply::err(ErrorKind::Failed, e.to_string()),
     }
 }
-

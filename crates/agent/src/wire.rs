@@ -154,56 +154,154 @@ pub struct Request {
 pub enum Op {
     Ping,
     // bulletin board
-    BoardGet { key: String },
-    BoardPut { key: String, #[serde(with = "serde_bytes")] value: Vec<u8> },
+    BoardGet {
+        key: String,
+    },
+    BoardPut {
+        key: String,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
     /// Write only if the key's version is `expected` (0: must not exist).
-    BoardCas { key: String, expected: u64, #[serde(with = "serde_bytes")] value: Vec<u8> },
+    BoardCas {
+        key: String,
+        expected: u64,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
     // locks
-    Lock { name: String, mode: LockMode },
-    Unlock { name: String },
+    Lock {
+        name: String,
+        mode: LockMode,
+    },
+    Unlock {
+        name: String,
+    },
     // advertising
-    Subscribe { topic: String },
-    Unsubscribe { topic: String },
-    Publish { topic: String, #[serde(with = "serde_bytes")] body: Vec<u8>, dest: Dest },
+    Subscribe {
+        topic: String,
+    },
+    Unsubscribe {
+        topic: String,
+    },
+    Publish {
+        topic: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+        dest: Dest,
+    },
     /// Up to `max` adverts from this client's mailbox, waiting up to `wait_ms` for one.
-    NextAdverts { max: u32, wait_ms: u64 },
+    NextAdverts {
+        max: u32,
+        wait_ms: u64,
+    },
     // data cache and directory
-    CachePut { name: String, #[serde(with = "serde_bytes")] data: Vec<u8> },
-    CacheGet { name: String },
-    CacheRemove { name: String },
-    Locate { name: String },
+    CachePut {
+        name: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    CacheGet {
+        name: String,
+    },
+    CacheRemove {
+        name: String,
+    },
+    Locate {
+        name: String,
+    },
     // data streaming
-    Prefetch { name: String },
-    Swap { name: String, to: u32 },
+    Prefetch {
+        name: String,
+    },
+    Swap {
+        name: String,
+        to: u32,
+    },
     // global memory
-    GmaAlloc { node: u32, len: u64 },
-    GmaFree { ptr: GlobalPtr },
-    GmaPut { ptr: GlobalPtr, offset: u64, #[serde(with = "serde_bytes")] data: Vec<u8> },
-    GmaGet { ptr: GlobalPtr, offset: u64, len: u64 },
+    GmaAlloc {
+        node: u32,
+        len: u64,
+    },
+    GmaFree {
+        ptr: GlobalPtr,
+    },
+    GmaPut {
+        ptr: GlobalPtr,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    GmaGet {
+        ptr: GlobalPtr,
+        offset: u64,
+        len: u64,
+    },
     // global process state
-    SetState { activity: Activity, holds: Vec<String> },
+    SetState {
+        activity: Activity,
+        holds: Vec<String>,
+    },
     GlobalState,
     // dynamic load balancing
-    Submit { #[serde(with = "serde_bytes")] payload: Vec<u8>, affinity: Option<String> },
-    Take { wait_ms: u64 },
-    Done { task: u64 },
+    Submit {
+        #[serde(with = "serde_bytes")]
+        payload: Vec<u8>,
+        affinity: Option<String>,
+    },
+    Take {
+        wait_ms: u64,
+    },
+    Done {
+        task: u64,
+    },
     Scheduler,
     // distributed sort/merge
-    MergeOpen { stream: String, runs: u32 },
-    MergePush { stream: String, run: u32, records: Vec<Record>, last: bool },
+    MergeOpen {
+        stream: String,
+        runs: u32,
+    },
+    MergePush {
+        stream: String,
+        run: u32,
+        records: Vec<Record>,
+        last: bool,
+    },
     /// Records now certainly next in order; `done` once every run finished and all
     /// records were pulled.
-    MergePull { stream: String },
+    MergePull {
+        stream: String,
+    },
     // engines
-    Compress { codec: Codec, level: i32, #[serde(with = "serde_bytes")] data: Vec<u8> },
-    Decompress { codec: Codec, #[serde(with = "serde_bytes")] data: Vec<u8> },
+    Compress {
+        codec: Codec,
+        level: i32,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Decompress {
+        codec: Codec,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     // plug-ins
-    Plugin { name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
+    Plugin {
+        name: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+    },
     /// Calls plug-in `name` of the agent of `node` (plug-ins talking to their peers).
-    PluginAt { node: u32, name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
+    PluginAt {
+        node: u32,
+        name: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+    },
     /// Withdraws request `id` (a queued lock, a waiting take or mailbox read); the
     /// withdrawn request is answered with `Err(Cancelled)` if it had not finished.
-    Cancel { id: u64 },
+    Cancel {
+        id: u64,
+    },
 }
 
 impl Op {
@@ -267,7 +365,9 @@ pub enum Reply {
     /// A write succeeded with this new version.
     Version(u64),
     /// A compare-and-swap lost: the key's current version.
-    Conflict { current: u64 },
+    Conflict {
+        current: u64,
+    },
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Nodes(Vec<u32>),
     Adverts(Vec<AdvertMsg>),
@@ -276,7 +376,10 @@ pub enum Reply {
     TaskId(u64),
     Task(Option<Task>),
     Node(u32),
-    Records { records: Vec<Record>, done: bool },
+    Records {
+        records: Vec<Record>,
+        done: bool,
+    },
     Err(ErrorReply),
 }
 
@@ -318,7 +421,12 @@ pub enum LocalRequest {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum LocalReply {
-    Registered { node: u32, port: u32, namespace: String, ready: bool },
+    Registered {
+        node: u32,
+        port: u32,
+        namespace: String,
+        ready: bool,
+    },
     /// The agent's status as JSON (the same document `gepsea agent status --json` prints).
     Status(String),
     /// Sent once more on the registration socket when the agent becomes ready.
@@ -329,44 +437,120 @@ pub enum LocalReply {
 /// Messages between agents. `op` fields number the sender's outstanding operations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum PeerMsg {
-    Hello { node: u32, pid: u32, incarnation: u64 },
-    HelloAck { node: u32, pid: u32, incarnation: u64 },
+    Hello {
+        node: u32,
+        pid: u32,
+        incarnation: u64,
+    },
+    HelloAck {
+        node: u32,
+        pid: u32,
+        incarnation: u64,
+    },
     Heartbeat,
     /// An owner-routed operation (board, lock, merge, directory) from `origin`'s client.
-    Routed { op: u64, client: Client, body: Op },
-    RoutedReply { op: u64, reply: Reply },
+    Routed {
+        op: u64,
+        client: Client,
+        body: Op,
+    },
+    RoutedReply {
+        op: u64,
+        reply: Reply,
+    },
     /// Owner → backup (and old owner → new owner): board entries (version kept).
-    BoardCopy { entries: Vec<(String, BoardValue)> },
+    BoardCopy {
+        entries: Vec<(String, BoardValue)>,
+    },
     /// After a node died, to every survivor: the locks this agent's clients hold whose
     /// owner is now the recipient (often none). Owners grant nothing new until every
     /// survivor's reclaim is in.
-    Reclaim { view: Vec<u32>, locks: Vec<(String, Client, LockMode)> },
-    Advert { publisher: u32, seq: u64, topic: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
-    AdvertAck { seq: u64 },
-    ProcessDied { client: Client },
+    Reclaim {
+        view: Vec<u32>,
+        locks: Vec<(String, Client, LockMode)>,
+    },
+    Advert {
+        publisher: u32,
+        seq: u64,
+        topic: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+    },
+    AdvertAck {
+        seq: u64,
+    },
+    ProcessDied {
+        client: Client,
+    },
     /// Global-process-state update of the sender's node.
     State(NodeState),
     /// Load balancer, towards the scheduler.
-    Submit { task: Task, submitter: u32 },
-    Take { op: u64, client: Client },
-    CancelTake { op: u64 },
-    Done { task: u64 },
+    Submit {
+        task: Task,
+        submitter: u32,
+    },
+    Take {
+        op: u64,
+        client: Client,
+    },
+    CancelTake {
+        op: u64,
+    },
+    Done {
+        task: u64,
+    },
     /// A task arrived after its take was withdrawn: back to the queue.
-    Giveback { task: u64 },
+    Giveback {
+        task: u64,
+    },
     /// After a scheduler change: unfinished tasks of this node, tasks its clients hold,
     /// and its waiting takes.
-    Rejoin { view: Vec<u32>, submitted: Vec<Task>, holding: Vec<(u64, Client)>, takes: Vec<(u64, Client)> },
+    Rejoin {
+        view: Vec<u32>,
+        submitted: Vec<Task>,
+        holding: Vec<(u64, Client)>,
+        takes: Vec<(u64, Client)>,
+    },
     /// Scheduler → worker's agent.
-    Assigned { op: u64, task: Task },
+    Assigned {
+        op: u64,
+        task: Task,
+    },
     /// Scheduler → submitter's agent.
-    TaskFinished { task: u64 },
+    TaskFinished {
+        task: u64,
+    },
     // cache, streaming, global memory
-    Fetch { op: u64, name: String },
-    Store { op: u64, name: String, #[serde(with = "serde_bytes")] data: Vec<u8> },
-    GmaAlloc { op: u64, client: Client, len: u64 },
-    GmaFree { op: u64, region: u64 },
-    Plugin { op: u64, client: Client, name: String, #[serde(with = "serde_bytes")] body: Vec<u8> },
-    Reply { op: u64, reply: Reply },
+    Fetch {
+        op: u64,
+        name: String,
+    },
+    Store {
+        op: u64,
+        name: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    GmaAlloc {
+        op: u64,
+        client: Client,
+        len: u64,
+    },
+    GmaFree {
+        op: u64,
+        region: u64,
+    },
+    Plugin {
+        op: u64,
+        client: Client,
+        name: String,
+        #[serde(with = "serde_bytes")]
+        body: Vec<u8>,
+    },
+    Reply {
+        op: u64,
+        reply: Reply,
+    },
 }
 
 /// How a body travels (see the module docs).

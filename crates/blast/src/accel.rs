@@ -173,20 +173,37 @@ pub fn fragment_object(name: &str, files: &BTreeMap<String, String>) -> String {
 /// What workers take from the load balancer.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum TaskPayload {
-    Fragment { job: PathBuf, batch: usize, fragment: usize, attempt: u8 },
+    Fragment {
+        job: PathBuf,
+        batch: usize,
+        fragment: usize,
+        attempt: u8,
+    },
     /// Re-search `queries` (global indices) of `batch` on the whole database.
-    Whole { job: PathBuf, batch: usize, queries: Vec<usize>, attempt: u8 },
+    Whole {
+        job: PathBuf,
+        batch: usize,
+        queries: Vec<usize>,
+        attempt: u8,
+    },
     /// Split by queries: search `batch` on the whole database in the report's format;
     /// the output is the batch's part. `threads` > 1: BLAST+ runs with that many
     /// threads (the last tasks, see [`submit_tasks`]).
-    Batch { job: PathBuf, batch: usize, attempt: u8, threads: usize },
+    Batch {
+        job: PathBuf,
+        batch: usize,
+        attempt: u8,
+        threads: usize,
+    },
     Stop,
 }
 
 impl TaskPayload {
     fn describe(&self, spec: &JobSpec) -> String {
         match self {
-            TaskPayload::Fragment { batch, fragment, .. } => format!("batch {batch} on fragment {}", spec.fragments.get(*fragment).map_or("?", |s| s.as_str())),
+            TaskPayload::Fragment { batch, fragment, .. } => {
+                format!("batch {batch} on fragment {}", spec.fragments.get(*fragment).map_or("?", |s| s.as_str()))
+            }
             TaskPayload::Whole { queries, .. } => format!("{} queries on the whole database", queries.len()),
             TaskPayload::Batch { batch, .. } => format!("batch {batch} on the whole database"),
             TaskPayload::Stop => "stop".into(),
@@ -350,7 +367,8 @@ impl BlastPlugin {
     /// directory and where it came from.
     fn stage(&self, ctx: &Context<'_>, job: &Path, spec: &JobSpec, fragment: usize) -> Result<(PathBuf, StageSource), PluginError> {
         let name = spec.fragments.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no fragment {fragment}")))?;
-        let files = spec.fragment_files.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no file list for fragment {fragment}")))?;
+        let files =
+            spec.fragment_files.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no file list for fragment {fragment}")))?;
         let object = fragment_object(name, files);
         let dir = ctx.scratch.join(&object);
         let lock = self.staging.lock().entry(object.clone()).or_default().clone();
@@ -360,7 +378,15 @@ impl BlastPlugin {
         Ok((dir, source))
     }
 
-    fn stage_locked(&self, ctx: &Context<'_>, spec: &JobSpec, name: &str, files: &BTreeMap<String, String>, dir: PathBuf, object: &str) -> Result<(PathBuf, StageSource), PluginError> {
+    fn stage_locked(
+        &self,
+        ctx: &Context<'_>,
+        spec: &JobSpec,
+        name: &str,
+        files: &BTreeMap<String, String>,
+        dir: PathBuf,
+        object: &str,
+    ) -> Result<(PathBuf, StageSource), PluginError> {
         if dir.is_dir() {
             return Ok((dir, StageSource::Staged));
         }
@@ -394,7 +420,8 @@ impl BlastPlugin {
                 loaded?
             }
         };
-        let contents: Vec<(String, Vec<u8>)> = postcard::from_bytes(&bundle).map_err(|e| failed(format!("fragment {name}: damaged cache object: {e}")))?;
+        let contents: Vec<(String, Vec<u8>)> =
+            postcard::from_bytes(&bundle).map_err(|e| failed(format!("fragment {name}: damaged cache object: {e}")))?;
         let tmp = dir.with_extension("partial");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| failed(format!("{}: {e}", tmp.display())))?;
@@ -421,7 +448,9 @@ impl BlastPlugin {
 
     fn on_result(&self, ctx: &Context<'_>, task: TaskPayload, archive: Vec<u8>, work: WorkStats) -> Result<(), PluginError> {
         let (job, batch) = match &task {
-            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => {
+                (job.clone(), *batch)
+            }
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
@@ -437,8 +466,13 @@ impl BlastPlugin {
                 Some(b) => b.clone(),
                 None => {
                     // Crossing nodes: compress first (runtime output compression).
-                    let (compressed, data) = if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?) } else { (false, archive.clone()) };
-                    body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, work }).map_err(failed)?).clone()
+                    let (compressed, data) = if spec.compress {
+                        (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?)
+                    } else {
+                        (false, archive.clone())
+                    };
+                    body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, work }).map_err(failed)?)
+                        .clone()
                 }
             };
             match ctx.services.plugin_at(merger, "blast", b) {
@@ -452,9 +486,18 @@ impl BlastPlugin {
         unreachable!("the loop returns")
     }
 
-    fn on_part(&self, ctx: &Context<'_>, task: TaskPayload, text: String, work: WorkStats, (wire, raw): (u64, u64)) -> Result<(), PluginError> {
+    fn on_part(
+        &self,
+        ctx: &Context<'_>,
+        task: TaskPayload,
+        text: String,
+        work: WorkStats,
+        (wire, raw): (u64, u64),
+    ) -> Result<(), PluginError> {
         let (job, batch) = match &task {
-            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => (job.clone(), *batch),
+            TaskPayload::Fragment { job, batch, .. } | TaskPayload::Whole { job, batch, .. } | TaskPayload::Batch { job, batch, .. } => {
+                (job.clone(), *batch)
+            }
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
@@ -470,7 +513,11 @@ impl BlastPlugin {
         }
         {
             let mut all = self.batches.lock();
-            let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState { fragments: vec![None; nfrag], results: vec![None; nq], ..Default::default() });
+            let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState {
+                fragments: vec![None; nfrag],
+                results: vec![None; nq],
+                ..Default::default()
+            });
             st.work.add(&work);
             st.bytes_wire += wire;
             st.bytes_raw += raw;
@@ -492,7 +539,8 @@ impl BlastPlugin {
                         for (i, list) in hits.iter().enumerate() {
                             let local = queries[i] - start;
                             st.hits += list.len();
-                            st.results[local] = Some(list.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect());
+                            st.results[local] =
+                                Some(list.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect());
                             st.pending_whole.remove(&queries[i]);
                         }
                     }
@@ -502,8 +550,10 @@ impl BlastPlugin {
         }
         if let Some(frags) = ready {
             // Merge outside the lock: parsing is the expensive part.
-            let parsed: Vec<Vec<archive::Hsp>> = frags.iter().map(|a| archive::hsps(a.as_deref().unwrap()).map_err(failed)).collect::<Result<_, _>>()?;
-            let mut per_frag: Vec<Vec<Vec<archive::Hit>>> = parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
+            let parsed: Vec<Vec<archive::Hsp>> =
+                frags.iter().map(|a| archive::hsps(a.as_deref().unwrap()).map_err(failed)).collect::<Result<_, _>>()?;
+            let mut per_frag: Vec<Vec<Vec<archive::Hit>>> =
+                parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
             let mut risky = Vec::new();
             let mut merged: Vec<(usize, Vec<String>, usize)> = Vec::new();
             for local in 0..nq {
@@ -516,7 +566,11 @@ impl BlastPlugin {
                     }
                 }
                 let hits = archive::merge_query(lists, spec.k);
-                merged.push((local, hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect(), hits.len()));
+                merged.push((
+                    local,
+                    hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect(),
+                    hits.len(),
+                ));
             }
             {
                 let mut all = self.batches.lock();
@@ -539,7 +593,8 @@ impl BlastPlugin {
                         queries[g - start].write_to(&mut buf);
                     }
                     std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
-                    let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 }).map_err(failed)?;
+                    let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 })
+                        .map_err(failed)?;
                     ctx.services.submit(&payload)?;
                 }
             }
@@ -564,7 +619,9 @@ impl BlastPlugin {
         }
         let part = spec.part(*batch)?;
         let bytes = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
-        let result = crate::parts::count_hits_in(file, &spec.outfmt).and_then(|hits| std::fs::rename(file, part).map(|_| hits)).map_err(|e| format!("{}: {e}", part.display()));
+        let result = crate::parts::count_hits_in(file, &spec.outfmt)
+            .and_then(|hits| std::fs::rename(file, part).map(|_| hits))
+            .map_err(|e| format!("{}: {e}", part.display()));
         let done = PartDone {
             batch: *batch,
             queries: end - start,
@@ -607,7 +664,15 @@ impl BlastPlugin {
         let result = (|| -> Result<(), String> {
             std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
             let queries = batch_file(job, batch);
-            let rs = report::Spec { program: &spec.program, blastdb: spec.blastdb.as_ref(), db_name: &spec.db_name, queries: &queries, outfmt: &spec.outfmt, blast_args: &spec.blast_args, scratch: &scratch };
+            let rs = report::Spec {
+                program: &spec.program,
+                blastdb: spec.blastdb.as_ref(),
+                db_name: &spec.db_name,
+                queries: &queries,
+                outfmt: &spec.outfmt,
+                blast_args: &spec.blast_args,
+                scratch: &scratch,
+            };
             let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
             let tmp = part_tmp(part, "merged");
             report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
@@ -699,20 +764,25 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let mut work = WorkStats::default();
         // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
         let blastdb = match &payload {
-            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => match staged_dirs.get(&(job.clone(), *fragment)).filter(|d| d.is_dir()) {
-                Some(d) => Ok(d.clone()),
-                None => {
-                    let started = Instant::now();
-                    let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
-                    let staged = client.plugin("blast", &req).map_err(|e| e.to_string()).and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
-                    work.input_seconds = started.elapsed().as_secs_f64();
-                    staged.map(|s| {
-                        work.staged[s.source as usize] += 1;
-                        staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
-                        s.dir
-                    })
+            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
+                match staged_dirs.get(&(job.clone(), *fragment)).filter(|d| d.is_dir()) {
+                    Some(d) => Ok(d.clone()),
+                    None => {
+                        let started = Instant::now();
+                        let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
+                        let staged = client
+                            .plugin("blast", &req)
+                            .map_err(|e| e.to_string())
+                            .and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
+                        work.input_seconds = started.elapsed().as_secs_f64();
+                        staged.map(|s| {
+                            work.staged[s.source as usize] += 1;
+                            staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
+                            s.dir
+                        })
+                    }
                 }
-            },
+            }
             _ => Ok(PathBuf::from(&spec.blastdb)),
         }
         .map(|dir| if dir.as_os_str() == spec.blastdb.as_str() { dir.into_os_string() } else { tools::search_path(&[&dir]) });
@@ -720,7 +790,9 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", outfmt];
         args.extend(spec.blast_args.iter().map(|s| s.as_str()));
         let threads = match &payload {
-            TaskPayload::Batch { threads, .. } if *threads > 1 && !spec.blast_args.iter().any(|a| a == "-num_threads") => threads.to_string(),
+            TaskPayload::Batch { threads, .. } if *threads > 1 && !spec.blast_args.iter().any(|a| a == "-num_threads") => {
+                threads.to_string()
+            }
             _ => String::new(),
         };
         if !threads.is_empty() {
@@ -737,10 +809,12 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
         }
         let started = Instant::now();
         let scratch = std::env::temp_dir();
-        let out = match blastdb.and_then(|db| tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
-            ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
-            other => other.to_string(),
-        })) {
+        let out = match blastdb.and_then(|db| {
+            tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
+                ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
+                other => other.to_string(),
+            })
+        }) {
             Ok(o) => o,
             Err(message) => {
                 if let Some(p) = &part_file {
@@ -749,9 +823,15 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
                 // First failure: the task goes back to the queue once (another worker
                 // will likely take it); second: the master fails the run.
                 let retry = match &payload {
-                    TaskPayload::Fragment { job, batch, fragment, attempt: 0 } => Some(TaskPayload::Fragment { job: job.clone(), batch: *batch, fragment: *fragment, attempt: 1 }),
-                    TaskPayload::Whole { job, batch, queries, attempt: 0 } => Some(TaskPayload::Whole { job: job.clone(), batch: *batch, queries: queries.clone(), attempt: 1 }),
-                    TaskPayload::Batch { job, batch, attempt: 0, threads } => Some(TaskPayload::Batch { job: job.clone(), batch: *batch, attempt: 1, threads: *threads }),
+                    TaskPayload::Fragment { job, batch, fragment, attempt: 0 } => {
+                        Some(TaskPayload::Fragment { job: job.clone(), batch: *batch, fragment: *fragment, attempt: 1 })
+                    }
+                    TaskPayload::Whole { job, batch, queries, attempt: 0 } => {
+                        Some(TaskPayload::Whole { job: job.clone(), batch: *batch, queries: queries.clone(), attempt: 1 })
+                    }
+                    TaskPayload::Batch { job, batch, attempt: 0, threads } => {
+                        Some(TaskPayload::Batch { job: job.clone(), batch: *batch, attempt: 1, threads: *threads })
+                    }
                     _ => None,
                 };
                 let notice = Notice::Failure(TaskFailure { what: payload.describe(&spec), message, retried: retry.is_some() });
@@ -841,7 +921,8 @@ pub fn master(
         if part.is_file() {
             done_batches.insert(b);
             queries_done += spec.batches[b].1 - spec.batches[b].0;
-            stats.hits += crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
+            stats.hits +=
+                crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
             stats.reused_parts += 1;
         }
     }
@@ -903,7 +984,8 @@ pub fn master(
     if spec.hot_swap {
         let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
         for &node in &nodes {
-            let counts: [u32; 4] = client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
+            let counts: [u32; 4] =
+                client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
             for (a, b) in stats.stagings.iter_mut().zip(counts) {
                 *a += b;
             }
@@ -916,7 +998,8 @@ pub fn master(
     // The parts stay until the output is in place: a run stopped now resumes from them.
     for (b, p) in spec.parts.iter().enumerate() {
         let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n)
+            .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
     stats.parts = n;
@@ -928,7 +1011,9 @@ pub fn master(
 fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayload) -> Result<u64, gepsea_agent::api::ApiError> {
     let p = postcard::to_stdvec(task).unwrap();
     match task {
-        TaskPayload::Fragment { fragment, .. } if spec.hot_swap => client.submit_near(&p, &fragment_object(&spec.fragments[*fragment], &spec.fragment_files[*fragment])),
+        TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
+            client.submit_near(&p, &fragment_object(&spec.fragments[*fragment], &spec.fragment_files[*fragment]))
+        }
         _ => client.submit(&p),
     }
 }
@@ -984,7 +1069,8 @@ impl LocalAgent {
             .spawn()
             .map_err(|e| SearchError::Io(format!("starting the agent ({}): {e}", exe.display())))?;
         let a = LocalAgent { child, namespace: namespace.to_string() };
-        gepsea_client::wait_for_agent(namespace, 1, Duration::from_secs(20)).map_err(|e| SearchError::Io(format!("agent did not start: {e}")))?;
+        gepsea_client::wait_for_agent(namespace, 1, Duration::from_secs(20))
+            .map_err(|e| SearchError::Io(format!("agent did not start: {e}")))?;
         Ok(a)
     }
 }

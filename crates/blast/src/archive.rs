@@ -188,7 +188,10 @@ fn parse_hsp(el: &str) -> Result<Hsp<'_>, ArchiveError> {
     let after_q = el[qend..].find(',').ok_or(ArchiveError::MissingField("subject id"))? + qend + 1;
     let ids_end = matching_brace(el, ids + "ids {".len())? - 1;
     let subject = el[after_q..ids_end].trim();
-    let evalue = score_field(el, "e_value").and_then(|v| v.strip_prefix("real")).and_then(parse_real).ok_or(ArchiveError::MissingField("e_value"))?;
+    let evalue = score_field(el, "e_value")
+        .and_then(|v| v.strip_prefix("real"))
+        .and_then(parse_real)
+        .ok_or(ArchiveError::MissingField("e_value"))?;
     let score = score_field(el, "score")
         .and_then(|v| v.strip_prefix("int "))
         .and_then(|v| v.split(|c: char| !c.is_ascii_digit() && c != '-').next())

@@ -186,7 +186,10 @@ pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>
         if let Some(b) = bytes.strip_suffix(b"\r") {
             bytes = b;
         }
-        let line = std::str::from_utf8(bytes).map_err(|_| FastaError::Io { path: p(), source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("line {n}: not UTF-8 text")) })?;
+        let line = std::str::from_utf8(bytes).map_err(|_| FastaError::Io {
+            path: p(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("line {n}: not UTF-8 text")),
+        })?;
         if let Some(rest) = line.strip_prefix('>') {
             finish(&current)?;
             let id = rest.split_whitespace().next().unwrap_or("");

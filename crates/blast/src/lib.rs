@@ -11,7 +11,7 @@ pub mod cluster;
 pub mod db;
 pub mod fasta;
 pub mod parts;
-pub mod tools;
 pub mod report;
 pub mod schedule;
 pub mod search;
+pub mod tools;

@@ -175,7 +175,9 @@ impl HitCounter {
     pub fn new(outfmt: &str) -> Self {
         let base = report::base_format(outfmt);
         let fields: Vec<&str> = outfmt.split_whitespace().skip(1).collect();
-        let col = |names: &[&str], default: usize| fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None });
+        let col = |names: &[&str], default: usize| {
+            fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None })
+        };
         let columns = match (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) {
             (Some(q), Some(s)) => Some((q, s)),
             _ => None,
@@ -256,15 +258,25 @@ mod tests {
     fn tabular_parts_join_with_one_trailer() {
         let a = "# BLASTP\n# 1 hits found\nq1\ts\n# BLAST processed 1 queries\n";
         let b = "# BLASTP\n# 0 hits found\n# BLAST processed 1 queries\n";
-        assert_eq!(assemble(&[a.into(), b.into()], 7).unwrap(), "# BLASTP\n# 1 hits found\nq1\ts\n# BLASTP\n# 0 hits found\n# BLAST processed 2 queries\n");
+        assert_eq!(
+            assemble(&[a.into(), b.into()], 7).unwrap(),
+            "# BLASTP\n# 1 hits found\nq1\ts\n# BLASTP\n# 0 hits found\n# BLAST processed 2 queries\n"
+        );
     }
 
     #[test]
     fn xml_iterations_are_renumbered() {
-        let part = |q: &str| format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n");
+        let part = |q: &str| {
+            format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n")
+        };
         let out = assemble(&[part("a"), part("b")], 5).unwrap();
         assert_eq!(out.matches("<BlastOutput_iterations>").count(), 1);
-        assert!(out.contains("<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>b"), "{out}");
+        assert!(
+            out.contains(
+                "<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>b"
+            ),
+            "{out}"
+        );
         assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
     }
 
@@ -277,7 +289,9 @@ mod tests {
         // A "  Database: " line inside a query's section is not the footer.
         let odd = "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\n  Database: DB\n  footer\n";
         let out = assemble(&[odd.into(), part("c")], 0).unwrap();
-        assert_eq!(out, "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\nQuery= c\nhits c\n\n\n  Database: DB\n  footer\n");
+        assert_eq!(
+            out,
+            "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\nQuery= c\nhits c\n\n\n  Database: DB\n  footer\n"
+        );
     }
 }
-

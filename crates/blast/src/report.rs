@@ -85,7 +85,13 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let sa = stats_asn.to_string_lossy().to_string();
     // One internal batch, so that the archive is one object holding every query (the
     // formatter prints per-object headers, footers and query counts).
-    tools::run_env(spec.program, &args(&["-query", &q, "-db", "stats", "-outfmt", "11", "-out", &sa], spec.blast_args), Some(spec.blastdb), Some(spec.scratch), ONE_BATCH)?;
+    tools::run_env(
+        spec.program,
+        &args(&["-query", &q, "-db", "stats", "-outfmt", "11", "-out", &sa], spec.blast_args),
+        Some(spec.blastdb),
+        Some(spec.scratch),
+        ONE_BATCH,
+    )?;
     let text = std::fs::read_to_string(&stats_asn).map_err(|e| ReportError::Io { path: stats_asn.clone(), source: e })?;
     let merged = archive::with_alignments(&text, hsps, "stats", spec.db_name)?;
     let merged_path = spec.scratch.join("merged.asn");
@@ -93,7 +99,12 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let mp = merged_path.to_string_lossy().to_string();
     let o = out.to_string_lossy().to_string();
     let fargs = format_args(spec.blast_args);
-    tools::run("blast_formatter", &args(&["-archive", &mp, "-outfmt", spec.outfmt, "-out", &o], &fargs), Some(spec.blastdb), Some(spec.scratch))?;
+    tools::run(
+        "blast_formatter",
+        &args(&["-archive", &mp, "-outfmt", spec.outfmt, "-out", &o], &fargs),
+        Some(spec.blastdb),
+        Some(spec.scratch),
+    )?;
     let fmt = base_format(spec.outfmt);
     let (open, close) = match fmt {
         0 => ("\nLambda      K        H", "\nEffective search space used: "),
@@ -103,7 +114,13 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let masks = query_masks(&text);
     let direct = spec.scratch.join("stats.direct");
     let d = direct.to_string_lossy().to_string();
-    tools::run_env(spec.program, &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args), Some(spec.blastdb), Some(spec.scratch), ONE_BATCH)?;
+    tools::run_env(
+        spec.program,
+        &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args),
+        Some(spec.blastdb),
+        Some(spec.scratch),
+        ONE_BATCH,
+    )?;
     let stats_text = std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?;
     let report = std::fs::read_to_string(out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
     let mut fixed = replace_blocks(&report, &stats_text, open, close)?;
@@ -225,7 +242,10 @@ mod tests {
         let stats = "x\nLambda      K        H        a\n 0.3 0.1 0.7\nEffective search space used: 11\ny\nLambda      K        H        a\n 0.2 0.1 0.7\nEffective search space used: 22\n";
         let out = replace_blocks(report, stats, "\nLambda      K        H", "\nEffective search space used: ").unwrap();
         assert_eq!(out, "q1\nLambda      K        H        a\n 0.3 0.1 0.7\nEffective search space used: 11\nq2\nLambda      K        H        a\n 0.2 0.1 0.7\nEffective search space used: 22\nend\n");
-        assert!(matches!(replace_blocks(report, "none", "\nLambda", "\nEffective"), Err(ReportError::StatsMismatch { report: 2, stats: 0 })));
+        assert!(matches!(
+            replace_blocks(report, "none", "\nLambda", "\nEffective"),
+            Err(ReportError::StatsMismatch { report: 2, stats: 0 })
+        ));
     }
 
     #[test]

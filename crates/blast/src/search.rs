@@ -168,7 +168,14 @@ pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchErr
 /// (few queries need the fragments' extra parallelism; on a cluster the fragments let a
 /// node hold only part of the database, and the no-agent baseline is mpiBLAST's own
 /// fragment search).
-pub fn choose_split(requested: Option<SplitBy>, one_machine: bool, no_agent: bool, queries: usize, workers: usize, program: &str) -> Result<SplitBy, SearchError> {
+pub fn choose_split(
+    requested: Option<SplitBy>,
+    one_machine: bool,
+    no_agent: bool,
+    queries: usize,
+    workers: usize,
+    program: &str,
+) -> Result<SplitBy, SearchError> {
     if is_translated(program) {
         return match requested {
             Some(SplitBy::Fragments) => Err(SearchError::TranslatedByFragments(program.to_string())),
@@ -218,7 +225,8 @@ fn sweep_stale(out_dir: &Path, out_name: &str) {
     let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
     let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     let tmp = std::env::temp_dir();
-    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])] {
+    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])]
+    {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
@@ -235,7 +243,14 @@ fn sweep_stale(out_dir: &Path, out_name: &str) {
 /// `-info`), program, output format, BLAST+ options, split, and the batch's queries as
 /// written. A rerun of the same search finds the parts an interrupted run finished; a
 /// changed database, query or option names other parts, so nothing stale is reused.
-pub fn part_keys(manifest: &Manifest, program: &str, outfmt: &str, blast_args: &[String], split: SplitBy, batches: &[Vec<u8>]) -> Vec<String> {
+pub fn part_keys(
+    manifest: &Manifest,
+    program: &str,
+    outfmt: &str,
+    blast_args: &[String],
+    split: SplitBy,
+    batches: &[Vec<u8>],
+) -> Vec<String> {
     use sha2::{Digest, Sha256};
     let mut common = Sha256::new();
     common.update(b"gepsea part 1\0");
@@ -396,7 +411,9 @@ pub enum SearchError {
     TaskFailed { task: usize, what: String, message: String },
     #[error("all workers died; the last one: {0}")]
     NoWorkers(String),
-    #[error("--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)")]
+    #[error(
+        "--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)"
+    )]
     QuerySplitWithoutAgents,
     #[error("archive of task {task}: {error}")]
     BadArchive { task: usize, error: archive::ArchiveError },
@@ -492,7 +509,14 @@ struct QueryResults {
 
 impl QueryResults {
     fn new(n: usize, ranges: &[std::ops::Range<usize>]) -> Self {
-        QueryResults { hsps: vec![None; n], ranges: ranges.to_vec(), left: ranges.iter().map(|r| r.len()).collect(), written: vec![false; ranges.len()], settled: Vec::new(), hits: 0 }
+        QueryResults {
+            hsps: vec![None; n],
+            ranges: ranges.to_vec(),
+            left: ranges.iter().map(|r| r.len()).collect(),
+            written: vec![false; ranges.len()],
+            settled: Vec::new(),
+            hits: 0,
+        }
     }
 
     /// Records query `g`'s hits (in final order), renumbering them to its place in its
@@ -645,7 +669,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         // Kept for a rerun only if it holds finished parts: a search that failed before
         // finishing anything (a bad database, a bad option) leaves nothing behind.
         if let Some(dir) = default_work_dir(&opts.out) {
-            let has_parts = std::fs::read_dir(dir.join("parts")).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".part")));
+            let has_parts =
+                std::fs::read_dir(dir.join("parts")).is_ok_and(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".part")));
             if !has_parts {
                 let _ = std::fs::remove_dir_all(&dir);
             }
@@ -670,7 +695,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let queries = fasta::read(&opts.query)?;
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
-    let split = choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
+    let split =
+        choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
     // Claim the output location first: an unwritable path fails now, not after the search.
     let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // Absolute: BLAST+ tools run with the scratch directory as their working directory.
@@ -707,9 +733,19 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let qtype = fasta::guess_moltype(&queries);
     if qtype != query_type {
         if opts.program.is_none() {
-            return Err(SearchError::TypeMismatch { query: opts.query.clone(), query_type: mol_name(qtype), db: opts.db.clone(), db_type: mol_name(manifest.dbtype) });
+            return Err(SearchError::TypeMismatch {
+                query: opts.query.clone(),
+                query_type: mol_name(qtype),
+                db: opts.db.clone(),
+                db_type: mol_name(manifest.dbtype),
+            });
         }
-        return Err(SearchError::QueryTypeForProgram { query: opts.query.clone(), query_type: mol_name(qtype), program, expected: mol_name(query_type) });
+        return Err(SearchError::QueryTypeForProgram {
+            query: opts.query.clone(),
+            query_type: mol_name(qtype),
+            program,
+            expected: mol_name(query_type),
+        });
     }
     tools::version()?;
     let tmp_out = out_dir.join(format!(".{out_name}.gepsea-tmp{}", std::process::id()));
@@ -719,8 +755,16 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // namespace is ours to remove; locally, /tmp and a namespace of our own.
     let pid = std::process::id();
     let (scratch, ns, ns_dir) = match &env {
-        Env::ClusterNoAgent(net) => (out_dir.join(format!(".gepsea-search-{pid}")), net.namespace.clone(), gepsea_net::namespace_dir(&net.namespace).join(format!("node-{}", MASTER.node))),
-        _ => (std::env::temp_dir().join(format!("gepsea-search-{pid}")), format!("search{pid}"), gepsea_net::namespace_dir(&format!("search{pid}"))),
+        Env::ClusterNoAgent(net) => (
+            out_dir.join(format!(".gepsea-search-{pid}")),
+            net.namespace.clone(),
+            gepsea_net::namespace_dir(&net.namespace).join(format!("node-{}", MASTER.node)),
+        ),
+        _ => (
+            std::env::temp_dir().join(format!("gepsea-search-{pid}")),
+            format!("search{pid}"),
+            gepsea_net::namespace_dir(&format!("search{pid}")),
+        ),
     };
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
@@ -769,7 +813,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
-    let parts: Vec<PathBuf> = part_keys(&manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts).into_iter().map(|k| parts_dir.join(format!("{k}.part"))).collect();
+    let parts: Vec<PathBuf> = part_keys(&manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts)
+        .into_iter()
+        .map(|k| parts_dir.join(format!("{k}.part")))
+        .collect();
     drop(batch_texts);
     if !opts.resume {
         for p in &parts {
@@ -779,7 +826,13 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let reusable: Vec<usize> = (0..parts.len()).filter(|&b| parts[b].is_file()).collect();
     if !reusable.is_empty() && !opts.quiet {
         let q: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
-        eprintln!("gepsea search: resuming from {}: {} of {} batches ({q} of {} queries) are done already", work_dir.display(), reusable.len(), parts.len(), queries.len());
+        eprintln!(
+            "gepsea search: resuming from {}: {} of {} batches ({q} of {} queries) are done already",
+            work_dir.display(),
+            reusable.len(),
+            parts.len(),
+            queries.len()
+        );
     }
     let mut sched = Scheduler::new();
     for (b, r) in batch_ranges.iter().enumerate() {
@@ -803,7 +856,12 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
 
     if !no_agent {
         let parts_for_cleanup = parts.clone();
-        let s = run_accel(opts, Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns, parts }, &mut cleanup, env)?;
+        let s = run_accel(
+            opts,
+            Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns, parts },
+            &mut cleanup,
+            env,
+        )?;
         done_work(&parts_for_cleanup);
         return Ok(s);
     }
@@ -840,12 +898,21 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let mut reused_hits = 0;
     for &b in &reusable {
         results.written[b] = true;
-        reused_hits += crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
+        reused_hits +=
+            crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
     }
     // Each batch's part of the report, written as soon as the batch is settled.
     let write_parts = |results: &mut QueryResults| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
-            let spec = report::Spec { program: &program, blastdb: blastdb.as_ref(), db_name: &manifest.name, queries: &batch_files[b], outfmt: &opts.outfmt, blast_args: &opts.blast_args, scratch: &scratch };
+            let spec = report::Spec {
+                program: &program,
+                blastdb: blastdb.as_ref(),
+                db_name: &manifest.name,
+                queries: &batch_files[b],
+                outfmt: &opts.outfmt,
+                blast_args: &opts.blast_args,
+                scratch: &scratch,
+            };
             let tmp = crate::accel::part_tmp(&parts[b], "master");
             report::write(&spec, &hsps, &tmp)?;
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
@@ -881,7 +948,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                             (f, manifest.name.clone())
                         }
                     };
-                    let msg = serde_json::to_vec(&TaskMsg { task: t, query_file, database, blastdb: blastdb.clone(), program: program.clone() }).unwrap();
+                    let msg =
+                        serde_json::to_vec(&TaskMsg { task: t, query_file, database, blastdb: blastdb.clone(), program: program.clone() })
+                            .unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
                     idle[w] = false;
                 }
@@ -924,7 +993,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 idle[w] = true;
                 let what = describe(sched.task(task), &manifest);
                 match sched.failed(w) {
-                    Some((_, AfterFailure::Retry)) => eprintln!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1),
+                    Some((_, AfterFailure::Retry)) => {
+                        eprintln!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
+                    }
                     _ => return Err(SearchError::TaskFailed { task, what, message }),
                 }
             }
@@ -974,7 +1045,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     progress.finish();
     // All searching is done: release the workers before the master writes the report.
     let stop = Instant::now();
-    let worker_seconds: f64 = (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
+    let worker_seconds: f64 =
+        (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
     for w in 0..workers {
         if alive[w] {
             let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
@@ -986,7 +1058,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
     for (b, p) in parts.iter().enumerate() {
         let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == parts.len())
+            .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
@@ -1068,7 +1141,11 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         split: a.split,
         // On one machine the workers share its cores: the last tasks can use the cores
         // of the workers that ran out of work. On a cluster a worker's cores are its own.
-        tail_threads: if matches!(env, Env::Local) { opts.workers.max(1).min(std::thread::available_parallelism().map_or(1, |n| n.get())) } else { 1 },
+        tail_threads: if matches!(env, Env::Local) {
+            opts.workers.max(1).min(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        } else {
+            1
+        },
         compress: opts.compress,
         assign: opts.assign,
         // A virtual fragment has no files to stage: it is a view of the database itself.
@@ -1076,12 +1153,19 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         parts: a.parts.clone(),
         // Searching a fragment reads its BLAST files and its statistics alias, never
         // the FASTA it was made from.
-        fragment_files: a.manifest.fragments.iter().map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect()).collect(),
+        fragment_files: a
+            .manifest
+            .fragments
+            .iter()
+            .map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect())
+            .collect(),
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
     let (stats, agent, own_client, workers, cluster_client) = match env {
-        Env::Cluster { client, workers, .. } => (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers, Some(client)),
+        Env::Cluster { client, workers, .. } => {
+            (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers, Some(client))
+        }
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
             let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
@@ -1089,7 +1173,9 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
             for _ in 0..workers {
                 let mut c = Command::new(&opts.worker_exe);
                 c.args(["agent-worker", "--namespace", &a.ns, "--node", "1"]).stdin(Stdio::null()).stdout(Stdio::null());
-                cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
+                cleanup
+                    .children
+                    .push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
             }
             let mut co = gepsea_client::ConnectOptions::from_env("gepsea search").map_err(|e| SearchError::Io(e.to_string()))?;
             co.namespace = a.ns.clone();
@@ -1219,7 +1305,14 @@ fn merge_batch(
 /// fails here in a fraction of a second, with BLAST+'s own error line, instead of in
 /// every task. Only option errors count: anything else the statistics database cannot
 /// show (e.g. `-taxids`) is left to the real search.
-fn validate_options(program: &str, blastdb: &str, first: &Record, outfmt: &str, args: &[String], scratch: &Path) -> Result<(), SearchError> {
+fn validate_options(
+    program: &str,
+    blastdb: &str,
+    first: &Record,
+    outfmt: &str,
+    args: &[String],
+    scratch: &Path,
+) -> Result<(), SearchError> {
     let q = scratch.join("validate.fasta");
     let mut buf = Vec::new();
     first.write_to(&mut buf);
@@ -1228,7 +1321,9 @@ fn validate_options(program: &str, blastdb: &str, first: &Record, outfmt: &str, 
     let mut all: Vec<&str> = vec!["-query", &qs, "-db", "stats", "-outfmt", outfmt, "-out", &out];
     all.extend(args.iter().map(|s| s.as_str()));
     match tools::run(program, &all, Some(blastdb.as_ref()), Some(scratch)) {
-        Err(ToolError::Failed { stderr, .. }) if tools::is_option_error(&stderr) => Err(SearchError::BlastOptions(tools::error_lines(&stderr))),
+        Err(ToolError::Failed { stderr, .. }) if tools::is_option_error(&stderr) => {
+            Err(SearchError::BlastOptions(tools::error_lines(&stderr)))
+        }
         Err(e @ ToolError::Missing { .. }) => Err(e.into()),
         _ => Ok(()),
     }
@@ -1301,7 +1396,11 @@ mod tests {
     use super::*;
 
     fn recs(lengths: &[usize]) -> Vec<Record> {
-        lengths.iter().enumerate().map(|(i, &n)| Record { defline: format!(">q{i}"), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 }).collect()
+        lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| Record { defline: format!(">q{i}"), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 })
+            .collect()
     }
 
     #[test]

@@ -38,7 +38,13 @@ pub fn search_path(dirs: &[&Path]) -> OsString {
 }
 
 /// Like [`run`], with extra environment variables.
-pub fn run_env(program: &str, args: &[&str], blastdb: Option<&OsStr>, cwd: Option<&Path>, env: &[(&str, &str)]) -> Result<Output, ToolError> {
+pub fn run_env(
+    program: &str,
+    args: &[&str],
+    blastdb: Option<&OsStr>,
+    cwd: Option<&Path>,
+    env: &[(&str, &str)],
+) -> Result<Output, ToolError> {
     let mut c = Command::new(program);
     c.args(args).stdin(Stdio::null());
     c.envs(env.iter().copied());

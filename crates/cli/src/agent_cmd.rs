@@ -101,7 +101,9 @@ fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
                 Some((id, a)) => (id.parse::<u32>().with_context(|| format!("--peers entry {p:?}: {id:?} is not a node id"))?, a),
                 None => (i as u32 + 1, p.as_str()),
             };
-            let addr = addr.parse::<SocketAddr>().with_context(|| format!("--peers entry {p:?}: {addr:?} is not HOST:PORT (an IP address and port)"))?;
+            let addr = addr
+                .parse::<SocketAddr>()
+                .with_context(|| format!("--peers entry {p:?}: {addr:?} is not HOST:PORT (an IP address and port)"))?;
             Ok((id, addr))
         })
         .collect()
@@ -175,7 +177,8 @@ pub fn run(a: &AgentArgs) -> Result<()> {
     plugins.register(std::sync::Arc::new(gepsea_blast::accel::BlastPlugin::default())).map_err(anyhow::Error::msg)?;
     plugins.register(std::sync::Arc::new(paramedic::agent::ShipPlugin)).map_err(anyhow::Error::msg)?;
     let agent = Agent::start(cfg, plugins, Default::default(), shutdown.clone())?;
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing signal handlers")?;
     let s2 = shutdown.clone();
     std::thread::spawn(move || {
         if signals.forever().next().is_some() {
@@ -203,7 +206,13 @@ fn status(a: &StatusArgs) -> Result<()> {
     let clients = v["clients"].as_array().cloned().unwrap_or_default();
     println!("  processes     {}", clients.len());
     for c in &clients {
-        println!("    port {:>4}  pid {:>7}  {:<8} {}", c["port"], c["pid"], c["activity"].as_str().unwrap_or(""), c["name"].as_str().unwrap_or(""));
+        println!(
+            "    port {:>4}  pid {:>7}  {:<8} {}",
+            c["port"],
+            c["pid"],
+            c["activity"].as_str().unwrap_or(""),
+            c["name"].as_str().unwrap_or("")
+        );
     }
     println!("  board keys    {}", v["board_keys"]);
     let locks = v["locks"].as_array().cloned().unwrap_or_default();
@@ -211,14 +220,28 @@ fn status(a: &StatusArgs) -> Result<()> {
     for l in &locks {
         println!("    {}: held by {} waiting {}", l["name"].as_str().unwrap_or(""), l["holders"], l["waiting"]);
     }
-    println!("  cache         {} objects, {} bytes of {}", v["cache_objects"].as_array().map_or(0, |a| a.len()), v["cache_bytes"], v["cache_bytes_limit"]);
+    println!(
+        "  cache         {} objects, {} bytes of {}",
+        v["cache_objects"].as_array().map_or(0, |a| a.len()),
+        v["cache_bytes"],
+        v["cache_bytes_limit"]
+    );
     println!("  global memory {} blocks, {} bytes of {}", v["gma_blocks"], v["gma_bytes"], v["gma_bytes_limit"]);
     println!("  merge streams {}", v["merge_streams"]);
     if !v["tasks"].is_null() {
         let t = &v["tasks"];
-        println!("  scheduler     {} queued, {} running, {} idle takers, {} assigned so far", t["queued"], t["running"], t["idle_takers"], t["assigned_total"]);
+        println!(
+            "  scheduler     {} queued, {} running, {} idle takers, {} assigned so far",
+            t["queued"], t["running"], t["idle_takers"], t["assigned_total"]
+        );
     }
-    println!("  plug-ins      {}", v["plugins"].as_array().map(|a| a.iter().map(|p| p[0].as_str().unwrap_or("").to_string()).collect::<Vec<_>>().join(", ")).unwrap_or_default());
+    println!(
+        "  plug-ins      {}",
+        v["plugins"]
+            .as_array()
+            .map(|a| a.iter().map(|p| p[0].as_str().unwrap_or("").to_string()).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default()
+    );
     println!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
     Ok(())
 }

@@ -50,7 +50,19 @@ fn start_agents(gepsea: &Path, ns: &str, n: usize, bed: Option<&gepsea_net::test
             None => Command::new(gepsea),
         };
         let listen = bed.map_or("127.0.0.1:0".to_string(), |b| format!("{}:7400", b.ip[i]));
-        c.args(["agent", "--namespace", ns, "--node-id", &(i + 1).to_string(), "--nodes", &n.to_string(), "--listen", &listen, "--rendezvous"]).arg(rv);
+        c.args([
+            "agent",
+            "--namespace",
+            ns,
+            "--node-id",
+            &(i + 1).to_string(),
+            "--nodes",
+            &n.to_string(),
+            "--listen",
+            &listen,
+            "--rendezvous",
+        ])
+        .arg(rv);
         let child = c.env("GEPSEA_LOG", "warn").stdout(Stdio::null()).stderr(Stdio::inherit()).spawn().context("starting an agent")?;
         let pid = child.id();
         v.push(Node { child, pid });
@@ -144,20 +156,31 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     println!();
     println!("| measure | gepsea agent | reference | ratio |");
     println!("|---|---|---|---|");
-    println!("| offloaded request round trip (ping) | {:.2} µs | gepsea-net shm ping-pong RTT {:.2} µs | {:.2}× |", one["ping"], net_rtt, one["ping"] / net_rtt);
+    println!(
+        "| offloaded request round trip (ping) | {:.2} µs | gepsea-net shm ping-pong RTT {:.2} µs | {:.2}× |",
+        one["ping"],
+        net_rtt,
+        one["ping"] / net_rtt
+    );
     println!("| bulletin-board put (1 node) | {:.2} µs | | |", one["put"]);
     println!("| lock acquire + release (1 node) | {:.2} µs | | |", one["lockpair"]);
     println!("| publish (1 node) | {:.2} µs | | |", one["publish"]);
     println!("| agent CPU, idle | {idle_pct:.2} % of a core | target < 1 % | |");
     println!();
-    println!("4 nodes ({}), all 4 clients running one operation at once:", if netns { "network namespaces on a bridge" } else { "loopback" });
+    println!(
+        "4 nodes ({}), all 4 clients running one operation at once:",
+        if netns { "network namespaces on a bridge" } else { "loopback" }
+    );
     println!("| operation | aggregate ops/s | per-client µs (nodes 1-4) |");
     println!("|---|---|---|");
     for k in KINDS {
         let (us, rate) = &four[k];
         println!("| {k} | {rate:.0} | {} |", us.iter().map(|u| format!("{u:.1}")).collect::<Vec<_>>().join(" / "));
     }
-    println!("agent CPU while serving the 4-node phases: {} % of a core", busy_pct.iter().map(|p| format!("{p:.0}")).collect::<Vec<_>>().join(" / "));
+    println!(
+        "agent CPU while serving the 4-node phases: {} % of a core",
+        busy_pct.iter().map(|p| format!("{p:.0}")).collect::<Vec<_>>().join(" / ")
+    );
     if let Some(p) = &a.json {
         let j = json!({
             "requests": a.requests,
@@ -183,7 +206,14 @@ fn stop(agents: Vec<Node>) {
 
 /// Runs `kind` on `n` clients (one per node) at once; per-client µs per operation and
 /// the aggregate rate over the phase's wall time.
-fn phase(probe: &Path, ns: &str, bed: Option<&gepsea_net::testbed::NetnsBridge>, n: usize, kind: &str, requests: u32) -> Result<(Vec<f64>, f64)> {
+fn phase(
+    probe: &Path,
+    ns: &str,
+    bed: Option<&gepsea_net::testbed::NetnsBridge>,
+    n: usize,
+    kind: &str,
+    requests: u32,
+) -> Result<(Vec<f64>, f64)> {
     let t = Instant::now();
     let mut kids = Vec::new();
     for i in 0..n {

@@ -46,7 +46,13 @@ impl Workload {
     /// `dir/g` with `gepsea`; returns the queries' residues.
     pub fn prepare(&self, gepsea: &Path, d: &Path) -> Result<usize> {
         let residues = prepare_inputs(&self.db, &self.query, self.queries, d)?;
-        run_ok(Command::new(gepsea).args(["db", "format", "--fragments", &self.fragments.to_string(), "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")))?;
+        run_ok(
+            Command::new(gepsea)
+                .args(["db", "format", "--fragments", &self.fragments.to_string(), "--title", "T", "--name", "DB", "--input"])
+                .arg(d.join("db.fasta"))
+                .arg("--out")
+                .arg(d.join("g")),
+        )?;
         Ok(residues)
     }
 }
@@ -129,7 +135,15 @@ impl StorageMount {
             keys.join("sshd.pid").display()
         );
         std::fs::write(keys.join("sshd_config"), config)?;
-        let sshd = Command::new("ip").args(["netns", "exec", storage_ns, "/usr/sbin/sshd"]).arg("-D").arg("-f").arg(keys.join("sshd_config")).stdout(Stdio::null()).stderr(Stdio::null()).spawn().context("starting sshd")?;
+        let sshd = Command::new("ip")
+            .args(["netns", "exec", storage_ns, "/usr/sbin/sshd"])
+            .arg("-D")
+            .arg("-f")
+            .arg(keys.join("sshd_config"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting sshd")?;
         let mut m = StorageMount { mountpoint: mountpoint.clone(), sshd };
         let target = format!("root@{storage_ip}:{}", export.display());
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -138,7 +152,13 @@ impl StorageMount {
                 .arg(format!("--net=/run/netns/{client_ns}"))
                 .args(["sshfs", &target])
                 .arg(&mountpoint)
-                .args(["-o", &format!("IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR", keys.join("client").display())])
+                .args([
+                    "-o",
+                    &format!(
+                        "IdentityFile={},StrictHostKeyChecking=no,UserKnownHostsFile=/dev/null,LogLevel=ERROR",
+                        keys.join("client").display()
+                    ),
+                ])
                 .output()?;
             if o.status.success() {
                 return Ok(m);
@@ -199,7 +219,12 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
 
 pub(crate) fn same_output(got: &Path, want: &Path) -> Result<bool> {
     let strip = |p: &Path| -> Result<Vec<String>> {
-        Ok(std::fs::read_to_string(p).with_context(|| p.display().to_string())?.lines().filter(|l| !l.trim_start().starts_with("Posted date:")).map(str::to_string).collect())
+        Ok(std::fs::read_to_string(p)
+            .with_context(|| p.display().to_string())?
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("Posted date:"))
+            .map(str::to_string)
+            .collect())
     };
     Ok(strip(got)? == strip(want)?)
 }
@@ -241,10 +266,21 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::create_dir_all(d.join("ref"))?;
     let residues = a.workload.prepare(&gepsea, d)?;
     let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
-    run_ok(Command::new("makeblastdb").args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"]).current_dir(d.join("ref")))?;
+    run_ok(
+        Command::new("makeblastdb")
+            .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
+            .current_dir(d.join("ref")),
+    )?;
     let serial_out = d.join("serial.out");
     let t = Instant::now();
-    run_ok(Command::new("blastp").env("BLASTDB", d.join("ref")).args(["-db", "DB", "-outfmt", &a.outfmt, "-query"]).arg(d.join("q.fasta")).arg("-out").arg(&serial_out))?;
+    run_ok(
+        Command::new("blastp")
+            .env("BLASTDB", d.join("ref"))
+            .args(["-db", "DB", "-outfmt", &a.outfmt, "-query"])
+            .arg(d.join("q.fasta"))
+            .arg("-out")
+            .arg(&serial_out),
+    )?;
     let serial = t.elapsed().as_secs_f64();
     let out_bytes = std::fs::metadata(&serial_out)?.len();
     eprintln!(
@@ -264,7 +300,24 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         let bed = NetnsBridge::new(&format!("bc{nodes}"), nodes + 1).context("building the testbed")?;
         let storage = if a.storage_mbit > 0 {
             // The switch's port towards the storage node carries every write to it.
-            run_ok(Command::new("ip").args(["netns", "exec", &bed.switch_name(), "tc", "qdisc", "add", "dev", &format!("p{nodes}"), "root", "tbf", "rate", &format!("{}mbit", a.storage_mbit), "burst", "64kb", "latency", "50ms"]))?;
+            run_ok(Command::new("ip").args([
+                "netns",
+                "exec",
+                &bed.switch_name(),
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                &format!("p{nodes}"),
+                "root",
+                "tbf",
+                "rate",
+                &format!("{}mbit", a.storage_mbit),
+                "burst",
+                "64kb",
+                "latency",
+                "50ms",
+            ]))?;
             Some(StorageMount::new(&bed.ns[nodes], &bed.ip[nodes], &bed.ns[0], d)?)
         } else {
             None
@@ -279,8 +332,20 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let _ = std::fs::remove_file(&summary);
             let rv = d.join(format!("rv-{nodes}-{}", rows.len()));
             let mut c = bed.mpirun(d, &slots, nodes + 1)?;
-            c.arg(&gepsea).args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"]).arg(d.join("g")).arg("--query").arg(d.join("q.fasta"));
-            c.arg("--out").arg(&out).arg("--rendezvous").arg(&rv).args(["--agent-net", &subnet]).arg("--summary-json").arg(&summary).args(["--nodes", &nodes.to_string(), "--batch-residues", &batch_residues]).args(flags);
+            c.arg(&gepsea)
+                .args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"])
+                .arg(d.join("g"))
+                .arg("--query")
+                .arg(d.join("q.fasta"));
+            c.arg("--out")
+                .arg(&out)
+                .arg("--rendezvous")
+                .arg(&rv)
+                .args(["--agent-net", &subnet])
+                .arg("--summary-json")
+                .arg(&summary)
+                .args(["--nodes", &nodes.to_string(), "--batch-residues", &batch_residues])
+                .args(flags);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
             let stop = Arc::new(AtomicBool::new(false));
             let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
@@ -288,7 +353,11 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             stop.store(true, Ordering::Relaxed);
             let agent_cpu: f64 = sampler.join().unwrap_or_default().values().sum();
             if !o.status.success() {
-                bail!("{nodes} nodes, {variant}: mpirun failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+                bail!(
+                    "{nodes} nodes, {variant}: mpirun failed: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
             }
             if !same_output(&out, &serial_out)? {
                 bail!("{nodes} nodes, {variant}: the output differs from serial blastp");
@@ -345,15 +414,30 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     std::fs::write(
         &a.json,
-        serde_json::to_string_pretty(&json!({"queries": a.workload.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}))?,
+        serde_json::to_string_pretty(
+            &json!({"queries": a.workload.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}),
+        )?,
     )?;
     crate::plots::lines(&out_dir.join("cluster_wall.png"), "Wall time (s)", "emulated nodes", &series(&rows, |r| r.wall_seconds))?;
-    crate::plots::lines(&out_dir.join("cluster_search_fraction.png"), "Worker time inside BLAST+ (%)", "emulated nodes", &series(&rows, |r| 100.0 * r.search_fraction))?;
-    crate::plots::lines(&out_dir.join("cluster_agent_cpu.png"), "Agent CPU (% of one core per agent)", "emulated nodes", &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>())?;
+    crate::plots::lines(
+        &out_dir.join("cluster_search_fraction.png"),
+        "Worker time inside BLAST+ (%)",
+        "emulated nodes",
+        &series(&rows, |r| 100.0 * r.search_fraction),
+    )?;
+    crate::plots::lines(
+        &out_dir.join("cluster_agent_cpu.png"),
+        "Agent CPU (% of one core per agent)",
+        "emulated nodes",
+        &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>(),
+    )?;
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
 }
 
 fn series(rows: &[Row], y: impl Fn(&Row) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
-    VARIANTS.iter().map(|(v, _)| (v.to_string(), rows.iter().filter(|r| r.variant == *v).map(|r| (r.nodes as f64, y(r))).collect())).collect()
+    VARIANTS
+        .iter()
+        .map(|(v, _)| (v.to_string(), rows.iter().filter(|r| r.variant == *v).map(|r| (r.nodes as f64, y(r))).collect()))
+        .collect()
 }

@@ -77,7 +77,8 @@ fn descendants(pid: u32, out: &mut Vec<u32>) {
 /// Runs `c` to completion, sampling memory; returns (wall seconds, peaks).
 fn measured(mut c: Command) -> Result<(f64, Peaks)> {
     let started = Instant::now();
-    let mut child = c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {c:?}"))?;
+    let mut child =
+        c.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().with_context(|| format!("starting {c:?}"))?;
     let pid = child.id();
     let stderr = child.stderr.take().expect("piped");
     let err = std::thread::spawn(move || std::io::BufReader::new(stderr).lines().map_while(|l| l.ok()).collect::<Vec<_>>().join("\n"));
@@ -116,8 +117,10 @@ fn mib(kib: u64) -> f64 {
 /// `bytes` are written; returns (bytes, sequences).
 fn synthesise(source: &Path, out: &Path, bytes: u64) -> Result<(u64, u64)> {
     let mut text = String::new();
-    std::io::Read::read_to_string(&mut gepsea_blast::fasta::open(source)?, &mut text).with_context(|| format!("reading {}", source.display()))?;
-    let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?);
+    std::io::Read::read_to_string(&mut gepsea_blast::fasta::open(source)?, &mut text)
+        .with_context(|| format!("reading {}", source.display()))?;
+    let mut w =
+        std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?);
     let (mut written, mut seqs, mut copy) = (0u64, 0u64, 0u64);
     while written < bytes {
         for line in text.lines() {
@@ -159,7 +162,21 @@ pub fn run(a: &DbBenchArgs) -> Result<()> {
         eprintln!("bench db: makeblastdb {t_ref:.1} s, peak RSS {:.0} MiB", mib(p_ref.own));
         let gdb = dir.join("gepsea-db");
         let mut c = Command::new(&exe);
-        c.args(["db", "format", "--force", "--title", "synthetic", "--name", "synthetic", "--fragments", &a.fragments.to_string(), "--input"]).arg(&fasta).arg("--out").arg(&gdb);
+        c.args([
+            "db",
+            "format",
+            "--force",
+            "--title",
+            "synthetic",
+            "--name",
+            "synthetic",
+            "--fragments",
+            &a.fragments.to_string(),
+            "--input",
+        ])
+        .arg(&fasta)
+        .arg("--out")
+        .arg(&gdb);
         let (t_g, p_g) = measured(c)?;
         let mk = p_g.by_name.get("makeblastdb").copied().unwrap_or(0);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -193,7 +210,12 @@ pub fn run(a: &DbBenchArgs) -> Result<()> {
             // times), all printed: a report many times the size of the database part a
             // query needs.
             let mut c = Command::new(&exe);
-            c.args(["search", "--quiet", "--workers", "2", "--outfmt", &a.outfmt, "--db"]).arg(&gdb).arg("--query").arg(&q).arg("--out").arg(&out);
+            c.args(["search", "--quiet", "--workers", "2", "--outfmt", &a.outfmt, "--db"])
+                .arg(&gdb)
+                .arg("--query")
+                .arg(&q)
+                .arg("--out")
+                .arg(&out);
             c.args(["--", "-num_descriptions", "20000", "-num_alignments", "20000"]);
             let (t_s, p_s) = measured(c)?;
             let report = std::fs::metadata(&out)?.len();

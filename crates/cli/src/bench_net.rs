@@ -229,7 +229,13 @@ fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usi
 }
 
 /// Overlap: receiver posts irecv(S), computes C, waits. Returns (wait µs, total µs).
-fn overlap(netpeer: &Path, progress: Progress, sizes: &[usize], computes: &[Duration], rounds: usize) -> Result<BTreeMap<(usize, u128), (f64, f64)>> {
+fn overlap(
+    netpeer: &Path,
+    progress: Progress,
+    sizes: &[usize],
+    computes: &[Duration],
+    rounds: usize,
+) -> Result<BTreeMap<(usize, u128), (f64, f64)>> {
     let ns = format!("gbo{}{}", std::process::id(), progress == Progress::Inline);
     let mut cfg = PortConfig::new(&ns, Addr::new(0, 1));
     cfg.progress = progress;
@@ -319,7 +325,10 @@ pub fn run(args: &NetArgs) -> Result<()> {
     let netpeer = sibling("gepsea-netpeer")?;
     for r in ["mpi_pingpong", "tcp_pingpong"] {
         if !args.refs.join(r).exists() {
-            bail!("reference program {} missing: build it with `make bench` (needs mpicc from libopenmpi-dev)", args.refs.join(r).display());
+            bail!(
+                "reference program {} missing: build it with `make bench` (needs mpicc from libopenmpi-dev)",
+                args.refs.join(r).display()
+            );
         }
     }
     let host = std::fs::read_to_string("/proc/cpuinfo")
@@ -342,40 +351,40 @@ pub fn run(args: &NetArgs) -> Result<()> {
     let reps = if quick { 1 } else { 3 };
     let (mut lat_ratios, mut bw_ratios) = (Vec::new(), Vec::new());
     if !args.overlap_only {
-    let (mut g_runs, mut m_runs) = (Vec::new(), Vec::new());
-    for i in 0..reps {
-        eprintln!("measuring gepsea over shared memory ({}/{reps}) ...", i + 1);
-        let g = gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick)?;
-        eprintln!("measuring OpenMPI over shared memory ({}/{reps}) ...", i + 1);
-        let m = mpi_case(&args.refs, "self,vader", quick)?;
-        if let (Some(a), Some(b)) = (g.0.get(&8), m.0.get(&8)) {
-            lat_ratios.push(a / b);
+        let (mut g_runs, mut m_runs) = (Vec::new(), Vec::new());
+        for i in 0..reps {
+            eprintln!("measuring gepsea over shared memory ({}/{reps}) ...", i + 1);
+            let g = gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick)?;
+            eprintln!("measuring OpenMPI over shared memory ({}/{reps}) ...", i + 1);
+            let m = mpi_case(&args.refs, "self,vader", quick)?;
+            if let (Some(a), Some(b)) = (g.0.get(&8), m.0.get(&8)) {
+                lat_ratios.push(a / b);
+            }
+            if let (Some(a), Some(b)) = (g.1.get(&(1 << 20)), m.1.get(&(1 << 20))) {
+                bw_ratios.push(a / b);
+            }
+            g_runs.push(g);
+            m_runs.push(m);
         }
-        if let (Some(a), Some(b)) = (g.1.get(&(1 << 20)), m.1.get(&(1 << 20))) {
-            bw_ratios.push(a / b);
+        add("gepsea shm", median_series(&g_runs));
+        add("OpenMPI shm", median_series(&m_runs));
+        eprintln!("measuring gepsea over TCP loopback ...");
+        add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
+        eprintln!("measuring raw TCP loopback ...");
+        add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
+        eprintln!("measuring OpenMPI over TCP loopback ...");
+        add("OpenMPI tcp lo", mpi_case(&args.refs, "self,tcp", quick)?);
+        // SAFETY: trivial libc call.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root && !args.no_netns {
+            let n = Netns::new("gbn").context("creating two network namespaces")?;
+            eprintln!("measuring gepsea across a veth pair ...");
+            add("gepsea veth", gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v"), quick)?);
+            eprintln!("measuring raw TCP across a veth pair ...");
+            add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
+        } else {
+            eprintln!("skipping the veth cases (need root)");
         }
-        g_runs.push(g);
-        m_runs.push(m);
-    }
-    add("gepsea shm", median_series(&g_runs));
-    add("OpenMPI shm", median_series(&m_runs));
-    eprintln!("measuring gepsea over TCP loopback ...");
-    add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
-    eprintln!("measuring raw TCP loopback ...");
-    add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
-    eprintln!("measuring OpenMPI over TCP loopback ...");
-    add("OpenMPI tcp lo", mpi_case(&args.refs, "self,tcp", quick)?);
-    // SAFETY: trivial libc call.
-    let root = unsafe { libc::geteuid() } == 0;
-    if root && !args.no_netns {
-        let n = Netns::new("gbn").context("creating two network namespaces")?;
-        eprintln!("measuring gepsea across a veth pair ...");
-        add("gepsea veth", gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v"), quick)?);
-        eprintln!("measuring raw TCP across a veth pair ...");
-        add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
-    } else {
-        eprintln!("skipping the veth cases (need root)");
-    }
     }
     eprintln!("measuring overlap (event thread vs inline) ...");
     let sizes = [64 << 10, 1 << 20, 4 << 20];
@@ -448,7 +457,12 @@ pub fn run(args: &NetArgs) -> Result<()> {
     show("shm 8 B latency / OpenMPI shm", r_shm_lat, "<= 1.2");
     show("shm 1 MiB bandwidth / OpenMPI shm", r_shm_bw, ">= 0.9");
     let list = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
-    println!("  (shared-memory ratios: median of {} alternated rounds; 8 B {}; 1 MiB {})", lat_ratios.len(), list(&lat_ratios), list(&bw_ratios));
+    println!(
+        "  (shared-memory ratios: median of {} alternated rounds; 8 B {}; 1 MiB {})",
+        lat_ratios.len(),
+        list(&lat_ratios),
+        list(&bw_ratios)
+    );
     show("TCP loopback 8 B latency / raw TCP", r_tcp_lat, "<= 1.15");
     show("TCP veth 8 B latency / raw TCP veth", r_veth_lat, "<= 1.15");
     println!("  overlap wait thread/inline where C >= 2x transfer: {}   [<= 0.10]", if overlap_ok { "met" } else { "NOT met" });

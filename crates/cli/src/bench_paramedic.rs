@@ -146,12 +146,20 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     run_ok(Command::new(&gepsea).args(["paramedic", "keygen", "--out"]).arg(d.join("key")))?;
 
     let sites = WanSites::new("pmb", a.compute_nodes).context("building the two sites")?;
-    sites.sysctl_nodes(&["net.ipv4.tcp_rmem=4096 131072 67108864", "net.ipv4.tcp_wmem=4096 16384 67108864", "net.ipv4.tcp_no_metrics_save=1", "net.ipv4.tcp_congestion_control=bbr"])?;
+    sites.sysctl_nodes(&[
+        "net.ipv4.tcp_rmem=4096 131072 67108864",
+        "net.ipv4.tcp_wmem=4096 16384 67108864",
+        "net.ipv4.tcp_no_metrics_save=1",
+        "net.ipv4.tcp_congestion_control=bbr",
+    ])?;
     let storage_addr = |port: u16| format!("{}:{port}", sites.storage_ip);
     let mut servers = Children(Vec::new());
     for (port, out, keyed) in [(PLAIN_PORT, "plain", false), (KEYED_PORT, "keyed", true)] {
         let mut c = sites.storage_cmd(&gepsea);
-        c.args(["paramedic", "serve", "--listen", &storage_addr(port), "--db"]).arg(d.join("replica")).arg("--out").arg(d.join("at-storage").join(out));
+        c.args(["paramedic", "serve", "--listen", &storage_addr(port), "--db"])
+            .arg(d.join("replica"))
+            .arg("--out")
+            .arg(d.join("at-storage").join(out));
         if keyed {
             c.arg("--key").arg(d.join("key"));
         }
@@ -177,18 +185,27 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         let _ = std::fs::remove_file(&summary);
         let mut c = sites.compute.mpirun(d, &slots, a.compute_nodes + 1)?;
         c.arg(&gepsea).args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"]).arg(d.join("g")).arg("--query").arg(d.join("q.fasta"));
-        c.arg("--out").arg(&out).arg("--rendezvous").arg(d.join(format!("rv{runs}"))).args(["--agent-net", &subnet, "--nodes", &a.compute_nodes.to_string()]).arg("--summary-json").arg(&summary);
+        c.arg("--out")
+            .arg(&out)
+            .arg("--rendezvous")
+            .arg(d.join(format!("rv{runs}")))
+            .args(["--agent-net", &subnet, "--nodes", &a.compute_nodes.to_string()])
+            .arg("--summary-json")
+            .arg(&summary);
         let mut at_storage = out.clone();
         if let Some(v) = ship.filter(|v| v.ship != Ship::RemoteFs) {
             c.args(["--storage-site", &storage_addr(if v.encrypted { KEYED_PORT } else { PLAIN_PORT })]);
             if v.encrypted {
                 c.arg("--storage-key").arg(d.join("key"));
             }
-            c.args(["--ship", match v.ship {
-                Ship::Paramedic => "metadata",
-                Ship::Zstd => "zstd",
-                _ => "output",
-            }]);
+            c.args([
+                "--ship",
+                match v.ship {
+                    Ship::Paramedic => "metadata",
+                    Ship::Zstd => "zstd",
+                    _ => "output",
+                },
+            ]);
             at_storage = d.join("at-storage").join(if v.encrypted { "keyed" } else { "plain" }).join(&name);
         } else if ship.is_some() {
             at_storage = export.join(&name);
@@ -198,7 +215,12 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         let o = c.output()?;
         let wall = t.elapsed().as_secs_f64();
         if !o.status.success() {
-            bail!("{}: mpirun failed: {}{}", ship.map_or("reference", |v| v.name), String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+            bail!(
+                "{}: mpirun failed: {}{}",
+                ship.map_or("reference", |v| v.name),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
         }
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
         Ok((wall, s, at_storage))
@@ -222,7 +244,11 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         sites.set_rate(rate)?;
         for &delay in &a.delays_ms {
             let _daemon = if delay > 0.0 {
-                let daemon = Children(vec![sites.router_cmd(&gepsea).args(["testbed", "delay", "--queue", "0", "--delay-ms", &delay.to_string()]).spawn().context("starting the delay daemon")?]);
+                let daemon = Children(vec![sites
+                    .router_cmd(&gepsea)
+                    .args(["testbed", "delay", "--queue", "0", "--delay-ms", &delay.to_string()])
+                    .spawn()
+                    .context("starting the delay daemon")?]);
                 std::thread::sleep(Duration::from_millis(300));
                 sites.queue_wan_traffic(Some(0))?;
                 Some(daemon)
@@ -287,7 +313,9 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f64) -> Result<()> {
-    let wall = |rate: u32, delay: f64, variant: &str| rows.iter().find(|r| r.rate_mbit == rate && r.delay_ms == delay && r.variant == variant).map(|r| r.wall_seconds);
+    let wall = |rate: u32, delay: f64, variant: &str| {
+        rows.iter().find(|r| r.rate_mbit == rate && r.delay_ms == delay && r.variant == variant).map(|r| r.wall_seconds)
+    };
     println!("\n| link | one-way delay | RTT | variant | end to end s | search s | delivery s | storage site s | bytes shipped | ParaMEDIC speed-up |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
@@ -325,7 +353,10 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
     );
     println!("break-even: ParaMEDIC beats sending the output where the link delivers less than {break_even_mbit:.1} Mbit/s end to end ((D − x)·8 / (f + g))");
     let z: Vec<&Row> = rows.iter().filter(|r| r.variant == "zstd -3").collect();
-    let (zx, zfg) = (median(z.iter().filter_map(|r| r.shipped_bytes.map(|b| b as f64)).collect()), median(z.iter().filter_map(|r| Some(r.encode_seconds? + r.storage_seconds?)).collect()));
+    let (zx, zfg) = (
+        median(z.iter().filter_map(|r| r.shipped_bytes.map(|b| b as f64)).collect()),
+        median(z.iter().filter_map(|r| Some(r.encode_seconds? + r.storage_seconds?)).collect()),
+    );
     let break_even_zstd_mbit = (zx - meta) * 8.0 / 1e6 / (encode + regen - zfg).max(1e-9);
     println!("break-even: ParaMEDIC beats zstd -3 ({zx:.0} bytes, {zfg:.2} s of work at both ends) below {break_even_zstd_mbit:.1} Mbit/s");
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
@@ -340,12 +371,29 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
         }))?,
     )?;
     for &rate in &a.rates_mbit {
-        let series: Vec<(String, Vec<(f64, f64)>)> = VARIANTS.iter().map(|v| (v.name.to_string(), rows.iter().filter(|r| r.rate_mbit == rate && r.variant == v.name).map(|r| (r.delay_ms, r.wall_seconds)).collect())).collect();
-        crate::plots::lines(&out_dir.join(format!("paramedic_wall_{rate}mbit.png")), &format!("End-to-end time (s), {rate} Mbit/s link"), "one-way delay (ms)", &series)?;
+        let series: Vec<(String, Vec<(f64, f64)>)> = VARIANTS
+            .iter()
+            .map(|v| {
+                (
+                    v.name.to_string(),
+                    rows.iter().filter(|r| r.rate_mbit == rate && r.variant == v.name).map(|r| (r.delay_ms, r.wall_seconds)).collect(),
+                )
+            })
+            .collect();
+        crate::plots::lines(
+            &out_dir.join(format!("paramedic_wall_{rate}mbit.png")),
+            &format!("End-to-end time (s), {rate} Mbit/s link"),
+            "one-way delay (ms)",
+            &series,
+        )?;
     }
     let mut speedups = Vec::new();
     for &rate in &a.rates_mbit {
-        for (base, pm) in [("direct, encrypted", "ParaMEDIC, encrypted"), ("remote FS (sshfs, encrypted)", "ParaMEDIC, encrypted"), ("zstd -3", "ParaMEDIC")] {
+        for (base, pm) in [
+            ("direct, encrypted", "ParaMEDIC, encrypted"),
+            ("remote FS (sshfs, encrypted)", "ParaMEDIC, encrypted"),
+            ("zstd -3", "ParaMEDIC"),
+        ] {
             let pts = a.delays_ms.iter().filter_map(|&dl| Some((dl, wall(rate, dl, base)? / wall(rate, dl, pm)?))).collect();
             speedups.push((format!("{rate} Mbit/s, vs {base}"), pts));
         }

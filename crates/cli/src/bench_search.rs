@@ -117,12 +117,30 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     }
     let gdb = dir.join("gdb");
     db::format(
-        &db::FormatOptions { input: &dir.join("db.fasta"), fragments: a.fragments, out: &gdb, dbtype: None, title: Some(title.into()), name: Some("db".into()), force: true, jobs: 0, makeblastdb_args: Vec::new() },
+        &db::FormatOptions {
+            input: &dir.join("db.fasta"),
+            fragments: a.fragments,
+            out: &gdb,
+            dbtype: None,
+            title: Some(title.into()),
+            name: Some("db".into()),
+            force: true,
+            jobs: 0,
+            makeblastdb_args: Vec::new(),
+        },
         |_| {},
     )?;
-    eprintln!("bench search: {} queries, {} sequences, {} fragments, {} workers, outfmt {}", a.queries.min(qs.len()), recs.len(), a.fragments, a.workers, a.outfmt);
+    eprintln!(
+        "bench search: {} queries, {} sequences, {} fragments, {} workers, outfmt {}",
+        a.queries.min(qs.len()),
+        recs.len(),
+        a.fragments,
+        a.workers,
+        a.outfmt
+    );
     // (label, split) of each gepsea configuration measured in every round.
-    let mut configs: Vec<(&str, Option<search::SplitBy>)> = vec![(if a.no_agent { "no agent, by fragments" } else { "default split" }, None)];
+    let mut configs: Vec<(&str, Option<search::SplitBy>)> =
+        vec![(if a.no_agent { "no agent, by fragments" } else { "default split" }, None)];
     if !a.no_agent && !a.no_fragment_split {
         configs.push(("split by fragments", Some(search::SplitBy::Fragments)));
     }
@@ -165,7 +183,11 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         let want = std::fs::read(&out_s)?;
         for (i, (g, frac, out, split, tasks, label)) in measured.into_iter().enumerate() {
             let same = out == want;
-            line += &format!(" gepsea ({label}: {tasks} tasks by {split}) {g:.2} s, ratio {:.3}, identical {same}, in BLAST+ {:.1} %;", g / sr, frac * 100.0);
+            line += &format!(
+                " gepsea ({label}: {tasks} tasks by {split}) {g:.2} s, ratio {:.3}, identical {same}, in BLAST+ {:.1} %;",
+                g / sr,
+                frac * 100.0
+            );
             if !same {
                 bail!("outputs differ ({label}): the benchmark measures nothing if gepsea is not exact");
             }
@@ -212,7 +234,11 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     println!("median ratio gepsea / blastp: {mr:.3}   [target <= 0.9]");
     println!("worker time inside BLAST+: {:.1} %   [target >= 99 %]", mi * 100.0);
     if let Some(p) = &a.json {
-        let per_config: Vec<_> = configs.iter().zip(&runs).map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside})).collect();
+        let per_config: Vec<_> = configs
+            .iter()
+            .zip(&runs)
+            .map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside}))
+            .collect();
         let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": perfect, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
         let tmp = p.with_extension("json.tmp");

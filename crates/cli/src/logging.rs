@@ -32,7 +32,11 @@ pub fn init(verbose: u8, quiet: bool, default: &str) {
         EnvFilter::new("warn")
     });
     std::env::set_var("RUST_LOG", &spec);
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(std::io::stderr().is_terminal()).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
 #[cfg(test)]

@@ -8,17 +8,17 @@ use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
 mod agent_cmd;
-mod logging;
 mod bench_agent;
 mod bench_cluster;
 mod bench_db;
 mod bench_net;
-mod bench_search;
-mod plots;
-mod paramedic_cmd;
-mod testbed_cmd;
 mod bench_paramedic;
+mod bench_search;
+mod logging;
+mod paramedic_cmd;
+mod plots;
 mod procstat;
+mod testbed_cmd;
 
 #[derive(Parser)]
 #[command(name = "gepsea", version, about = "gepsea: a software accelerator for parallel scientific applications")]
@@ -82,7 +82,9 @@ struct VerifyArgs {
 }
 
 #[derive(Args)]
-#[command(after_help = "Options after `--` go to every makeblastdb run, e.g. `-- -taxid_map map.txt -blastdb_version 4 -max_file_sz 1GB`; -parse_seqids is always set.")]
+#[command(
+    after_help = "Options after `--` go to every makeblastdb run, e.g. `-- -taxid_map map.txt -blastdb_version 4 -max_file_sz 1GB`; -parse_seqids is always set."
+)]
 struct FormatArgs {
     /// FASTA database: plain, gzip, zstd or bzip2 (recognised by content).
     #[arg(long)]
@@ -352,7 +354,12 @@ fn run() -> Result<()> {
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
             let deliver = match a.storage_site {
-                Some(storage) => Some(paramedic_cmd::deliver_to(storage, a.storage_key.as_deref(), if a.paramedic { "metadata" } else { &a.ship }, (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice()))?),
+                Some(storage) => Some(paramedic_cmd::deliver_to(
+                    storage,
+                    a.storage_key.as_deref(),
+                    if a.paramedic { "metadata" } else { &a.ship },
+                    (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice()),
+                )?),
                 None => None,
             };
             let opts = search::SearchOptions {
@@ -391,7 +398,12 @@ fn run() -> Result<()> {
             }
             let s = match launch {
                 Some(l) => {
-                    let c = gepsea_blast::cluster::ClusterOptions { rendezvous: a.rendezvous.clone(), agent_net: a.agent_net.clone(), agent_port: a.agent_port, nodes: a.nodes };
+                    let c = gepsea_blast::cluster::ClusterOptions {
+                        rendezvous: a.rendezvous.clone(),
+                        agent_net: a.agent_net.clone(),
+                        agent_port: a.agent_port,
+                        nodes: a.nodes,
+                    };
                     let opts = search::SearchOptions { quiet: opts.quiet || l.rank != 0, ..opts };
                     match gepsea_blast::cluster::run(&opts, l, &c)? {
                         Some(s) => s,

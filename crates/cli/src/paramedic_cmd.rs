@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use paramedic::blast::{BlastJob, BlastPlugin};
-use paramedic::{container, transfer};
 use paramedic::trace::TracePlugin;
+use paramedic::{container, transfer};
 use paramedic::{MetadataPlugin, RawPlugin, ZstdPlugin};
 
 #[derive(clap::Subcommand)]
@@ -141,7 +141,13 @@ pub fn read_key(path: Option<&Path>) -> Result<Option<transfer::Key>> {
 }
 
 /// Sends `container` to the storage site at `to` as `name`; prints what happened.
-fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&transfer::Key>) -> Result<()> {
+fn send_to_storage(
+    to: std::net::SocketAddr,
+    from: Option<std::net::IpAddr>,
+    name: &str,
+    container: &[u8],
+    key: Option<&transfer::Key>,
+) -> Result<()> {
     let sent = transfer::send_to(to, from, name, container, key).with_context(|| format!("sending {name} to {to}"))?;
     eprintln!(
         "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
@@ -160,7 +166,12 @@ fn send_to_storage(to: std::net::SocketAddr, from: Option<std::net::IpAddr>, nam
 /// `gepsea search --storage-site`: once the output is complete, ship it as `ship` says
 /// (`output`, `zstd`, or `metadata`: BLAST metadata of `search` = database, queries,
 /// format, options) to `storage`, through the node's agent when there is one.
-pub fn deliver_to(storage: std::net::SocketAddr, key_file: Option<&Path>, ship: &str, search: (&Path, &Path, &str, &[String])) -> Result<gepsea_blast::search::Deliver> {
+pub fn deliver_to(
+    storage: std::net::SocketAddr,
+    key_file: Option<&Path>,
+    ship: &str,
+    search: (&Path, &Path, &str, &[String]),
+) -> Result<gepsea_blast::search::Deliver> {
     // Check the key now, not after the search; the agent reads it again itself.
     read_key(key_file)?;
     let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
@@ -168,7 +179,12 @@ pub fn deliver_to(storage: std::net::SocketAddr, key_file: Option<&Path>, ship: 
     let encoding = match ship {
         "metadata" => {
             let (db, query, outfmt, args) = search;
-            paramedic::agent::Encoding::Blast(BlastJob { db_dir: abs(db)?, query: abs(query)?, outfmt: outfmt.to_string(), blast_args: args.to_vec() })
+            paramedic::agent::Encoding::Blast(BlastJob {
+                db_dir: abs(db)?,
+                query: abs(query)?,
+                outfmt: outfmt.to_string(),
+                blast_args: args.to_vec(),
+            })
         }
         // Level 3: 5x on BLAST reports at ≈200 MB/s; -19 gains another 20 % for 80x the time.
         "zstd" => paramedic::agent::Encoding::Zstd(3),
@@ -225,10 +241,16 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let ns = format!("paramedic-storage{}", std::process::id());
             let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
             stop_cleanly_on_signal(ns.clone(), a.out.clone())?;
-            eprintln!("gepsea paramedic: storage site listening on {}{}, writing to {}", a.listen, if key.is_some() { " (encrypted transfers only)" } else { "" }, a.out.display());
+            eprintln!(
+                "gepsea paramedic: storage site listening on {}{}, writing to {}",
+                a.listen,
+                if key.is_some() { " (encrypted transfers only)" } else { "" },
+                a.out.display()
+            );
             let db = a.db.clone();
             let threads = a.threads.unwrap_or_else(cores);
-            let mut sink = transfer::RegenerateInto { dir: a.out.clone(), plugins: move |name: &str| decoder(name, db.as_deref(), threads) };
+            let mut sink =
+                transfer::RegenerateInto { dir: a.out.clone(), plugins: move |name: &str| decoder(name, db.as_deref(), threads) };
             transfer::serve(&port, &mut sink, a.count, key.as_ref(), |ack| match &ack.result {
                 Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
                 Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
@@ -257,13 +279,27 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 "zstd" => Box::new(ZstdPlugin::default()),
                 "trace" => Box::new(TracePlugin),
                 _ => {
-                    let (Some(db), Some(query)) = (&a.db, &a.query) else { bail!("the blast plug-in needs --db (the database searched) and --query (its queries)") };
-                    Box::new(BlastPlugin::compute_site(BlastJob { db_dir: db.clone(), query: query.clone(), outfmt: a.outfmt.clone(), blast_args: a.blast_args.clone() }))
+                    let (Some(db), Some(query)) = (&a.db, &a.query) else {
+                        bail!("the blast plug-in needs --db (the database searched) and --query (its queries)")
+                    };
+                    Box::new(BlastPlugin::compute_site(BlastJob {
+                        db_dir: db.clone(),
+                        query: query.clone(),
+                        outfmt: a.outfmt.clone(),
+                        blast_args: a.blast_args.clone(),
+                    }))
                 }
             };
             let sealed = container::seal(plugin.as_ref(), &output).with_context(|| format!("encoding {}", a.output.display()))?;
             write_atomically(&a.out, &sealed)?;
-            eprintln!("gepsea paramedic: {} bytes of output -> {} bytes of {} metadata ({:.1}x smaller), {}", output.len(), sealed.len(), plugin.name(), output.len() as f64 / sealed.len().max(1) as f64, a.out.display());
+            eprintln!(
+                "gepsea paramedic: {} bytes of output -> {} bytes of {} metadata ({:.1}x smaller), {}",
+                output.len(),
+                sealed.len(),
+                plugin.name(),
+                output.len() as f64 / sealed.len().max(1) as f64,
+                a.out.display()
+            );
             Ok(())
         }
         ParamedicCmd::Decode(a) => {
@@ -286,7 +322,12 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             }
             .with_context(|| format!("{}", a.metadata.display()))?;
             write_atomically(&a.out, &output)?;
-            eprintln!("gepsea paramedic: regenerated {} bytes from {} bytes of {name} metadata, {}", output.len(), data.len(), a.out.display());
+            eprintln!(
+                "gepsea paramedic: regenerated {} bytes from {} bytes of {name} metadata, {}",
+                output.len(),
+                data.len(),
+                a.out.display()
+            );
             Ok(())
         }
     }

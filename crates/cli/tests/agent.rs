@@ -592,7 +592,15 @@ fn kill_tree(pid: u32) {
 fn waiting_on(a: &Agents, lock: &str) -> usize {
     (0..a.agents.len())
         .filter(|&i| a.agents[i].is_some())
-        .map(|i| a.status(i)["locks"].as_array().unwrap().iter().filter(|l| l["name"] == lock).map(|l| l["waiting"].as_array().unwrap().len()).sum::<usize>())
+        .map(|i| {
+            a.status(i)["locks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|l| l["name"] == lock)
+                .map(|l| l["waiting"].as_array().unwrap().len())
+                .sum::<usize>()
+        })
         .sum()
 }
 

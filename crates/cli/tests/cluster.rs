@@ -55,16 +55,42 @@ impl Cluster {
         std::fs::write(d.join("db.fasta"), fasta).unwrap();
         let q = String::from_utf8(run_ok(Command::new("zcat").arg(QUERY_GZ)).stdout).unwrap();
         let mut n = 0;
-        let queries: String = q.lines().filter(|l| { if l.starts_with('>') { n += 1; } n <= 40 }).map(|l| format!("{l}\n")).collect();
+        let queries: String = q
+            .lines()
+            .filter(|l| {
+                if l.starts_with('>') {
+                    n += 1;
+                }
+                n <= 40
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
         std::fs::write(d.join("q.fasta"), queries).unwrap();
-        run_ok(Command::new("makeblastdb").args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"]).current_dir(d.join("ref")));
-        run_ok(Command::new(env!("CARGO_BIN_EXE_gepsea")).args(["db", "format", "--fragments", "3", "--title", "T", "--name", "DB", "--input"]).arg(d.join("db.fasta")).arg("--out").arg(d.join("g")));
+        run_ok(
+            Command::new("makeblastdb")
+                .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
+                .current_dir(d.join("ref")),
+        );
+        run_ok(
+            Command::new(env!("CARGO_BIN_EXE_gepsea"))
+                .args(["db", "format", "--fragments", "3", "--title", "T", "--name", "DB", "--input"])
+                .arg(d.join("db.fasta"))
+                .arg("--out")
+                .arg(d.join("g")),
+        );
         Cluster { bed, dir, subnet }
     }
 
     fn serial(&self, fmt: &str) -> PathBuf {
         let out = self.dir.0.join(format!("serial.{fmt}"));
-        run_ok(Command::new("blastp").env("BLASTDB", self.dir.0.join("ref")).args(["-db", "DB", "-outfmt", fmt, "-query"]).arg(self.dir.0.join("q.fasta")).arg("-out").arg(&out));
+        run_ok(
+            Command::new("blastp")
+                .env("BLASTDB", self.dir.0.join("ref"))
+                .args(["-db", "DB", "-outfmt", fmt, "-query"])
+                .arg(self.dir.0.join("q.fasta"))
+                .arg("-out")
+                .arg(&out),
+        );
         out
     }
 
@@ -74,7 +100,11 @@ impl Cluster {
     fn mpirun(&self, map_by: &str, fmt: &str, out: &Path, extra: &[&str]) -> Command {
         let mut c = self.bed.mpirun(&self.dir.0, &[2, 2, 2], 6).unwrap();
         c.args(["--map-by", map_by]);
-        c.arg(env!("CARGO_BIN_EXE_gepsea")).args(["search", "--outfmt", fmt, "--db"]).arg(self.dir.0.join("g")).arg("--query").arg(self.dir.0.join("q.fasta"));
+        c.arg(env!("CARGO_BIN_EXE_gepsea"))
+            .args(["search", "--outfmt", fmt, "--db"])
+            .arg(self.dir.0.join("g"))
+            .arg("--query")
+            .arg(self.dir.0.join("q.fasta"));
         c.arg("--out").arg(out).args(["--agent-net", &self.subnet]).args(extra);
         c
     }
@@ -82,12 +112,18 @@ impl Cluster {
     /// Only the outputs, the inputs and the serial reference are left in the job
     /// directory, and no gepsea file in /tmp or /dev/shm belongs to this test's runs.
     fn assert_clean(&self, namespaces: &[String]) {
-        let names: Vec<String> = std::fs::read_dir(&self.dir.0).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> =
+            std::fs::read_dir(&self.dir.0).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
         let left: Vec<&String> = names.iter().filter(|n| n.starts_with('.') || n.contains("gepsea")).collect();
         assert!(left.is_empty(), "left next to the outputs: {left:?}");
         for ns in namespaces {
             for d in ["/tmp", "/dev/shm"] {
-                let stale: Vec<String> = std::fs::read_dir(d).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(ns.as_str())).collect();
+                let stale: Vec<String> = std::fs::read_dir(d)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains(ns.as_str()))
+                    .collect();
                 assert!(stale.is_empty(), "left in {d}: {stale:?}");
             }
         }
@@ -148,7 +184,13 @@ fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
         .into_iter()
         .map(|map| {
             let out = c.dir.0.join(format!("by-{map}.6"));
-            let child = c.mpirun(map, "6", &out, &["--batch-residues", "3000", "--rendezvous"]).arg(&rv).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            let child = c
+                .mpirun(map, "6", &out, &["--batch-residues", "3000", "--rendezvous"])
+                .arg(&rv)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
             (map, out, child)
         })
         .collect();
@@ -181,7 +223,12 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
     let c = Cluster::new("gk");
     let want = c.serial("6");
     let got = c.dir.0.join("kill.6");
-    let child = c.mpirun("slot", "6", &got, &["--batch-residues", "1500", "--merge-assign", "static"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let child = c
+        .mpirun("slot", "6", &got, &["--batch-residues", "1500", "--merge-assign", "static"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     // Once the first parts are written, kill the agent of the third node (rank 0, the
     // master, is on the first).
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -189,7 +236,12 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
     while Instant::now() < deadline && !killed {
         std::thread::sleep(Duration::from_millis(100));
         // Finished parts go to the search's work directory next to the output (shared).
-        let parts = std::fs::read_dir(c.dir.0.join(".kill.6.gepsea-work/parts")).into_iter().flatten().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count();
+        let parts = std::fs::read_dir(c.dir.0.join(".kill.6.gepsea-work/parts"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
+            .count();
         if parts >= 2 {
             let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[2]])).stdout).unwrap();
             for pid in pids.split_whitespace() {
@@ -263,7 +315,10 @@ rc=0; for p in "${{pids[@]}}"; do wait "$p" || rc=1; done; exit $rc
     let pbs_out = d.join("pbs.6");
     let mut cmd = c.bed.cmd(0, "bash");
     cmd.arg(examples.join("pbs.sh")).env("PBS_NODEFILE", &nodefile).env("PBS_O_WORKDIR", d);
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").env("OMPI_MCA_plm_rsh_agent", d.join("rsh.sh")).env("OMPI_MCA_rtc", "^hwloc");
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_plm_rsh_agent", d.join("rsh.sh"))
+        .env("OMPI_MCA_rtc", "^hwloc");
     cmd.env("OMPI_MCA_btl_tcp_if_include", &c.subnet).env("OMPI_MCA_oob_tcp_if_include", &c.subnet);
     script_env(&mut cmd, &pbs_out);
     let o = cmd.output().unwrap();

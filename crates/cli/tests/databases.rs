@@ -28,10 +28,24 @@ fn fixture() -> &'static Path {
         let rrna = std::fs::read_to_string(RRNA).unwrap();
         std::fs::write(dir.join("nq.fasta"), head(&rrna, 12)).unwrap();
         let mut c = Command::new("makeblastdb");
-        c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "Example proteins", "-out", "exdb", "-max_file_sz", "3MB"]).current_dir(dir.join("prot"));
+        c.args([
+            "-in",
+            "../DB.fasta",
+            "-dbtype",
+            "prot",
+            "-parse_seqids",
+            "-title",
+            "Example proteins",
+            "-out",
+            "exdb",
+            "-max_file_sz",
+            "3MB",
+        ])
+        .current_dir(dir.join("prot"));
         run_ok(c);
         let mut c = Command::new("makeblastdb");
-        c.args(["-in", RRNA, "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "s16", "-max_file_sz", "400KB"]).current_dir(dir.join("nucl"));
+        c.args(["-in", RRNA, "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "s16", "-max_file_sz", "400KB"])
+            .current_dir(dir.join("nucl"));
         run_ok(c);
     })
 }
@@ -61,7 +75,13 @@ fn serial(program: &str, cwd: &Path, blastdb: Option<&Path>, db: &str, query: &P
 /// `gepsea search` from `cwd`, with `blastdb` as BLASTDB.
 fn search(cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &str, out: &Path, extra: &[&str]) -> Output {
     let mut c = gepsea();
-    c.current_dir(cwd).env_remove("BLASTDB").args(["search", "--quiet", "--workers", "2", "--db", db, "--outfmt", outfmt, "--query"]).arg(query).arg("--out").arg(out).args(extra);
+    c.current_dir(cwd)
+        .env_remove("BLASTDB")
+        .args(["search", "--quiet", "--workers", "2", "--db", db, "--outfmt", outfmt, "--query"])
+        .arg(query)
+        .arg("--out")
+        .arg(out)
+        .args(extra);
     if let Some(b) = blastdb {
         c.env("BLASTDB", b);
     }
@@ -70,7 +90,8 @@ fn search(cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &s
 
 /// Leftovers of a search next to its output: nothing but the output itself.
 fn assert_only(dir: &Path, expected: &[&str]) {
-    let mut names: Vec<String> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).collect();
     names.sort();
     let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
     want.sort();
@@ -109,7 +130,9 @@ fn a_database_named_through_blastdb_keeps_its_name_and_work_dirs_are_reused() {
     let want = d.0.join("serial.7");
     serial("blastp", &d.0, Some(&blastdb), "exdb", &f.join("q.fasta"), "7", &want);
     let work = d.0.join("work");
-    for (i, extra) in [&["--split", "fragments", "--fragments", "3"][..], &["--split", "fragments", "--fragments", "3", "--no-agent"]].iter().enumerate() {
+    for (i, extra) in
+        [&["--split", "fragments", "--fragments", "3"][..], &["--split", "fragments", "--fragments", "3", "--no-agent"]].iter().enumerate()
+    {
         let got = d.0.join(format!("gepsea.{i}"));
         let mut args = extra.to_vec();
         args.extend(["--work-dir", work.to_str().unwrap()]);
@@ -161,20 +184,49 @@ fn taxonomy_columns_equal_serial_blast() {
     let d = tempdir("tax");
     // A taxid for every sequence, from its position: different taxa across fragments.
     let fasta = std::fs::read_to_string(f.join("DB.fasta")).unwrap();
-    let map: String = fasta.lines().filter_map(|l| l.strip_prefix('>')).enumerate().map(|(i, l)| format!("{} {}\n", l.split_whitespace().next().unwrap(), [9606, 10090, 562, 4932, 7227][i % 5])).collect();
+    let map: String = fasta
+        .lines()
+        .filter_map(|l| l.strip_prefix('>'))
+        .enumerate()
+        .map(|(i, l)| format!("{} {}\n", l.split_whitespace().next().unwrap(), [9606, 10090, 562, 4932, 7227][i % 5]))
+        .collect();
     std::fs::write(d.0.join("taxmap.txt"), map).unwrap();
     let mut c = Command::new("makeblastdb");
-    c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "tax", "-taxid_map"]).arg(d.0.join("taxmap.txt")).args(["-out"]).arg(d.0.join("taxdb")).current_dir(f.join("prot"));
+    c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "tax", "-taxid_map"])
+        .arg(d.0.join("taxmap.txt"))
+        .args(["-out"])
+        .arg(d.0.join("taxdb"))
+        .current_dir(f.join("prot"));
     run_ok(c);
     // The same through `db format`, passing -taxid_map through (a relative path).
     let mut c = gepsea();
-    c.current_dir(&d.0).args(["db", "format", "--input", DB_GZ, "--fragments", "3", "--title", "tax", "--name", "taxdb", "--out", "formatted", "--", "-taxid_map", "taxmap.txt"]);
+    c.current_dir(&d.0).args([
+        "db",
+        "format",
+        "--input",
+        DB_GZ,
+        "--fragments",
+        "3",
+        "--title",
+        "tax",
+        "--name",
+        "taxdb",
+        "--out",
+        "formatted",
+        "--",
+        "-taxid_map",
+        "taxmap.txt",
+    ]);
     run_ok(c);
     let fmt = "6 qseqid sseqid staxids sscinames evalue bitscore";
     let want = d.0.join("serial.tax");
     serial("blastp", &d.0, None, "taxdb", &f.join("q.fasta"), fmt, &want);
     let text = std::fs::read_to_string(&want).unwrap();
-    assert!(text.lines().any(|l| l.split('\t').nth(2) == Some("10090")), "taxids should be in the serial output: {}", &text[..200.min(text.len())]);
+    assert!(
+        text.lines().any(|l| l.split('\t').nth(2) == Some("10090")),
+        "taxids should be in the serial output: {}",
+        &text[..200.min(text.len())]
+    );
     for (db, split) in [("taxdb", "fragments"), ("taxdb", "queries"), ("formatted", "fragments")] {
         let got = d.0.join(format!("gepsea.{db}.{split}"));
         search(&d.0, None, db, &f.join("q.fasta"), fmt, &got, &["--split", split]);
@@ -199,14 +251,31 @@ fn db_format_streams_every_compression_to_the_same_fragments() {
     });
     let fragments = |m: &Path| -> Vec<(String, u64, u64, u64)> {
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(m.join("manifest.json")).unwrap()).unwrap();
-        v["fragments"].as_array().unwrap().iter().map(|f| (f["name"].as_str().unwrap().to_string(), f["sequences"].as_u64().unwrap(), f["residues"].as_u64().unwrap(), f["first_oid"].as_u64().unwrap())).collect()
+        v["fragments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["name"].as_str().unwrap().to_string(),
+                    f["sequences"].as_u64().unwrap(),
+                    f["residues"].as_u64().unwrap(),
+                    f["first_oid"].as_u64().unwrap(),
+                )
+            })
+            .collect()
     };
     let mut all = Vec::new();
-    for (input, jobs) in [(PathBuf::from(DB_GZ), "2"), (d.0.join("DB.fasta.zst"), "1"), (d.0.join("DB.fasta.bz2"), "2"), (plain.clone(), "2")] {
+    for (input, jobs) in
+        [(PathBuf::from(DB_GZ), "2"), (d.0.join("DB.fasta.zst"), "1"), (d.0.join("DB.fasta.bz2"), "2"), (plain.clone(), "2")]
+    {
         let out = d.0.join(format!("db-{}", input.extension().unwrap().to_string_lossy()));
         run_ok({
             let mut c = gepsea();
-            c.args(["db", "format", "--fragments", "4", "--title", "Example proteins", "--name", "exdb", "--jobs", jobs, "--input"]).arg(&input).arg("--out").arg(&out);
+            c.args(["db", "format", "--fragments", "4", "--title", "Example proteins", "--name", "exdb", "--jobs", jobs, "--input"])
+                .arg(&input)
+                .arg("--out")
+                .arg(&out);
             c
         });
         let names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
@@ -272,7 +341,11 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     assert!(e.contains("broken") && e.contains("missing_volume"), "{e}");
     // An alias whose counts do not match its volumes.
     std::fs::write(d.0.join("lying.pal"), format!("TITLE lying\nDBLIST {}\nNSEQ 7\nLENGTH 1000\n", f.join("prot/exdb").display())).unwrap();
-    let e = fails(f, &["search", "--quiet", "--split", "fragments", "--db", d.0.join("lying").to_str().unwrap(), "--query", q, "--out", o], &out);
+    let e = fails(
+        f,
+        &["search", "--quiet", "--split", "fragments", "--db", d.0.join("lying").to_str().unwrap(), "--query", q, "--out", o],
+        &out,
+    );
     assert!(e.contains("lying") && e.contains("sequences") && e.contains("7"), "{e}");
     // Duplicate identifiers: makeblastdb -parse_seqids would refuse them, so does db format.
     let dup = d.0.join("dup.fa");
@@ -280,10 +353,15 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     let dbout = d.0.join("dupdb");
     let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()], &dbout);
     assert!(e.contains("dup.fa:7: duplicate sequence identifier \"a\" (first seen on line 1)"), "{e}");
-    let leftovers: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("tmp")).collect();
+    let leftovers: Vec<_> =
+        std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("tmp")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
     // Options gepsea sets itself, with what to use instead.
-    let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "1", "--out", dbout.to_str().unwrap(), "--", "-title", "x"], &dbout);
+    let e = fails(
+        &d.0,
+        &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "1", "--out", dbout.to_str().unwrap(), "--", "-title", "x"],
+        &dbout,
+    );
     assert!(e.contains("-title is set by gepsea db format; use --title"), "{e}");
     // --fragments belongs to existing databases.
     run_ok({

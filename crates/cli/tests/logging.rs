@@ -24,7 +24,13 @@ fn search(d: &Path, flags: &[&str], rust_log: Option<&str>) -> Output {
     if let Some(l) = rust_log {
         c.env("RUST_LOG", l);
     }
-    c.args(flags).args(["search", "--workers", "2", "--db"]).arg(d.join("g")).arg("--query").arg(d.join("q.fasta")).arg("--out").arg(d.join("hits.6"));
+    c.args(flags)
+        .args(["search", "--workers", "2", "--db"])
+        .arg(d.join("g"))
+        .arg("--query")
+        .arg(d.join("q.fasta"))
+        .arg("--out")
+        .arg(d.join("hits.6"));
     run_ok(c)
 }
 
@@ -47,7 +53,12 @@ fn verbosity_flags_and_rust_log_reach_the_agents() {
     // -vv: debug, also after the subcommand (a global flag).
     let mut c = gepsea();
     c.env_remove("RUST_LOG").env_remove("GEPSEA_LOG");
-    c.args(["search", "-vv", "--workers", "2", "--db"]).arg(d.0.join("g")).arg("--query").arg(d.0.join("q.fasta")).arg("--out").arg(d.0.join("hits.6"));
+    c.args(["search", "-vv", "--workers", "2", "--db"])
+        .arg(d.0.join("g"))
+        .arg("--query")
+        .arg(d.0.join("q.fasta"))
+        .arg("--out")
+        .arg(d.0.join("hits.6"));
     let vv = stderr(&run_ok(c));
     assert!(vv.contains("DEBUG"), "-vv: {vv}");
     // -q: nothing at all on success.

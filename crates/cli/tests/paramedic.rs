@@ -37,12 +37,14 @@ fn fails(mut c: Command) -> String {
 
 /// The first `n` records of a gzipped FASTA file.
 fn head(gz: &str, n: usize) -> String {
-    let text = String::from_utf8(run_ok({
-        let mut c = Command::new("zcat");
-        c.arg(gz);
-        c
-    })
-    .stdout)
+    let text = String::from_utf8(
+        run_ok({
+            let mut c = Command::new("zcat");
+            c.arg(gz);
+            c
+        })
+        .stdout,
+    )
     .unwrap();
     let mut k = 0;
     text.lines()
@@ -93,7 +95,12 @@ fn fixture() -> &'static Fixture {
 
 fn search(f: &Fixture, query: &Path, fmt: &str, extra: &[&str], out: &Path) {
     let mut c = gepsea();
-    c.args(["search", "--quiet", "--workers", "2", "--outfmt", fmt, "--db"]).arg(f.dir.0.join("db")).arg("--query").arg(query).arg("--out").arg(out);
+    c.args(["search", "--quiet", "--workers", "2", "--outfmt", fmt, "--db"])
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(query)
+        .arg("--out")
+        .arg(out);
     if !extra.is_empty() {
         c.arg("--").args(extra);
     }
@@ -102,7 +109,14 @@ fn search(f: &Fixture, query: &Path, fmt: &str, extra: &[&str], out: &Path) {
 
 fn encode(f: &Fixture, output: &Path, query: &Path, fmt: &str, extra: &[&str], meta: &Path) {
     let mut c = gepsea();
-    c.args(["paramedic", "encode", "--outfmt", fmt, "--output"]).arg(output).arg("--out").arg(meta).arg("--db").arg(f.dir.0.join("db")).arg("--query").arg(query);
+    c.args(["paramedic", "encode", "--outfmt", fmt, "--output"])
+        .arg(output)
+        .arg("--out")
+        .arg(meta)
+        .arg("--db")
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(query);
     if !extra.is_empty() {
         c.arg("--").args(extra);
     }
@@ -116,7 +130,12 @@ fn decode(f: &Fixture, meta: &Path, out: &Path) -> Command {
 }
 
 fn leftovers(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains("gepsea-tmp")).collect()
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("gepsea-tmp"))
+        .collect()
 }
 
 #[test]
@@ -135,9 +154,17 @@ fn blast_metadata_regenerates_every_format_exactly() {
             let mut c = decode(f, &meta, &regen);
             c.args(["--threads", threads]);
             let log = String::from_utf8_lossy(&run_ok(c).stderr).into_owned();
-            assert!(!log.contains("per query"), "outfmt {fmt}, {threads} thread(s): the search over all subjects should have been exact: {log}");
+            assert!(
+                !log.contains("per query"),
+                "outfmt {fmt}, {threads} thread(s): the search over all subjects should have been exact: {log}"
+            );
             let (want, got) = (std::fs::read(&out).unwrap(), std::fs::read(&regen).unwrap());
-            assert!(want == got, "outfmt {fmt}, {threads} thread(s): regenerated {} bytes differ from the {} bytes written directly", got.len(), want.len());
+            assert!(
+                want == got,
+                "outfmt {fmt}, {threads} thread(s): regenerated {} bytes differ from the {} bytes written directly",
+                got.len(),
+                want.len()
+            );
         }
         let want = std::fs::read(&out).unwrap();
         let m = std::fs::metadata(&meta).unwrap().len() as usize;
@@ -179,7 +206,10 @@ fn overflowing_queries_are_regenerated_one_by_one() {
             c.args(["--threads", threads]);
             let o = run_ok(c);
             let log = String::from_utf8_lossy(&o.stderr);
-            assert!(log.contains(&format!("regenerated per query, {runs} BLAST+ runs")), "outfmt {fmt}, {threads} thread(s): the per-query path was not taken: {log}");
+            assert!(
+                log.contains(&format!("regenerated per query, {runs} BLAST+ runs")),
+                "outfmt {fmt}, {threads} thread(s): the per-query path was not taken: {log}"
+            );
             assert!(std::fs::read(&out).unwrap() == std::fs::read(&regen).unwrap(), "outfmt {fmt} at -evalue 1000, {threads} thread(s)");
         }
     }
@@ -219,7 +249,10 @@ fn damaged_metadata_or_another_database_fails_and_writes_nothing() {
     std::fs::write(&meta, &good).unwrap();
     std::fs::write(d.join("small.fasta"), head(DB_GZ, 500)).unwrap();
     let mut c = gepsea();
-    c.args(["db", "format", "--fragments", "2", "--title", "T", "--name", "DB", "--input"]).arg(d.join("small.fasta")).arg("--out").arg(d.join("other"));
+    c.args(["db", "format", "--fragments", "2", "--title", "T", "--name", "DB", "--input"])
+        .arg(d.join("small.fasta"))
+        .arg("--out")
+        .arg(d.join("other"));
     run_ok(c);
     let mut c = gepsea();
     c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&target).arg("--db").arg(d.join("other"));
@@ -268,7 +301,27 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     let d = &f.dir.0.join("wan");
     std::fs::create_dir_all(d.join("storage")).unwrap();
     let sites = gepsea_net::testbed::NetnsPair::new("pm").unwrap();
-    let tc = Command::new("ip").args(["netns", "exec", &sites.ns[0], "tc", "qdisc", "add", "dev", &sites.dev[0], "root", "tbf", "rate", "100mbit", "burst", "64kb", "latency", "100ms"]).status().unwrap();
+    let tc = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &sites.ns[0],
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            &sites.dev[0],
+            "root",
+            "tbf",
+            "rate",
+            "100mbit",
+            "burst",
+            "64kb",
+            "latency",
+            "100ms",
+        ])
+        .status()
+        .unwrap();
     assert!(tc.success());
     let data = gepsea_net::testkit::pattern(2, 24_000_000);
     std::fs::write(d.join("big.bin"), &data).unwrap();
@@ -281,11 +334,20 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
     run_ok(c);
     let listen = format!("{}:7600", sites.ip[1]);
     let mut serve = sites.cmd(1, env!("CARGO_BIN_EXE_gepsea"));
-    serve.args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).stderr(std::process::Stdio::piped());
+    serve
+        .args(["paramedic", "serve", "--count", "1", "--listen", &listen, "--key"])
+        .arg(&key)
+        .arg("--out")
+        .arg(d.join("storage"))
+        .stderr(std::process::Stdio::piped());
     let serve = serve.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut send = sites.cmd(0, env!("CARGO_BIN_EXE_gepsea"));
-    send.args(["paramedic", "send", "--name", "big.bin", "--to", &listen, "--key"]).arg(&key).arg("--metadata").arg(d.join("big.pmd")).stderr(std::process::Stdio::piped());
+    send.args(["paramedic", "send", "--name", "big.bin", "--to", &listen, "--key"])
+        .arg(&key)
+        .arg("--metadata")
+        .arg(d.join("big.pmd"))
+        .stderr(std::process::Stdio::piped());
     let send = send.spawn().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(800));
     let cut = Command::new("ip").args(["netns", "exec", &sites.ns[0], "ss", "-K", "-t", "dst", &sites.ip[1]]).output().unwrap();
@@ -323,7 +385,14 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     // A free port on loopback for the storage site.
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut serve = gepsea();
-    serve.args(["paramedic", "serve", "--count", "3", "--listen", &listen, "--key"]).arg(&key).arg("--out").arg(d.join("storage")).arg("--db").arg(f.dir.0.join("replica")).stderr(std::process::Stdio::piped());
+    serve
+        .args(["paramedic", "serve", "--count", "3", "--listen", &listen, "--key"])
+        .arg(&key)
+        .arg("--out")
+        .arg(d.join("storage"))
+        .arg("--db")
+        .arg(f.dir.0.join("replica"))
+        .stderr(std::process::Stdio::piped());
     let serve = serve.spawn().unwrap();
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
@@ -332,7 +401,16 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
-        c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"]).arg(&key).arg("--db").arg(f.dir.0.join("db")).arg("--query").arg(&q).arg("--out").arg(&out).arg("--summary-json").arg(&summary);
+        c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"])
+            .arg(&key)
+            .arg("--db")
+            .arg(f.dir.0.join("db"))
+            .arg("--query")
+            .arg(&q)
+            .arg("--out")
+            .arg(&out)
+            .arg("--summary-json")
+            .arg(&summary);
         // `--paramedic` is the spelling of `--ship metadata`.
         if ship == "metadata" {
             c.arg("--paramedic");
@@ -350,7 +428,10 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         let shipped = &s["delivery"];
         assert_eq!(shipped["output_bytes"].as_u64(), Some(output), "{s}");
         assert_eq!(shipped["bytes_written_at_storage"].as_u64(), Some(output));
-        assert_eq!(shipped["plugin"], [("metadata", "blast"), ("output", "raw"), ("zstd", "zstd")].iter().find(|(s, _)| *s == ship).unwrap().1);
+        assert_eq!(
+            shipped["plugin"],
+            [("metadata", "blast"), ("output", "raw"), ("zstd", "zstd")].iter().find(|(s, _)| *s == ship).unwrap().1
+        );
         assert_eq!(shipped["by_agent"], agent, "with agents, the node's agent ships, not the search process");
         assert_eq!(shipped["encrypted"], true);
         sent.push(shipped["bytes"].as_u64().unwrap());
@@ -359,7 +440,13 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     let served = serve.wait_with_output().unwrap();
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
     // The metadata is far smaller than the report it stands for.
-    assert!(sent[0] * 10 < sent[2] && sent[2] < sent[1], "metadata {} bytes, compressed {} bytes, output {} bytes", sent[0], sent[2], sent[1]);
+    assert!(
+        sent[0] * 10 < sent[2] && sent[2] < sent[1],
+        "metadata {} bytes, compressed {} bytes, output {} bytes",
+        sent[0],
+        sent[2],
+        sent[1]
+    );
 }
 
 /// A storage site runs until stopped; stopped by SIGTERM it leaves no runtime directory.

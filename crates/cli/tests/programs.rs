@@ -105,7 +105,11 @@ fn serial(program: &str, dir: &Path, db: &str, query: &str, outfmt: &str, out: &
 
 fn search(dir: &Path, program: &str, db: &str, query: &str, outfmt: &str, out: &Path, mode: &[&str]) {
     let mut c = gepsea();
-    c.current_dir(dir).env_remove("BLASTDB").args(["search", "--quiet", "--workers", "2", "--program", program, "--db", db, "--query", query, "--outfmt", outfmt, "--out"]).arg(out).args(mode);
+    c.current_dir(dir)
+        .env_remove("BLASTDB")
+        .args(["search", "--quiet", "--workers", "2", "--program", program, "--db", db, "--query", query, "--outfmt", outfmt, "--out"])
+        .arg(out)
+        .args(mode);
     run_ok(c);
 }
 
@@ -113,7 +117,13 @@ fn search(dir: &Path, program: &str, db: &str, query: &str, outfmt: &str, out: &
 fn translated_searches_are_identical_to_serial_blast() {
     let f = fixture();
     let d = tempdir("translated");
-    for (program, db, query, fmt) in [("blastx", "protdb", "nq.fasta", "0"), ("blastx", "protdb", "nq.fasta", "7"), ("tblastn", "nucldb", "q.fasta", "0"), ("tblastn", "nucldb", "q.fasta", "6"), ("tblastx", "nucldb", "nq2.fasta", "6")] {
+    for (program, db, query, fmt) in [
+        ("blastx", "protdb", "nq.fasta", "0"),
+        ("blastx", "protdb", "nq.fasta", "7"),
+        ("tblastn", "nucldb", "q.fasta", "0"),
+        ("tblastn", "nucldb", "q.fasta", "6"),
+        ("tblastx", "nucldb", "nq2.fasta", "6"),
+    ] {
         let want = d.0.join(format!("serial-{program}.{fmt}"));
         serial(program, f, db, query, fmt, &want, &[]);
         let text = std::fs::read_to_string(&want).unwrap();
@@ -130,12 +140,22 @@ fn translated_searches_are_identical_to_serial_blast() {
     }
     // The fragment merge is not proven for translated searches: refused, not guessed.
     let out = d.0.join("refused.txt");
-    let o = gepsea().current_dir(f).args(["search", "--quiet", "--program", "blastx", "--split", "fragments", "--db", "protdb", "--query", "nq.fasta", "--out"]).arg(&out).output().unwrap();
+    let o = gepsea()
+        .current_dir(f)
+        .args(["search", "--quiet", "--program", "blastx", "--split", "fragments", "--db", "protdb", "--query", "nq.fasta", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("blastx is searched split by queries only"), "{e}");
     assert!(!out.exists());
     // A query file of the wrong molecule for the program.
-    let o = gepsea().current_dir(f).args(["search", "--quiet", "--program", "blastx", "--db", "protdb", "--query", "q.fasta", "--out"]).arg(&out).output().unwrap();
+    let o = gepsea()
+        .current_dir(f)
+        .args(["search", "--quiet", "--program", "blastx", "--db", "protdb", "--query", "q.fasta", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && e.contains("looks like protein sequences, but blastx searches nucleotide queries"), "{e}");
 }
@@ -192,7 +212,15 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     let out = d.0.join("out.txt");
     let o = out.to_str().unwrap();
     let base = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", "q.fasta", "--out", o, "--"];
-    for (option, value, hint) in [("-db", "x", "--db"), ("-query", "x", "--query"), ("-out", "x", "--out"), ("-outfmt", "6", "--outfmt"), ("-remote", "", "drop -remote"), ("-subject", "x", "--db"), ("-num_threads", "2", "--workers")] {
+    for (option, value, hint) in [
+        ("-db", "x", "--db"),
+        ("-query", "x", "--query"),
+        ("-out", "x", "--out"),
+        ("-outfmt", "6", "--outfmt"),
+        ("-remote", "", "drop -remote"),
+        ("-subject", "x", "--db"),
+        ("-num_threads", "2", "--workers"),
+    ] {
         let mut args = base.to_vec();
         args.push(option);
         if !value.is_empty() {
@@ -206,7 +234,10 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     serial("blastp", f, "protdb", "q.fasta", "6", &want, &["-num_threads", "2"]);
     let got = d.0.join("gepsea.6");
     let mut c = gepsea();
-    c.current_dir(f).args(["search", "--quiet", "--workers", "1", "--db", "protdb", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(&got).args(["--", "-num_threads", "2"]);
+    c.current_dir(f)
+        .args(["search", "--quiet", "--workers", "1", "--db", "protdb", "--query", "q.fasta", "--outfmt", "6", "--out"])
+        .arg(&got)
+        .args(["--", "-num_threads", "2"]);
     run_ok(c);
     assert_identical(&got, &want, "-num_threads with one worker");
     // A mistyped option and a bad value: BLAST+'s own error line, before any task runs
@@ -228,12 +259,14 @@ fn version_names_gepsea_and_blast() {
         c.arg("--version");
         c
     });
-    let blast = String::from_utf8(run_ok({
-        let mut c = Command::new("blastp");
-        c.arg("-version");
-        c
-    })
-    .stdout)
+    let blast = String::from_utf8(
+        run_ok({
+            let mut c = Command::new("blastp");
+            c.arg("-version");
+            c
+        })
+        .stdout,
+    )
     .unwrap();
     let v = blast.split_whitespace().nth(1).unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), format!("gepsea {}\nBLAST+ {v}\n", env!("CARGO_PKG_VERSION")));

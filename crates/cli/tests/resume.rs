@@ -23,13 +23,22 @@ fn setup(dir: &Path) {
 
 fn serial(dir: &Path, outfmt: &str, extra: &[&str], out: &Path) {
     let mut c = Command::new("blastp");
-    c.current_dir(dir.join("db")).env("BLASTDB", dir.join("db")).args(["-db", "DB", "-outfmt", outfmt, "-query"]).arg(dir.join("q.fasta")).arg("-out").arg(out).args(extra);
+    c.current_dir(dir.join("db"))
+        .env("BLASTDB", dir.join("db"))
+        .args(["-db", "DB", "-outfmt", outfmt, "-query"])
+        .arg(dir.join("q.fasta"))
+        .arg("-out")
+        .arg(out)
+        .args(extra);
     run_ok(c);
 }
 
 fn search_cmd(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> Command {
     let mut c = gepsea();
-    c.current_dir(dir).args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"]).arg(out).args(mode);
+    c.current_dir(dir)
+        .args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"])
+        .arg(out)
+        .args(mode);
     if !extra.is_empty() {
         c.arg("--").args(extra);
     }
@@ -84,7 +93,11 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
     setup(&d.0);
     let want = d.0.join("serial.6");
     serial(&d.0, "6", &[], &want);
-    let cases: [(&[&str], i32, &str); 3] = [(&["--split", "queries"], libc::SIGKILL, "killed"), (&["--split", "fragments"], libc::SIGTERM, "stopped"), (&["--no-agent"], libc::SIGKILL, "killed, no agents")];
+    let cases: [(&[&str], i32, &str); 3] = [
+        (&["--split", "queries"], libc::SIGKILL, "killed"),
+        (&["--split", "fragments"], libc::SIGTERM, "stopped"),
+        (&["--no-agent"], libc::SIGKILL, "killed, no agents"),
+    ];
     for (i, (mode, signal, what)) in cases.iter().enumerate() {
         let outdir = d.0.join(format!("out{i}"));
         std::fs::create_dir_all(&outdir).unwrap();

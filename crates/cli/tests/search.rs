@@ -39,12 +39,14 @@ fn run_ok(mut c: Command) -> Output {
 
 fn fasta_head(gz_or_plain: &str, n: usize, skip: usize) -> String {
     let text = if gz_or_plain.ends_with(".gz") {
-        String::from_utf8(run_ok({
-            let mut c = Command::new("zcat");
-            c.arg(gz_or_plain);
-            c
-        })
-        .stdout)
+        String::from_utf8(
+            run_ok({
+                let mut c = Command::new("zcat");
+                c.arg(gz_or_plain);
+                c
+            })
+            .stdout,
+        )
         .unwrap()
     } else {
         std::fs::read_to_string(gz_or_plain).unwrap()
@@ -78,7 +80,8 @@ fn fixture() -> &'static Fixture {
         run_ok(c);
         for f in [1, 3, 8] {
             let mut c = gepsea();
-            c.args(["db", "format", "--input", DB_GZ, "--fragments", &f.to_string(), "--title", TITLE, "--out"]).arg(dir.join(format!("db{f}")));
+            c.args(["db", "format", "--input", DB_GZ, "--fragments", &f.to_string(), "--title", TITLE, "--out"])
+                .arg(dir.join(format!("db{f}")));
             run_ok(c);
         }
         Fixture { dir }
@@ -88,7 +91,12 @@ fn fixture() -> &'static Fixture {
 /// Serial BLAST+ over the reference database, as a user would run it.
 fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, extra: &[&str], out: &Path) {
     let mut c = Command::new(program);
-    c.env("BLASTDB", refdir).args(["-db", db, "-outfmt", outfmt, "-num_threads", "2", "-query"]).arg(query).arg("-out").arg(out).args(extra);
+    c.env("BLASTDB", refdir)
+        .args(["-db", db, "-outfmt", outfmt, "-num_threads", "2", "-query"])
+        .arg(query)
+        .arg("-out")
+        .arg(out)
+        .args(extra);
     run_ok(c);
 }
 
@@ -104,7 +112,13 @@ fn reported_split(summary: &Path) -> String {
 
 fn search_mode(db: &Path, query: &Path, outfmt: &str, workers: usize, extra: &[&str], out: &Path, mode: &[&str]) -> Output {
     let mut c = gepsea();
-    c.args(["search", "--quiet", "--outfmt", outfmt, "--workers", &workers.to_string(), "--db"]).arg(db).arg("--query").arg(query).arg("--out").arg(out).args(mode);
+    c.args(["search", "--quiet", "--outfmt", outfmt, "--workers", &workers.to_string(), "--db"])
+        .arg(db)
+        .arg("--query")
+        .arg(query)
+        .arg("--out")
+        .arg(out)
+        .args(mode);
     if !extra.is_empty() {
         c.arg("--").args(extra);
     }
@@ -206,7 +220,13 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     let got = f.dir.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
-        c.args(["search", "--split", "fragments", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(&q).arg("--out").arg(&got).args(mode);
+        c.args(["search", "--split", "fragments", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"])
+            .arg(f.dir.join("db8"))
+            .arg("--query")
+            .arg(&q)
+            .arg("--out")
+            .arg(&got)
+            .args(mode);
         let o = run_ok(c);
         assert_same(&got, &want, &format!("outfmt 6 with {mode:?}"));
         o
@@ -236,9 +256,21 @@ fn blast_options_after_double_dash_keep_identity() {
                 // Merged fragments cannot yet print SEG-masked residues the way serial XML
                 // does: refused, never written differently.
                 let mut c = gepsea();
-                c.args(["search", "--quiet", "--outfmt", "5", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).args(split).arg("--").args(opts);
+                c.args(["search", "--quiet", "--outfmt", "5", "--db"])
+                    .arg(f.dir.join("db3"))
+                    .arg("--query")
+                    .arg(&q)
+                    .arg("--out")
+                    .arg(&got)
+                    .args(split)
+                    .arg("--")
+                    .args(opts);
                 let o = c.output().unwrap();
-                assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("-outfmt 5"), "{}", String::from_utf8_lossy(&o.stderr));
+                assert!(
+                    !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("-outfmt 5"),
+                    "{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
                 assert!(!got.exists());
                 continue;
             }
@@ -261,11 +293,23 @@ fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
     let got = f.dir.join("gepsea-e1000.6");
     let re_searched = |split: &[&str]| -> usize {
         let mut c = gepsea();
-        c.args(["search", "--outfmt", "6", "--workers", "2", "--db"]).arg(f.dir.join("db3")).arg("--query").arg(&q).arg("--out").arg(&got).args(split).arg("--").args(opts);
+        c.args(["search", "--outfmt", "6", "--workers", "2", "--db"])
+            .arg(f.dir.join("db3"))
+            .arg("--query")
+            .arg(&q)
+            .arg("--out")
+            .arg(&got)
+            .args(split)
+            .arg("--")
+            .args(opts);
         let out = run_ok(c);
         assert_same(&got, &want, &format!("outfmt 6 at -evalue 1000, {split:?}"));
         let log = String::from_utf8_lossy(&out.stderr);
-        log.split(" queries re-searched whole").next().and_then(|s| s.rsplit('(').next()).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no summary in {log}"))
+        log.split(" queries re-searched whole")
+            .next()
+            .and_then(|s| s.rsplit('(').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no summary in {log}"))
     };
     let n = re_searched(SPLITS[0]);
     assert!(n > 0, "expected whole-database fallbacks when split by fragments");
@@ -314,7 +358,13 @@ fn kill_a_worker(f: &Fixture, q: &Path, want: &Path, split: &[&str]) {
     let got = f.dir.join("gepsea-kill.6");
     let mut c = gepsea();
     // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
-    c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"]).arg(f.dir.join("db8")).arg("--query").arg(q).arg("--out").arg(&got).args(split);
+    c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"])
+        .arg(f.dir.join("db8"))
+        .arg("--query")
+        .arg(q)
+        .arg("--out")
+        .arg(&got)
+        .args(split);
     let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
     // Find a worker (a child process of the search that is running BLAST+; the agent,
     // also a child, runs none) and kill it while it searches.
@@ -349,7 +399,8 @@ impl Drop for TempDir {
 }
 fn tempdir(tag: &str) -> TempDir {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!("gepsea-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+    let d =
+        std::env::temp_dir().join(format!("gepsea-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
 }
@@ -361,7 +412,12 @@ fn fails(args: &[&str], out: Option<&Path>) -> String {
     if let Some(p) = out {
         assert!(!p.exists(), "{} was left behind", p.display());
         let dir = p.parent().unwrap();
-        let leftovers: Vec<_> = std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.contains("gepsea-tmp")).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains("gepsea-tmp"))
+            .collect();
         assert!(leftovers.is_empty(), "temporary output left: {leftovers:?}");
     }
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -376,7 +432,9 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let out = p("out.txt");
     let db3 = s(&f.dir.join("db3"));
     let q = s(&f.dir.join("q50.fasta"));
-    let search = |db: &str, q: &str| -> String { fails(&["search", "--quiet", "--db", db, "--query", q, "--out", &s(&out), "--outfmt", "6"], Some(&out)) };
+    let search = |db: &str, q: &str| -> String {
+        fails(&["search", "--quiet", "--db", db, "--query", q, "--out", &s(&out), "--outfmt", "6"], Some(&out))
+    };
 
     // Missing files.
     let e = search(&db3, &s(&p("nope.fa")));
@@ -402,7 +460,12 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
         c.arg("-r").arg(&f.dir.join("db3")).arg(&copy);
         c
     });
-    let target = std::fs::read_dir(&copy).unwrap().filter_map(|e| e.ok()).map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "psq")).unwrap();
+    let target = std::fs::read_dir(&copy)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "psq"))
+        .unwrap();
     let mut bytes = std::fs::read(&target).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&target, &bytes).unwrap();
@@ -417,16 +480,29 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
     // A bad option is refused before any task runs (more in tests/programs.rs).
     for split in SPLITS {
-        let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"]).args(split).args(["--", "-evalue", "abc"]).output().unwrap();
+        let o = gepsea()
+            .args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"])
+            .args(split)
+            .args(["--", "-evalue", "abc"])
+            .output()
+            .unwrap();
         assert!(!o.status.success());
         let e = String::from_utf8_lossy(&o.stderr);
-        assert!(!e.contains("retrying once") && e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{split:?}: {e}");
+        assert!(
+            !e.contains("retrying once") && e.contains("BLAST+ refused the options after --") && e.contains("evalue"),
+            "{split:?}: {e}"
+        );
         assert!(!out.exists());
     }
     // A BLAST+ failure in every task (taxonomy filtering of a database without taxonomy,
     // which only the real search can tell): retried once, then BLAST's own line.
     for split in SPLITS {
-        let o = gepsea().args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"]).args(split).args(["--", "-taxids", "9606"]).output().unwrap();
+        let o = gepsea()
+            .args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"])
+            .args(split)
+            .args(["--", "-taxids", "9606"])
+            .output()
+            .unwrap();
         assert!(!o.status.success());
         let e = String::from_utf8_lossy(&o.stderr);
         assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("Taxonomy ID"), "{split:?}: {e}");

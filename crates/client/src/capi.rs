@@ -184,7 +184,13 @@ pub unsafe extern "C" fn gepsea_set_timeout(c: *mut GepseaClient, ms: u32) -> Ge
 /// `c` is a live client, `key` a string, `value` `len` readable bytes, `version` NULL
 /// or writable.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_board_put(c: *const GepseaClient, key: *const c_char, value: *const u8, len: usize, version: *mut u64) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_board_put(
+    c: *const GepseaClient,
+    key: *const c_char,
+    value: *const u8,
+    len: usize,
+    version: *mut u64,
+) -> GepseaStatus {
     guard(|| {
         // SAFETY: caller contract (see above).
         let (Some(c), Ok(key)) = (unsafe { c.as_ref() }, unsafe { str_arg(key, "key") }) else { return GepseaStatus::Error };
@@ -208,7 +214,14 @@ pub unsafe extern "C" fn gepsea_board_put(c: *const GepseaClient, key: *const c_
 /// # Safety
 /// As `gepsea_board_put`.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_board_cas(c: *const GepseaClient, key: *const c_char, expected: u64, value: *const u8, len: usize, version: *mut u64) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_board_cas(
+    c: *const GepseaClient,
+    key: *const c_char,
+    expected: u64,
+    value: *const u8,
+    len: usize,
+    version: *mut u64,
+) -> GepseaStatus {
     guard(|| {
         // SAFETY: caller contract.
         let (Some(c), Ok(key)) = (unsafe { c.as_ref() }, unsafe { str_arg(key, "key") }) else { return GepseaStatus::Error };
@@ -231,7 +244,14 @@ pub unsafe extern "C" fn gepsea_board_cas(c: *const GepseaClient, key: *const c_
 /// # Safety
 /// `buf` has `cap` writable bytes; `len` and `version` are NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_board_get(c: *const GepseaClient, key: *const c_char, buf: *mut u8, cap: usize, len: *mut usize, version: *mut u64) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_board_get(
+    c: *const GepseaClient,
+    key: *const c_char,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    version: *mut u64,
+) -> GepseaStatus {
     guard(|| {
         // SAFETY: caller contract.
         let (Some(c), Ok(key)) = (unsafe { c.as_ref() }, unsafe { str_arg(key, "key") }) else { return GepseaStatus::Error };
@@ -322,7 +342,13 @@ pub unsafe extern "C" fn gepsea_publish(c: *const GepseaClient, topic: *const c_
 /// # Safety
 /// `c` live, `name` a string, `body` `len` readable bytes, `request` writable.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_plugin_start(c: *const GepseaClient, name: *const c_char, body: *const u8, len: usize, request: *mut u64) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_plugin_start(
+    c: *const GepseaClient,
+    name: *const c_char,
+    body: *const u8,
+    len: usize,
+    request: *mut u64,
+) -> GepseaStatus {
     guard(|| {
         // SAFETY: caller contract.
         let (Some(c), Ok(name)) = (unsafe { c.as_ref() }, unsafe { str_arg(name, "plug-in name") }) else { return GepseaStatus::Error };
@@ -344,7 +370,14 @@ pub unsafe extern "C" fn gepsea_plugin_start(c: *const GepseaClient, name: *cons
 /// # Safety
 /// `c` live, `path` a string, `data` `len` readable bytes, `request` writable.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_append_start(c: *const GepseaClient, path: *const c_char, level: i32, data: *const u8, len: usize, request: *mut u64) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_append_start(
+    c: *const GepseaClient,
+    path: *const c_char,
+    level: i32,
+    data: *const u8,
+    len: usize,
+    request: *mut u64,
+) -> GepseaStatus {
     guard(|| {
         // SAFETY: caller contract.
         let (Some(c), Ok(path)) = (unsafe { c.as_ref() }, unsafe { str_arg(path, "path") }) else { return GepseaStatus::Error };
@@ -352,7 +385,12 @@ pub unsafe extern "C" fn gepsea_append_start(c: *const GepseaClient, path: *cons
             set_error("request is NULL");
             return GepseaStatus::Error;
         }
-        let body = postcard::to_stdvec(&AppendRequest { path: PathBuf::from(path), zstd_level: level, data: unsafe { bytes_arg(data, len) }.to_vec() }).unwrap();
+        let body = postcard::to_stdvec(&AppendRequest {
+            path: PathBuf::from(path),
+            zstd_level: level,
+            data: unsafe { bytes_arg(data, len) }.to_vec(),
+        })
+        .unwrap();
         let id = c.inner.start(Op::Plugin { name: "append".into(), body });
         // SAFETY: writable by contract.
         unsafe { *request = id };
@@ -387,7 +425,14 @@ pub unsafe extern "C" fn gepsea_wait(c: *const GepseaClient, request: u64, out: 
 /// # Safety
 /// As `gepsea_plugin_start` and `gepsea_wait`.
 #[no_mangle]
-pub unsafe extern "C" fn gepsea_plugin_call(c: *const GepseaClient, name: *const c_char, body: *const u8, len: usize, out: *mut *mut u8, out_len: *mut usize) -> GepseaStatus {
+pub unsafe extern "C" fn gepsea_plugin_call(
+    c: *const GepseaClient,
+    name: *const c_char,
+    body: *const u8,
+    len: usize,
+    out: *mut *mut u8,
+    out_len: *mut usize,
+) -> GepseaStatus {
     let mut id = 0u64;
     // SAFETY: forwarded caller contract.
     let st = unsafe { gepsea_plugin_start(c, name, body, len, &mut id) };

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gepsea_agent::api::{check, ApiError, Services};
-use gepsea_agent::server::agent_socket;
 pub use gepsea_agent::api::{Api, Cas};
+use gepsea_agent::server::agent_socket;
 pub use gepsea_agent::wire;
 use gepsea_agent::wire::*;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig, ReqId};
@@ -49,7 +49,13 @@ impl ConnectOptions {
             Ok(v) => v.parse().map_err(|_| ClientError::Config(format!("GEPSEA_NODE={v:?} is not a node number")))?,
             Err(_) => 1,
         };
-        Ok(ConnectOptions { namespace, node, name: name.to_string(), ready_timeout: Duration::from_secs(30), timeout: Duration::from_secs(60) })
+        Ok(ConnectOptions {
+            namespace,
+            node,
+            name: name.to_string(),
+            ready_timeout: Duration::from_secs(30),
+            timeout: Duration::from_secs(60),
+        })
     }
 }
 
@@ -86,15 +92,21 @@ pub struct Client {
 impl Client {
     pub fn connect(opts: &ConnectOptions) -> Result<Client, ClientError> {
         let path = agent_socket(&opts.namespace, opts.node);
-        let no_agent = |reason: String| ClientError::NoAgent { node: opts.node, namespace: opts.namespace.clone(), path: path.display().to_string(), reason };
+        let no_agent = |reason: String| ClientError::NoAgent {
+            node: opts.node,
+            namespace: opts.namespace.clone(),
+            path: path.display().to_string(),
+            reason,
+        };
         let mut s = UnixStream::connect(&path).map_err(|e| no_agent(e.to_string()))?;
         unix::write(&mut s, &encode(&LocalRequest::Register { pid: std::process::id(), name: opts.name.clone() }))?;
         let reply = unix::read(&mut s).map_err(|e| no_agent(format!("no answer to registration: {e}")))?;
-        let (node, port, namespace, ready) = match decode::<LocalReply>("registration reply", &reply).map_err(|e| ClientError::Refused(e.to_string()))? {
-            LocalReply::Registered { node, port, namespace, ready } => (node, port, namespace, ready),
-            LocalReply::Refused(m) => return Err(ClientError::Refused(m)),
-            other => return Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
-        };
+        let (node, port, namespace, ready) =
+            match decode::<LocalReply>("registration reply", &reply).map_err(|e| ClientError::Refused(e.to_string()))? {
+                LocalReply::Registered { node, port, namespace, ready } => (node, port, namespace, ready),
+                LocalReply::Refused(m) => return Err(ClientError::Refused(m)),
+                other => return Err(ClientError::Refused(format!("unexpected reply {other:?}"))),
+            };
         if !ready {
             s.set_read_timeout(Some(opts.ready_timeout))?;
             match unix::read(&mut s).ok().and_then(|b| decode::<LocalReply>("ready", &b).ok()) {
@@ -105,7 +117,16 @@ impl Client {
         }
         let me = Addr::new(node, port);
         let port = Port::open(PortConfig::new(&namespace, me))?;
-        Ok(Client { port, agent: Addr::new(node, 0), me, _registration: s, next_id: AtomicU64::new(1), next_large: AtomicU64::new(1), pending: Mutex::new(HashMap::new()), timeout: opts.timeout })
+        Ok(Client {
+            port,
+            agent: Addr::new(node, 0),
+            me,
+            _registration: s,
+            next_id: AtomicU64::new(1),
+            next_large: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            timeout: opts.timeout,
+        })
     }
 
     /// Connects with [`ConnectOptions::from_env`].
@@ -219,7 +240,8 @@ impl Services for Client {
 /// Asks the agent of (namespace, node) for its status without registering.
 pub fn status(namespace: &str, node: u32) -> Result<String, ClientError> {
     let path = agent_socket(namespace, node);
-    let no_agent = |reason: String| ClientError::NoAgent { node, namespace: namespace.to_string(), path: path.display().to_string(), reason };
+    let no_agent =
+        |reason: String| ClientError::NoAgent { node, namespace: namespace.to_string(), path: path.display().to_string(), reason };
     let mut s = UnixStream::connect(&path).map_err(|e| no_agent(e.to_string()))?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     unix::write(&mut s, &encode(&LocalRequest::Status))?;

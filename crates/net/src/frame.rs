@@ -161,21 +161,7 @@ pub struct Header {
 impl Header {
     /// A header with every numeric field zero.
     pub fn new(kind: Kind, channel: Channel, src: Addr, dst: Addr) -> Self {
-        Header {
-            kind,
-            channel,
-            flags: 0,
-            src,
-            dst,
-            seq: 0,
-            ack: 0,
-            tag: 0,
-            id: 0,
-            offset: 0,
-            total: 0,
-            len: 0,
-            crc: 0,
-        }
+        Header { kind, channel, flags: 0, src, dst, seq: 0, ack: 0, tag: 0, id: 0, offset: 0, total: 0, len: 0, crc: 0 }
     }
 
     /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes), with the payload's

@@ -21,20 +21,20 @@
 pub mod cma;
 pub mod error;
 pub mod frame;
+#[cfg(not(loom))]
+pub mod port;
 pub mod proto;
 pub mod reliable;
 mod reqtable;
 pub mod ring;
 #[cfg(not(loom))]
-pub mod port;
-#[cfg(not(loom))]
 pub mod shm;
 #[cfg(not(loom))]
 pub mod tcp;
-#[cfg(not(loom))]
-mod timer;
 pub mod testbed;
 pub mod testkit;
+#[cfg(not(loom))]
+mod timer;
 pub mod trace;
 
 pub use error::NetError;

@@ -117,7 +117,8 @@ impl PortConfig {
             lease: Duration::from_micros(50),
             reconnect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(5),
-            trace: std::env::var_os("GEPSEA_NET_TRACE").map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
+            trace: std::env::var_os("GEPSEA_NET_TRACE")
+                .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
         }
     }
 
@@ -340,7 +341,9 @@ impl Port {
                 // Deadlines go through a timerfd: epoll's timeout only has millisecond
                 // resolution.
                 let t = crate::timer::Timer::new()?;
-                registry.register(&mut SourceFd(&t.raw()), TIMER, Interest::READABLE).map_err(|e| NetError::io("registering the timer", e))?;
+                registry
+                    .register(&mut SourceFd(&t.raw()), TIMER, Interest::READABLE)
+                    .map_err(|e| NetError::io("registering the timer", e))?;
                 Some(t)
             }
             Progress::Inline => None,
@@ -640,7 +643,9 @@ impl Port {
         if let Some(i) = reqs.iter().position(|&r| is_presettled(r)) {
             return (i, Ok(Completion::Sent));
         }
-        let (i, r) = self.wait_until(FOREVER, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x)))).expect("wait_any without deadline");
+        let (i, r) = self
+            .wait_until(FOREVER, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))
+            .expect("wait_any without deadline");
         (i, self.traced(Some(r)).expect("some"))
     }
 
@@ -894,7 +899,10 @@ fn run_copies(st: &mut MutexGuard<'_, State>) {
         let r = MutexGuard::unlocked(st, || crate::cma::read_into(job.remote.pid, job.remote.addr, job.len, &mut buf));
         job.buf = buf;
         if let Err(e) = &r {
-            st.log_error(format!("single copy of {} bytes from process {} failed ({e}); using the shared-memory ring instead", job.len, job.remote.pid));
+            st.log_error(format!(
+                "single copy of {} bytes from process {} failed ({e}); using the shared-memory ring instead",
+                job.len, job.remote.pid
+            ));
         }
         st.proto.copy_done(job, r.is_ok());
         ran = true;
@@ -1108,7 +1116,9 @@ impl State {
         !self.proto.has_output()
             && self.shm.values().all(|c| c.tx.is_drained())
             && self.tcp.values().all(|c| c.queued() == 0)
-            && self.links.values().all(|l| l.send.unacked() == 0 || l.conn.is_none() && l.down_since.is_some_and(|t| t.elapsed() > self.cfg.reconnect_timeout))
+            && self.links.values().all(|l| {
+                l.send.unacked() == 0 || l.conn.is_none() && l.down_since.is_some_and(|t| t.elapsed() > self.cfg.reconnect_timeout)
+            })
     }
 
     fn handle_event(&mut self, token: Token, readable: bool, writable: bool) {
@@ -1209,7 +1219,8 @@ impl State {
         let (src, dst) = (c.peer, proto.addr());
         loop {
             let r = c.rx.pop_with(|rec| -> Result<(), NetError> {
-                let (h, hlen) = Header::decode_compact(rec, src, dst, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
+                let (h, hlen) =
+                    Header::decode_compact(rec, src, dst, max).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
                 let payload = &rec[hlen..];
                 h.check_payload(payload).map_err(|e| NetError::Frame { from: "shared memory".into(), error: e })?;
                 proto.on_frame(&h, payload)
@@ -1743,12 +1754,8 @@ impl State {
         for p in acks {
             self.send_ack(p);
         }
-        let retry: Vec<Addr> = self
-            .links
-            .iter()
-            .filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now))
-            .map(|(p, _)| *p)
-            .collect();
+        let retry: Vec<Addr> =
+            self.links.iter().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
         for p in retry {
             let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p);
             if wants {

@@ -108,17 +108,46 @@ pub struct OutFrame {
 
 enum Req {
     /// Eager send queued or written; completes when written.
-    SendEager { dst: Addr },
+    SendEager {
+        dst: Addr,
+    },
     /// Rendezvous send: waiting for CTS, then data pieces queued.
-    SendRts { dst: Addr, data: Bytes },
+    SendRts {
+        dst: Addr,
+        data: Bytes,
+    },
     /// Posted receive not yet matched.
-    RecvPosted { src: Option<Addr>, tag: Option<u64>, buf: Vec<u8> },
+    RecvPosted {
+        src: Option<Addr>,
+        tag: Option<u64>,
+        buf: Vec<u8>,
+    },
     /// Matched to an RTS, data arriving.
-    RecvData { src: Addr, tag: u64, buf: Vec<u8>, total: usize, got: usize },
+    RecvData {
+        src: Addr,
+        tag: u64,
+        buf: Vec<u8>,
+        total: usize,
+        got: usize,
+    },
     /// Matched to a single-copy RTS; the transport is copying (see [`CopyJob`]).
-    RecvCopy { src: Addr, total: usize },
-    Put { dst: Addr, region: u64, offset: u64, len: u64 },
-    Get { dst: Addr, region: u64, offset: u64, buf: Vec<u8>, got: usize },
+    RecvCopy {
+        src: Addr,
+        total: usize,
+    },
+    Put {
+        dst: Addr,
+        region: u64,
+        offset: u64,
+        len: u64,
+    },
+    Get {
+        dst: Addr,
+        region: u64,
+        offset: u64,
+        buf: Vec<u8>,
+        got: usize,
+    },
 }
 
 enum Unexpected {
@@ -147,7 +176,10 @@ impl Remote {
     }
 
     fn decode(p: &[u8]) -> Option<Remote> {
-        (p.len() == Self::LEN).then(|| Remote { pid: u32::from_le_bytes(p[0..4].try_into().unwrap()), addr: u64::from_le_bytes(p[8..16].try_into().unwrap()) })
+        (p.len() == Self::LEN).then(|| Remote {
+            pid: u32::from_le_bytes(p[0..4].try_into().unwrap()),
+            addr: u64::from_le_bytes(p[8..16].try_into().unwrap()),
+        })
     }
 }
 
@@ -742,7 +774,10 @@ impl Proto {
                     if src.node != self.me.node {
                         return Err(NetError::Protocol { peer: src, reason: "single-copy offer from another node".into() });
                     }
-                    Some(Remote::decode(payload).ok_or_else(|| NetError::Protocol { peer: src, reason: format!("single-copy offer of {} bytes, expected {}", payload.len(), Remote::LEN) })?)
+                    Some(Remote::decode(payload).ok_or_else(|| NetError::Protocol {
+                        peer: src,
+                        reason: format!("single-copy offer of {} bytes, expected {}", payload.len(), Remote::LEN),
+                    })?)
                 } else {
                     None
                 };

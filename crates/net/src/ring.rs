@@ -377,9 +377,7 @@ mod tests {
         let ctl = Box::new(RingControl::new());
         let mut mem = vec![0u64; cap / 8];
         // SAFETY: ctl and mem outlive the ring ends in each test (returned alongside).
-        let (p, c) = unsafe {
-            split(ControlRef::new(&*ctl), Storage::new(mem.as_mut_ptr() as *mut u8, cap), cap)
-        };
+        let (p, c) = unsafe { split(ControlRef::new(&*ctl), Storage::new(mem.as_mut_ptr() as *mut u8, cap), cap) };
         (ctl, mem, p, c)
     }
 

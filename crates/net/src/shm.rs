@@ -25,7 +25,7 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 
 use crate::error::NetError;
 use crate::frame::Addr;
-use crate::ring::{self, ControlRef, Consumer, Padded, Producer, RingControl, Storage};
+use crate::ring::{self, Consumer, ControlRef, Padded, Producer, RingControl, Storage};
 
 const SHM_MAGIC: u64 = u64::from_le_bytes(*b"GPSASHM1");
 const DATA_ALIGN: usize = 4096;
@@ -135,19 +135,12 @@ impl ShmConn {
         let tx = ring::producer(unsafe { ControlRef::new(&h.rings[out_ring]) }, data(out_ring), rb);
         let rx = ring::consumer(unsafe { ControlRef::new(&h.rings[in_ring]) }, data(in_ring), rb);
         sock.set_nonblocking(true).map_err(|e| NetError::io("unix socket", e))?;
-        let peer_pid = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.pid()).filter(|&p| p > 0).map(|p| p as u32);
-        Ok(ShmConn {
-            peer,
-            side,
-            _map: map,
-            hdr,
-            tx,
-            rx,
-            my_bell,
-            peer_bell,
-            sock: mio::net::UnixStream::from_std(sock),
-            peer_pid,
-        })
+        let peer_pid = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
+            .ok()
+            .map(|c| c.pid())
+            .filter(|&p| p > 0)
+            .map(|p| p as u32);
+        Ok(ShmConn { peer, side, _map: map, hdr, tx, rx, my_bell, peer_bell, sock: mio::net::UnixStream::from_std(sock), peer_pid })
     }
 
     /// Initiator: creates the segment and hands it to the peer over `sock`.
@@ -202,7 +195,10 @@ impl ShmConn {
         let mut owned: Vec<OwnedFd> = fds.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }).collect();
         let unknown = Addr::new(u32::MAX, u32::MAX);
         if n != 16 || owned.len() != 3 {
-            return Err(NetError::Protocol { peer: unknown, reason: format!("bad shared-memory handshake ({n} bytes, {} descriptors)", owned.len()) });
+            return Err(NetError::Protocol {
+                peer: unknown,
+                reason: format!("bad shared-memory handshake ({n} bytes, {} descriptors)", owned.len()),
+            });
         }
         let peer = Addr::new(u32::from_le_bytes(hello[0..4].try_into().unwrap()), u32::from_le_bytes(hello[4..8].try_into().unwrap()));
         let size = u64::from_le_bytes(hello[8..16].try_into().unwrap()) as usize;
@@ -288,7 +284,11 @@ mod tests {
         assert!(!tx.has_unannounced_work(), "nothing freed yet");
         assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
         rx.notify_space();
-        assert_eq!(nix::unistd::read(tx.my_bell.raw(), &mut [0u8; 8]).map_err(|e| e as i32), Err(nix::errno::Errno::EAGAIN as i32), "no doorbell towards an awake side");
+        assert_eq!(
+            nix::unistd::read(tx.my_bell.raw(), &mut [0u8; 8]).map_err(|e| e as i32),
+            Err(nix::errno::Errno::EAGAIN as i32),
+            "no doorbell towards an awake side"
+        );
         // Going to sleep, the sender must notice the freed space itself.
         tx.set_awake(false);
         fence(Ordering::SeqCst);

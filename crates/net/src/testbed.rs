@@ -38,7 +38,11 @@ impl NetnsPair {
         // Interface names are limited to 15 characters.
         let va = format!("v{}a", &tag[tag.len().saturating_sub(12)..]);
         let vb = format!("v{}b", &tag[tag.len().saturating_sub(12)..]);
-        let pair = NetnsPair { ns: [format!("{tag}a"), format!("{tag}b")], ip: [format!("{subnet}.1"), format!("{subnet}.2")], dev: [va.clone(), vb.clone()] };
+        let pair = NetnsPair {
+            ns: [format!("{tag}a"), format!("{tag}b")],
+            ip: [format!("{subnet}.1"), format!("{subnet}.2")],
+            dev: [va.clone(), vb.clone()],
+        };
         run(&["ip", "netns", "add", &pair.ns[0]])?;
         run(&["ip", "netns", "add", &pair.ns[1]])?;
         run(&["ip", "link", "add", &va, "netns", &pair.ns[0], "type", "veth", "peer", "name", &vb, "netns", &pair.ns[1]])?;
@@ -198,7 +202,12 @@ impl WanSites {
         let mut octets: Vec<u32> = net.split('.').map(|o| o.parse().unwrap_or(0)).collect();
         octets[1] -= 50;
         let storage_net = format!("{}.{}.{}", octets[0], octets[1], octets[2]);
-        let sites = WanSites { storage_ns: format!("{}st", &router[..router.len() - 1]), storage_ip: format!("{storage_net}.1"), gateway: format!("{net}.254"), compute };
+        let sites = WanSites {
+            storage_ns: format!("{}st", &router[..router.len() - 1]),
+            storage_ip: format!("{storage_net}.1"),
+            gateway: format!("{net}.254"),
+            compute,
+        };
         let st = &sites.storage_ns;
         run(&["ip", "netns", "add", st])?;
         run(&["ip", "-n", &router, "addr", "add", &format!("{}/24", sites.gateway), "dev", "br0"])?;
@@ -246,7 +255,25 @@ impl WanSites {
         let burst = format!("{}kb", (mbit as u64 * 2 / 8).max(64));
         for dev in ["wan0", "br0"] {
             let _ = Command::new("ip").args(["netns", "exec", &router, "tc", "qdisc", "del", "dev", dev, "root"]).output();
-            run(&["ip", "netns", "exec", &router, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", &format!("{mbit}mbit"), "burst", &burst, "latency", "100ms"])?;
+            run(&[
+                "ip",
+                "netns",
+                "exec",
+                &router,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                &format!("{mbit}mbit"),
+                "burst",
+                &burst,
+                "latency",
+                "100ms",
+            ])?;
         }
         Ok(())
     }
@@ -259,7 +286,22 @@ impl WanSites {
         if let Some(q) = queue {
             let storage = self.storage_subnet();
             for dir in ["-s", "-d"] {
-                run(&["ip", "netns", "exec", &router, "iptables", "-A", "FORWARD", dir, &storage, "-j", "NFQUEUE", "--queue-num", &q.to_string(), "--queue-bypass"])?;
+                run(&[
+                    "ip",
+                    "netns",
+                    "exec",
+                    &router,
+                    "iptables",
+                    "-A",
+                    "FORWARD",
+                    dir,
+                    &storage,
+                    "-j",
+                    "NFQUEUE",
+                    "--queue-num",
+                    &q.to_string(),
+                    "--queue-bypass",
+                ])?;
             }
         }
         Ok(())

@@ -41,7 +41,8 @@ fn normal_channel_1b_to_64mib_both_directions() {
     let (a, b) = exchange_pair(&[], &[], &["--sizes", SIZES]);
     let total: usize = SIZES.split(',').map(|s| s.parse::<usize>().unwrap()).sum();
     // Every rendezvous message is copied once, by its receiver, from the sender.
-    let want = format!("COPIES {} single, 0 refused (0 not from the peer)\nOK exchanged 13 messages, {total} bytes verified", rendezvous_count());
+    let want =
+        format!("COPIES {} single, 0 refused (0 not from the peer)\nOK exchanged 13 messages, {total} bytes verified", rendezvous_count());
     assert_eq!(a, want);
     assert_eq!(b, want);
 }

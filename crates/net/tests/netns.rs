@@ -46,7 +46,8 @@ fn tcp_normal_channel_1b_to_64mib_both_directions() {
 #[test]
 fn tcp_system_channel_beyond_the_credit_window() {
     let sizes = system_sizes();
-    let (a, b) = pair(&["exchange", "--system", "--peer", "2:1", "--sizes", &sizes], &["exchange", "--system", "--peer", "1:1", "--sizes", &sizes]);
+    let (a, b) =
+        pair(&["exchange", "--system", "--peer", "2:1", "--sizes", &sizes], &["exchange", "--system", "--peer", "1:1", "--sizes", &sizes]);
     if a.is_empty() {
         return;
     }

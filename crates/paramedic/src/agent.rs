@@ -101,7 +101,11 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     };
     let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();
-    let sent = transfer::send_to(req.storage, None, &req.name, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer { name: req.name.clone(), to: req.storage, source })?;
+    let sent = transfer::send_to(req.storage, None, &req.name, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer {
+        name: req.name.clone(),
+        to: req.storage,
+        source,
+    })?;
     Ok(Shipped {
         plugin: plugin.into(),
         output_bytes: output.len() as u64,
@@ -121,7 +125,9 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
 pub fn ship_via(client: &gepsea_client::Client, req: &ShipRequest) -> Result<Shipped, ShipError> {
     let body = postcard::to_stdvec(req).expect("serialisable");
     // The wide-area link may be slow and regeneration long: wait as long as it takes.
-    let reply = client.call_timeout(gepsea_agent::wire::Op::Plugin { name: PLUGIN.into(), body }, Duration::from_secs(24 * 3600)).map_err(|e| ShipError::Agent(e.to_string()))?;
+    let reply = client
+        .call_timeout(gepsea_agent::wire::Op::Plugin { name: PLUGIN.into(), body }, Duration::from_secs(24 * 3600))
+        .map_err(|e| ShipError::Agent(e.to_string()))?;
     let gepsea_agent::wire::Reply::Data(bytes) = reply else {
         return Err(ShipError::Agent(format!("unexpected reply {reply:?}")));
     };

@@ -175,7 +175,9 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
                     per[q].push(sid.to_string());
                 }
             }
-            other => return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in (0, 5, 6, 7 are); use the zstd plug-in"))),
+            other => {
+                return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in (0, 5, 6, 7 are); use the zstd plug-in")))
+            }
         }
     }
     Ok(per)
@@ -189,7 +191,13 @@ fn oids(db_dir: &Path, name: &str, dbtype: &str, accessions: &BTreeSet<&str>, sc
     let list = scratch.join("accessions.txt");
     std::fs::write(&list, accessions.iter().map(|a| format!("{a}\n")).collect::<String>()).map_err(failed)?;
     let db_dir = std::fs::canonicalize(db_dir).map_err(|e| failed(format!("{}: {e}", db_dir.display())))?;
-    let out = tools::run("blastdbcmd", &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"], Some(db_dir.as_os_str()), Some(scratch)).map_err(failed)?;
+    let out = tools::run(
+        "blastdbcmd",
+        &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"],
+        Some(db_dir.as_os_str()),
+        Some(scratch),
+    )
+    .map_err(failed)?;
     let mut map = HashMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let (acc, oid) = line.split_once('\t').ok_or_else(|| failed(format!("blastdbcmd printed {line:?}")))?;
@@ -240,9 +248,14 @@ impl BlastPlugin {
         // report's -db name, title and counts) over those.
         let mut members = Vec::new();
         for f in &manifest.fragments {
-            let local: BTreeSet<u32> = subjects.range(f.first_oid as u32..(f.first_oid + f.sequences) as u32).map(|o| o - f.first_oid as u32).collect();
+            let local: BTreeSet<u32> =
+                subjects.range(f.first_oid as u32..(f.first_oid + f.sequences) as u32).map(|o| o - f.first_oid as u32).collect();
             std::fs::write(dbdir.join(format!("{}.msk", f.name)), oid_mask(f.sequences, &local)).map_err(failed)?;
-            std::fs::write(dbdir.join(format!("{}.sub.{letter}al", f.name)), format!("DBLIST {}\nOIDLIST {}.msk\n", replica.join(&f.name).display(), f.name)).map_err(failed)?;
+            std::fs::write(
+                dbdir.join(format!("{}.sub.{letter}al", f.name)),
+                format!("DBLIST {}\nOIDLIST {}.msk\n", replica.join(&f.name).display(), f.name),
+            )
+            .map_err(failed)?;
             members.push(format!("{}.sub", f.name));
         }
         std::fs::write(
@@ -265,7 +278,12 @@ impl BlastPlugin {
 impl BlastPlugin {
     /// Searches each group of queries against its subjects, up to `threads` BLAST+
     /// processes at once; the reports, in the groups' order.
-    fn regenerate_each(&self, m: &BlastMeta, manifest: &db::Manifest, groups: Vec<(Vec<u8>, &BTreeSet<u32>)>) -> Result<Vec<String>, PluginError> {
+    fn regenerate_each(
+        &self,
+        m: &BlastMeta,
+        manifest: &db::Manifest,
+        groups: Vec<(Vec<u8>, &BTreeSet<u32>)>,
+    ) -> Result<Vec<String>, PluginError> {
         let mut parts = Vec::with_capacity(groups.len());
         for wave in groups.chunks(self.threads.max(1)) {
             let reports: Vec<Result<Vec<u8>, PluginError>> = std::thread::scope(|s| {
@@ -295,7 +313,8 @@ impl MetadataPlugin for BlastPlugin {
         let queries = fasta::read(&job.query).map_err(failed)?;
         let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
         let fmt = gepsea_blast::report::base_format(&job.outfmt);
-        let ids: HashMap<String, usize> = queries.iter().enumerate().map(|(i, q)| (q.defline[1..].split_whitespace().next().unwrap_or("").to_string(), i)).collect();
+        let ids: HashMap<String, usize> =
+            queries.iter().enumerate().map(|(i, q)| (q.defline[1..].split_whitespace().next().unwrap_or("").to_string(), i)).collect();
         let text = std::str::from_utf8(output).map_err(|_| bad("the output is not text"))?;
         let per = subjects_in_report(text, fmt, &ids, queries.len())?;
         let all: BTreeSet<&str> = per.iter().flatten().map(String::as_str).collect();
@@ -303,7 +322,14 @@ impl MetadataPlugin for BlastPlugin {
         let map = oids(&job.db_dir, &manifest.name, manifest.dbtype.as_str(), &all, &s.0)?;
         let mut subjects = Vec::with_capacity(per.len());
         for (q, accs) in per.iter().enumerate() {
-            let mut v: Vec<u32> = accs.iter().map(|a| map.get(a).copied().ok_or_else(|| bad(format!("query {}: subject {a:?} is not in the database {}", q + 1, job.db_dir.display())))).collect::<Result<_, _>>()?;
+            let mut v: Vec<u32> = accs
+                .iter()
+                .map(|a| {
+                    map.get(a)
+                        .copied()
+                        .ok_or_else(|| bad(format!("query {}: subject {a:?} is not in the database {}", q + 1, job.db_dir.display())))
+                })
+                .collect::<Result<_, _>>()?;
             v.sort_unstable();
             v.dedup();
             subjects.push(v);
@@ -330,7 +356,10 @@ impl MetadataPlugin for BlastPlugin {
         m.subjects = undelta(&m.subjects);
         let manifest = db::open(&self.replica).map_err(failed)?;
         if fingerprint(&manifest) != m.db_fingerprint {
-            return Err(bad(format!("the replica {} is not the database the compute site searched (its files differ)", self.replica.display())));
+            return Err(bad(format!(
+                "the replica {} is not the database the compute site searched (its files differ)",
+                self.replica.display()
+            )));
         }
         if m.subjects.iter().flatten().any(|&o| o as u64 >= manifest.sequences) {
             return Err(bad("a subject OID lies beyond the database"));
@@ -354,7 +383,8 @@ impl MetadataPlugin for BlastPlugin {
         let out = if chunks == 1 {
             self.regenerate(&m, &manifest, &m.queries, &union)?
         } else {
-            let groups = (0..chunks).map(|c| (fasta_of(&records[c * records.len() / chunks..(c + 1) * records.len() / chunks]), &union)).collect();
+            let groups =
+                (0..chunks).map(|c| (fasta_of(&records[c * records.len() / chunks..(c + 1) * records.len() / chunks]), &union)).collect();
             gepsea_blast::accel::assemble(&self.regenerate_each(&m, &manifest, groups)?, fmt).map_err(failed)?.into_bytes()
         };
         self.runs.store(chunks, std::sync::atomic::Ordering::Relaxed);

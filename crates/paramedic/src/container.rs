@@ -79,7 +79,10 @@ pub fn unwrap(data: &[u8]) -> Result<(String, &[u8]), ContainerError> {
     }
     let name = String::from_utf8_lossy(&data[6..6 + name_len]).into_owned();
     let len = u64::from_le_bytes(data[6 + name_len..head].try_into().unwrap());
-    let total = (head as u64).checked_add(len).and_then(|t| t.checked_add(32)).ok_or(ContainerError::Truncated { needed: u64::MAX, have: data.len() as u64 })?;
+    let total = (head as u64)
+        .checked_add(len)
+        .and_then(|t| t.checked_add(32))
+        .ok_or(ContainerError::Truncated { needed: u64::MAX, have: data.len() as u64 })?;
     if (data.len() as u64) < total {
         return Err(ContainerError::Truncated { needed: total, have: data.len() as u64 });
     }

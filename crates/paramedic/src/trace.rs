@@ -130,7 +130,9 @@ pub fn period(signal: &[f64]) -> usize {
 
 fn signature(e: &Event) -> f64 {
     // Any injective-enough mix of the event's identity: periods repeat it exactly.
-    let h = (e.kind as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (e.peer as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f) ^ e.bytes.wrapping_mul(0x1656_67b1_9e37_79f9);
+    let h = (e.kind as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ (e.peer as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+        ^ e.bytes.wrapping_mul(0x1656_67b1_9e37_79f9);
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
@@ -167,7 +169,8 @@ impl MetadataPlugin for TracePlugin {
     }
 
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
-        let raw = zstd::stream::decode_all(metadata).map_err(|e| PluginError::BadInput(format!("trace metadata is not a zstd stream: {e}")))?;
+        let raw =
+            zstd::stream::decode_all(metadata).map_err(|e| PluginError::BadInput(format!("trace metadata is not a zstd stream: {e}")))?;
         let m: TraceMeta = postcard::from_bytes(&raw).map_err(|e| PluginError::BadInput(format!("trace metadata does not decode: {e}")))?;
         let p = m.period as usize;
         if p == 0 && !m.later.is_empty() || m.first.len() > p.max(m.first.len().min(p)) {
@@ -188,7 +191,8 @@ impl MetadataPlugin for TracePlugin {
         for (j, &(ddt, lit)) in m.later.iter().enumerate() {
             let i = p + j;
             let o = events.get(i - p).cloned().ok_or_else(|| PluginError::BadInput("trace metadata: inconsistent period".into()))?;
-            let dt = u64::try_from(dts[i - p] as i64 + ddt).map_err(|_| PluginError::BadInput("trace metadata: negative interval".into()))?;
+            let dt =
+                u64::try_from(dts[i - p] as i64 + ddt).map_err(|_| PluginError::BadInput("trace metadata: negative interval".into()))?;
             let (kind, peer, bytes) = lit.unwrap_or((o.kind, o.peer, o.bytes));
             if bad_kind(kind, peer) {
                 return Err(PluginError::BadInput(format!("trace metadata: unknown event kind {kind} or peer {peer}")));
@@ -322,10 +326,18 @@ mod real_trace {
         // Per step: send left, send right (as posted), receive left, receive right (as
         // waited for): exactly four events, the period the FFT must find.
         assert_eq!(text.lines().count() as u64, steps * 4);
-        assert_eq!(text.lines().take(4).map(|l| l.split('\t').skip(1).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>(), ["send 1.2 1024", "send 1.1 2048", "recv 1.2 2048", "recv 1.1 1024"]);
+        assert_eq!(
+            text.lines().take(4).map(|l| l.split('\t').skip(1).collect::<Vec<_>>().join(" ")).collect::<Vec<_>>(),
+            ["send 1.2 1024", "send 1.1 2048", "recv 1.2 2048", "recv 1.1 1024"]
+        );
         assert_eq!(period_of(&trace).unwrap(), 4);
         let meta = TracePlugin.encode(&trace).unwrap();
         assert_eq!(TracePlugin.decode(&meta).unwrap(), trace);
-        eprintln!("real trace: {} bytes, zstd -19 {} bytes, trace plug-in {} bytes", trace.len(), crate::ZstdPlugin::default().encode(&trace).unwrap().len(), meta.len());
+        eprintln!(
+            "real trace: {} bytes, zstd -19 {} bytes, trace plug-in {} bytes",
+            trace.len(),
+            crate::ZstdPlugin::default().encode(&trace).unwrap().len(),
+            meta.len()
+        );
     }
 }

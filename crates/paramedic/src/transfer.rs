@@ -205,7 +205,14 @@ fn parse_ack(from: Addr, bytes: &[u8]) -> Result<Ack, TransferError> {
 /// Sends one container to the storage site and waits for its acknowledgement;
 /// encrypted and authenticated when `key` is given (the storage site must hold the
 /// same key).
-pub fn send(port: &Port, to: Addr, name: &str, container: &[u8], reply_to: Option<SocketAddr>, key: Option<&Key>) -> Result<Ack, TransferError> {
+pub fn send(
+    port: &Port,
+    to: Addr,
+    name: &str,
+    container: &[u8],
+    reply_to: Option<SocketAddr>,
+    key: Option<&Key>,
+) -> Result<Ack, TransferError> {
     if !plain_name(name) {
         return Err(TransferError::BadName(name.into()));
     }
@@ -232,7 +239,8 @@ pub fn send(port: &Port, to: Addr, name: &str, container: &[u8], reply_to: Optio
     if m.tag != TAG_HANDSHAKE {
         return Err(malformed(format!("expected the handshake, got tag {:#x}", m.tag)));
     }
-    hs.read_message(&m.data, &mut [0u8; NOISE_MAX]).map_err(|e| malformed(format!("handshake: {e} (the storage site does not hold this key)")))?;
+    hs.read_message(&m.data, &mut [0u8; NOISE_MAX])
+        .map_err(|e| malformed(format!("handshake: {e} (the storage site does not hold this key)")))?;
     let mut t = hs.into_transport_mode().map_err(|e| malformed(e.to_string()))?;
     let ack = port.irecv(Some(to), Some(TAG_ACK), 1 << 16);
     port.send(to, TAG_BODY, seal_body(&mut t, container))?;
@@ -255,7 +263,13 @@ pub struct Sent {
 /// Sends one container to the storage site at `storage` from a port of its own,
 /// listening on `from` (default: this host's address on the route there); the port and
 /// its runtime directory are gone when this returns.
-pub fn send_to(storage: SocketAddr, from: Option<std::net::IpAddr>, name: &str, container: &[u8], key: Option<&Key>) -> Result<Sent, TransferError> {
+pub fn send_to(
+    storage: SocketAddr,
+    from: Option<std::net::IpAddr>,
+    name: &str,
+    container: &[u8],
+    key: Option<&Key>,
+) -> Result<Sent, TransferError> {
     static PORTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let ip = match from {
         Some(ip) => ip,
@@ -269,7 +283,12 @@ pub fn send_to(storage: SocketAddr, from: Option<std::net::IpAddr>, name: &str, 
     let st = port.stats();
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-    Ok(Sent { ack: sent?, seconds: started.elapsed().as_secs_f64(), reconnects: st.connections_established.saturating_sub(1), frames_resent: st.frames_replayed })
+    Ok(Sent {
+        ack: sent?,
+        seconds: started.elapsed().as_secs_f64(),
+        reconnects: st.connections_established.saturating_sub(1),
+        frames_resent: st.frames_replayed,
+    })
 }
 
 /// What the storage site does with a received object.
@@ -327,7 +346,11 @@ fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, firs
     let mut payload = vec![0u8; NOISE_MAX];
     let object = hs.read_message(first, &mut payload).ok().and_then(|n| postcard::from_bytes::<Object>(&payload[..n]).ok());
     let Some(object) = object else {
-        let ack = Ack { name: String::new(), result: Err("handshake failed: the sender's key is not this storage site's key".into()), seconds: 0.0 };
+        let ack = Ack {
+            name: String::new(),
+            result: Err("handshake failed: the sender's key is not this storage site's key".into()),
+            seconds: 0.0,
+        };
         port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
         return Ok(ack);
     };
@@ -354,7 +377,13 @@ fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, firs
 /// Serves objects until `count` have been handled (`None`: forever); calls `done` with
 /// every acknowledgement sent. With a `key`, only encrypted transfers under that key
 /// are accepted; without one, only unencrypted transfers.
-pub fn serve(port: &Port, sink: &mut dyn Sink, count: Option<usize>, key: Option<&Key>, mut done: impl FnMut(&Ack)) -> Result<(), TransferError> {
+pub fn serve(
+    port: &Port,
+    sink: &mut dyn Sink,
+    count: Option<usize>,
+    key: Option<&Key>,
+    mut done: impl FnMut(&Ack),
+) -> Result<(), TransferError> {
     let mut handled = 0;
     let plain_ack = |to: Addr, ack: &Ack| port.send(to, TAG_ACK, postcard::to_stdvec(ack).expect("serialisable"));
     while count.is_none_or(|c| handled < c) {
@@ -458,7 +487,9 @@ mod tests {
         let results = sends
             .iter()
             .enumerate()
-            .map(|(i, (key, data))| send(&port, STORAGE, &format!("obj{i}"), &container::seal(&RawPlugin, data).unwrap(), port.listen_addr(), key.as_ref()))
+            .map(|(i, (key, data))| {
+                send(&port, STORAGE, &format!("obj{i}"), &container::seal(&RawPlugin, data).unwrap(), port.listen_addr(), key.as_ref())
+            })
             .collect();
         let stored = server.join().unwrap();
         drop(port);
@@ -472,7 +503,10 @@ mod tests {
     fn encrypted_objects_arrive_exactly_including_chunk_boundaries() {
         let key = Key::generate().unwrap();
         // Sizes around the 65,519-byte plaintext chunk, and a multi-chunk object.
-        let objects: Vec<Vec<u8>> = [0usize, 1, NOISE_CHUNK - 60, NOISE_CHUNK, 3 * NOISE_CHUNK + 7, 1 << 20].iter().map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect()).collect();
+        let objects: Vec<Vec<u8>> = [0usize, 1, NOISE_CHUNK - 60, NOISE_CHUNK, 3 * NOISE_CHUNK + 7, 1 << 20]
+            .iter()
+            .map(|&n| (0..n).map(|i| (i * 7 + n) as u8).collect())
+            .collect();
         let (results, stored) = transfers("enc", Some(key.clone()), objects.iter().map(|o| (Some(key.clone()), o.clone())).collect());
         for (i, r) in results.iter().enumerate() {
             assert_eq!(r.as_ref().unwrap().result, Ok(objects[i].len() as u64));
@@ -484,7 +518,8 @@ mod tests {
     fn wrong_or_missing_keys_are_refused_and_nothing_is_stored() {
         let site = Key::generate().unwrap();
         let other = Key::generate().unwrap();
-        let (results, stored) = transfers("keyed", Some(site.clone()), vec![(Some(other), b"a".to_vec()), (None, b"b".to_vec()), (Some(site), b"c".to_vec())]);
+        let (results, stored) =
+            transfers("keyed", Some(site.clone()), vec![(Some(other), b"a".to_vec()), (None, b"b".to_vec()), (Some(site), b"c".to_vec())]);
         let refused = |r: &Result<Ack, TransferError>| match r {
             Err(TransferError::Refused { reason, .. }) => reason.clone(),
             other => panic!("expected a refusal, got {other:?}"),

@@ -159,7 +159,8 @@ mod tests {
         let mut out = Outbox::new(1);
         let mut inbox = Inbox::new();
         inbox.subscribe("load");
-        let sent: Vec<Advert> = ["load", "other", "load"].iter().map(|t| out.publish(t, Bytes::from_static(b"x"), &[2]).remove(0).1).collect();
+        let sent: Vec<Advert> =
+            ["load", "other", "load"].iter().map(|t| out.publish(t, Bytes::from_static(b"x"), &[2]).remove(0).1).collect();
         assert_eq!(inbox.receive(sent[2].clone()), 0, "early advert is held");
         assert_eq!(inbox.unread(), 0);
         assert_eq!(inbox.receive(sent[0].clone()), 1);

@@ -70,7 +70,8 @@ impl Store {
         self.remove(name);
         let mut evicted = Vec::new();
         while self.bytes + data.len() > self.capacity {
-            let victim = self.items.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()).expect("non-empty when over capacity");
+            let victim =
+                self.items.iter().min_by_key(|(_, (_, used))| *used).map(|(k, _)| k.clone()).expect("non-empty when over capacity");
             self.remove(&victim);
             evicted.push(victim);
         }

@@ -65,7 +65,12 @@ impl<T: Ord + Clone> Merger<T> {
             if self.runs.iter().any(|r| !r.finished && r.buf.is_empty()) {
                 break;
             }
-            let best = self.runs.iter().enumerate().filter_map(|(i, r)| r.buf.front().map(|x| (x, i))).min_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
+            let best = self
+                .runs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.buf.front().map(|x| (x, i)))
+                .min_by(|a, b| a.0.cmp(b.0).then(a.1.cmp(&b.1)));
             let Some((_, i)) = best else { break };
             out.push(self.runs[i].buf.pop_front().unwrap());
         }

@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(r.len(), 3);
         assert_eq!(r.iter().flat_map(|p| p.bytes.clone()).collect::<Vec<_>>(), rep.to_vec());
         assert_eq!(r[1].offset, 13);
-        assert_eq!(all(Format::Fasta, b"ACGT\n>a\n", &[]).unwrap_err(), ParseError::Malformed { what: "FASTA data before the first '>' header".into(), offset: 0 });
+        assert_eq!(
+            all(Format::Fasta, b"ACGT\n>a\n", &[]).unwrap_err(),
+            ParseError::Malformed { what: "FASTA data before the first '>' header".into(), offset: 0 }
+        );
         assert_eq!(all(Format::LengthPrefixed, &[5, 0, 0, 0, 1], &[]).unwrap_err(), ParseError::Truncated { offset: 0 });
     }
 }

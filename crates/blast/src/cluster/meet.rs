@@ -96,7 +96,12 @@ fn publish(path: &Path, text: &str) -> Result<(), MeetError> {
     std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)).map_err(io(path))
 }
 
-fn wait_for<T>(dir: &Path, timeout: Duration, what: impl Fn() -> String, mut poll: impl FnMut() -> Result<Option<T>, MeetError>) -> Result<T, MeetError> {
+fn wait_for<T>(
+    dir: &Path,
+    timeout: Duration,
+    what: impl Fn() -> String,
+    mut poll: impl FnMut() -> Result<Option<T>, MeetError>,
+) -> Result<T, MeetError> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(2);
     loop {
@@ -128,11 +133,16 @@ pub fn meet(dir: &Path, me: &Arrival<'_>, timeout: Duration) -> Result<Meeting, 
         publish(&node_file, &format!("{n}\n"))?;
         n
     } else {
-        wait_for(dir, timeout, || format!("the first process on host {} to publish the node id", me.host), || match std::fs::read_to_string(&node_file) {
-            Ok(t) => Ok(t.trim().parse::<u32>().ok()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(io(&node_file)(e)),
-        })?
+        wait_for(
+            dir,
+            timeout,
+            || format!("the first process on host {} to publish the node id", me.host),
+            || match std::fs::read_to_string(&node_file) {
+                Ok(t) => Ok(t.trim().parse::<u32>().ok()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(io(&node_file)(e)),
+            },
+        )?
     };
     publish(&ranks.join(me.rank.to_string()), &format!("{node}\n"))?;
     if !leader {
@@ -143,7 +153,8 @@ pub fn meet(dir: &Path, me: &Arrival<'_>, timeout: Duration) -> Result<Meeting, 
         dir,
         timeout,
         || {
-            let seen: BTreeSet<usize> = std::fs::read_dir(&ranks).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+            let seen: BTreeSet<usize> =
+                std::fs::read_dir(&ranks).into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
             let missing: Vec<String> = (0..me.size).filter(|r| !seen.contains(r)).take(8).map(|r| r.to_string()).collect();
             format!("ranks {} (of {}) to report", missing.join(", "), me.size)
         },
@@ -174,7 +185,10 @@ pub fn meet(dir: &Path, me: &Arrival<'_>, timeout: Duration) -> Result<Meeting, 
         )));
     }
     if let Some(want) = me.nodes.filter(|w| *w != nodes.len()) {
-        return Err(inconsistent(format!("the ranks came from {} distinct hosts, but the launcher says the job has {want} nodes", nodes.len())));
+        return Err(inconsistent(format!(
+            "the ranks came from {} distinct hosts, but the launcher says the job has {want} nodes",
+            nodes.len()
+        )));
     }
     Ok(Meeting { node, leader, nodes: Some(nodes.len()) })
 }
@@ -195,14 +209,21 @@ mod tests {
     }
 
     /// `placement[rank]` is the host of each rank; all ranks meet concurrently.
-    fn meet_all(dir: &Path, placement: &[&'static str], local_size: impl Fn(&str) -> Option<usize>, nodes: Option<usize>) -> Vec<Result<Meeting, String>> {
+    fn meet_all(
+        dir: &Path,
+        placement: &[&'static str],
+        local_size: impl Fn(&str) -> Option<usize>,
+        nodes: Option<usize>,
+    ) -> Vec<Result<Meeting, String>> {
         let size = placement.len();
         let handles: Vec<_> = placement
             .iter()
             .enumerate()
             .map(|(rank, host)| {
                 let (dir, host, local) = (dir.to_path_buf(), *host, local_size(host));
-                std::thread::spawn(move || meet(&dir, &Arrival { rank, size, host, local_size: local, nodes }, Duration::from_secs(20)).map_err(|e| e.to_string()))
+                std::thread::spawn(move || {
+                    meet(&dir, &Arrival { rank, size, host, local_size: local, nodes }, Duration::from_secs(20)).map_err(|e| e.to_string())
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -213,7 +234,8 @@ mod tests {
         let d = scratch("rr");
         // mpirun --map-by node on 3 hosts: ranks cycle over the hosts.
         let placement = ["a", "b", "c", "a", "b", "c", "a"];
-        let got: Vec<Meeting> = meet_all(&d.0, &placement, |h| Some(if h == "a" { 3 } else { 2 }), Some(3)).into_iter().map(Result::unwrap).collect();
+        let got: Vec<Meeting> =
+            meet_all(&d.0, &placement, |h| Some(if h == "a" { 3 } else { 2 }), Some(3)).into_iter().map(Result::unwrap).collect();
         let mut id_of = BTreeMap::new();
         for (m, host) in got.iter().zip(placement) {
             assert_eq!(*id_of.entry(host).or_insert(m.node), m.node, "host {host} got two ids");
@@ -238,13 +260,18 @@ mod tests {
         assert!(leader_err.contains("4 ranks identify themselves as host a, but the launcher puts 2"), "{leader_err}");
         let d = scratch("count");
         let got = meet_all(&d.0, &["a", "b"], |_| None, Some(3));
-        assert!(got.iter().any(|r| r.as_ref().is_err_and(|e| e.contains("2 distinct hosts, but the launcher says the job has 3 nodes"))), "{got:?}");
+        assert!(
+            got.iter().any(|r| r.as_ref().is_err_and(|e| e.contains("2 distinct hosts, but the launcher says the job has 3 nodes"))),
+            "{got:?}"
+        );
     }
 
     #[test]
     fn a_missing_rank_times_out_with_the_ranks_named() {
         let d = scratch("missing");
-        let e = meet(&d.0, &Arrival { rank: 0, size: 3, host: "a", local_size: None, nodes: None }, Duration::from_millis(300)).unwrap_err().to_string();
+        let e = meet(&d.0, &Arrival { rank: 0, size: 3, host: "a", local_size: None, nodes: None }, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("ranks 1, 2 (of 3) to report") && e.contains("shared file system"), "{e}");
     }
 

@@ -55,7 +55,8 @@ pub fn local_ip(cidr: Option<&str>) -> Result<IpAddr, SearchError> {
         Some(c) => {
             let (a, b) = c.split_once('/').ok_or_else(|| SearchError::Io(format!("--agent-net {c:?} is not a CIDR like 10.1.0.0/16")))?;
             let a: std::net::Ipv4Addr = a.parse().map_err(|_| SearchError::Io(format!("--agent-net {c:?}: bad address")))?;
-            let b: u32 = b.parse().ok().filter(|b| *b <= 32).ok_or_else(|| SearchError::Io(format!("--agent-net {c:?}: bad prefix length")))?;
+            let b: u32 =
+                b.parse().ok().filter(|b| *b <= 32).ok_or_else(|| SearchError::Io(format!("--agent-net {c:?}: bad prefix length")))?;
             (Some(u32::from(a)), b)
         }
         None => (None, 0),
@@ -182,11 +183,17 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
         LaunchFiles { dir: dir.clone(), ns_dir: ns_dir.clone(), own_rendezvous: c.rendezvous.is_none().then(|| rendezvous.clone()) }
     });
     let host = host_key();
-    let arrival = Arrival { rank: launch.rank, size: launch.size, host: &host, local_size: launch.local_size, nodes: c.nodes.or(launch.nodes) };
+    let arrival =
+        Arrival { rank: launch.rank, size: launch.size, host: &host, local_size: launch.local_size, nodes: c.nodes.or(launch.nodes) };
     let meeting = meet::meet(&dir, &arrival, MEET_TIMEOUT)?;
     if opts.no_agent {
         // The mpiBLAST baseline: rank 0 merges and writes everything itself.
-        let net = crate::search::ClusterNet { namespace: ns, ip: local_ip(c.agent_net.as_deref())?, directory: dir.join("net"), workers: launch.size - 1 };
+        let net = crate::search::ClusterNet {
+            namespace: ns,
+            ip: local_ip(c.agent_net.as_deref())?,
+            directory: dir.join("net"),
+            workers: launch.size - 1,
+        };
         std::fs::create_dir_all(&net.directory).map_err(|e| SearchError::Io(format!("{}: {e}", net.directory.display())))?;
         return if launch.rank == 0 {
             crate::search::run_cluster_no_agent(opts, net).map(Some)
@@ -197,7 +204,14 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
     run_with_agents(opts, &launch, c, &ns, &dir, &meeting)
 }
 
-fn run_with_agents(opts: &SearchOptions, launch: &Launch, c: &ClusterOptions, ns: &str, dir: &Path, meeting: &Meeting) -> Result<Option<Summary>, SearchError> {
+fn run_with_agents(
+    opts: &SearchOptions,
+    launch: &Launch,
+    c: &ClusterOptions,
+    ns: &str,
+    dir: &Path,
+    meeting: &Meeting,
+) -> Result<Option<Summary>, SearchError> {
     let node = meeting.node;
     let mut agent = AgentChild(None);
     if meeting.leader && gepsea_client::status(ns, node).is_err() {
@@ -205,7 +219,18 @@ fn run_with_agents(opts: &SearchOptions, launch: &Launch, c: &ClusterOptions, ns
         let listen = SocketAddr::new(ip, c.agent_port);
         let nodes = meeting.nodes.unwrap_or(1);
         let child = with_parent_death(&mut Command::new(&opts.worker_exe))
-            .args(["agent", "--namespace", ns, "--node-id", &node.to_string(), "--listen", &listen.to_string(), "--nodes", &nodes.to_string(), "--rendezvous"])
+            .args([
+                "agent",
+                "--namespace",
+                ns,
+                "--node-id",
+                &node.to_string(),
+                "--listen",
+                &listen.to_string(),
+                "--nodes",
+                &nodes.to_string(),
+                "--rendezvous",
+            ])
             .arg(dir.join("agents"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -213,12 +238,14 @@ fn run_with_agents(opts: &SearchOptions, launch: &Launch, c: &ClusterOptions, ns
             .map_err(|e| SearchError::Io(format!("starting the agent: {e}")))?;
         agent.0 = Some((child, gepsea_net::namespace_dir(ns).join(format!("node-{node}"))));
     }
-    gepsea_client::wait_for_agent(ns, node, Duration::from_secs(60)).map_err(|e| SearchError::Io(format!("the agent of node {node} did not start: {e}")))?;
+    gepsea_client::wait_for_agent(ns, node, Duration::from_secs(60))
+        .map_err(|e| SearchError::Io(format!("the agent of node {node} did not start: {e}")))?;
     let done = dir.join("done");
     let summary = if launch.rank == 0 {
         let client = connect(ns, node, "gepsea search (master)")?;
         let result = crate::search::run_master(opts, &client, launch.size - 1, dir);
-        std::fs::write(&done, if result.is_ok() { "ok\n" } else { "failed\n" }).map_err(|e| SearchError::Io(format!("{}: {e}", done.display())))?;
+        std::fs::write(&done, if result.is_ok() { "ok\n" } else { "failed\n" })
+            .map_err(|e| SearchError::Io(format!("{}: {e}", done.display())))?;
         // Keep this node's agent until the other nodes' agents have left (the launch
         // directory, with the flag, goes when this returns).
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -251,4 +278,3 @@ fn run_with_agents(opts: &SearchOptions, launch: &Launch, c: &ClusterOptions, ns
     drop(agent);
     Ok(summary)
 }
-

@@ -18,7 +18,9 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::{alias_letter, io, stats_alias, write_stats_db, Database, DbError, External, Fragment, Manifest, OnlineSplit, MANIFEST_VERSION};
+use super::{
+    alias_letter, io, stats_alias, write_stats_db, Database, DbError, External, Fragment, Manifest, OnlineSplit, MANIFEST_VERSION,
+};
 use crate::fasta::MolType;
 use crate::tools::{self, ToolError};
 
@@ -76,7 +78,10 @@ fn info(given: &str) -> Result<(MolType, Info), DbError> {
         match blastdbcmd(given, t, &["-info"]) {
             Ok(out) => {
                 let text = String::from_utf8_lossy(&out.stdout).to_string();
-                let info = parse_info(&text).ok_or_else(|| DbError::External { given: given.into(), reason: format!("unexpected `blastdbcmd -info` output: {:?}", text.lines().next().unwrap_or("")) })?;
+                let info = parse_info(&text).ok_or_else(|| DbError::External {
+                    given: given.into(),
+                    reason: format!("unexpected `blastdbcmd -info` output: {:?}", text.lines().next().unwrap_or("")),
+                })?;
                 return Ok((t, info));
             }
             Err(ToolError::Failed { stderr, .. }) => {
@@ -103,7 +108,9 @@ fn locate(given: &str, dbtype: MolType) -> Option<PathBuf> {
     if let Some(v) = std::env::var_os("BLASTDB") {
         dirs.extend(std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()).map(|p| cwd.join(p)));
     }
-    dirs.iter().map(|d| d.join(given)).find(|p| [format!("{l}al"), format!("{l}in")].iter().any(|ext| PathBuf::from(format!("{}.{ext}", p.display())).is_file()))
+    dirs.iter()
+        .map(|d| d.join(given))
+        .find(|p| [format!("{l}al"), format!("{l}in")].iter().any(|ext| PathBuf::from(format!("{}.{ext}", p.display())).is_file()))
 }
 
 fn be32(b: &[u8], at: &mut usize) -> Option<u32> {
@@ -121,7 +128,10 @@ pub fn check_volume(volume: &Path, dbtype: MolType) -> Result<(), DbError> {
     let index_path = file("in");
     let mut index = Vec::new();
     std::fs::File::open(&index_path).and_then(|mut f| f.read_to_end(&mut index)).map_err(io(&index_path))?;
-    let bad = |what: &str| DbError::External { given: volume.display().to_string(), reason: format!("{}: {what}; the volume is damaged or truncated: download or build it again", index_path.display()) };
+    let bad = |what: &str| DbError::External {
+        given: volume.display().to_string(),
+        reason: format!("{}: {what}; the volume is damaged or truncated: download or build it again", index_path.display()),
+    };
     let mut at = 0;
     let version = be32(&index, &mut at).ok_or_else(|| bad("too short"))?;
     if version != 4 && version != 5 {
@@ -144,7 +154,15 @@ pub fn check_volume(volume: &Path, dbtype: MolType) -> Result<(), DbError> {
     let sequence_end = be32(&index, &mut { sequence_end_at }).ok_or_else(|| bad("shorter than its own sequence count says"))?;
     for (ext, expected) in [("hr", header_end), ("sq", sequence_end)] {
         let p = file(ext);
-        let actual = std::fs::metadata(&p).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DbError::Missing { path: p.clone() } } else { DbError::Io { path: p.clone(), source: e } })?.len();
+        let actual = std::fs::metadata(&p)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    DbError::Missing { path: p.clone() }
+                } else {
+                    DbError::Io { path: p.clone(), source: e }
+                }
+            })?
+            .len();
         // Nucleotide sequence files end with the last sequence's ambiguity data.
         let short = if dbtype == MolType::Nucl && ext == "sq" { actual < expected as u64 } else { actual != expected as u64 };
         if short {
@@ -162,7 +180,10 @@ pub fn open(given: &Path, work_dir: &Path, fragments: usize) -> Result<Database,
         return Err(DbError::ZeroFragments);
     }
     if name == "stats" || name == "stats-seq" || (name.starts_with("frag") && name.ends_with(".stats")) {
-        return Err(DbError::External { given: name.clone(), reason: "the name is one gepsea uses for its own alias files; name the database by a path instead (e.g. ./NAME)".into() });
+        return Err(DbError::External {
+            given: name.clone(),
+            reason: "the name is one gepsea uses for its own alias files; name the database by a path instead (e.g. ./NAME)".into(),
+        });
     }
     let (dbtype, info) = info(&name)?;
     for v in &info.volumes {
@@ -171,7 +192,10 @@ pub fn open(given: &Path, work_dir: &Path, fragments: usize) -> Result<Database,
             check_volume(v, dbtype)?;
         }
     }
-    let path = locate(&name, dbtype).ok_or_else(|| DbError::External { given: name.clone(), reason: "BLAST+ reads it, but its alias or index file was not found in the working directory or BLASTDB; give its path".into() })?;
+    let path = locate(&name, dbtype).ok_or_else(|| DbError::External {
+        given: name.clone(),
+        reason: "BLAST+ reads it, but its alias or index file was not found in the working directory or BLASTDB; give its path".into(),
+    })?;
     let cwd = std::env::current_dir().map_err(io(Path::new(".")))?;
     if fragments as u64 > info.sequences {
         return Err(DbError::TooManyFragments { sequences: info.sequences, fragments });
@@ -191,7 +215,16 @@ pub fn open(given: &Path, work_dir: &Path, fragments: usize) -> Result<Database,
 }
 
 #[allow(clippy::too_many_arguments)]
-fn build_side_dir(name: &str, path: &Path, cwd: &Path, dbtype: MolType, info: &Info, k: usize, work_dir: &Path, dir: &Path) -> Result<Manifest, DbError> {
+fn build_side_dir(
+    name: &str,
+    path: &Path,
+    cwd: &Path,
+    dbtype: MolType,
+    info: &Info,
+    k: usize,
+    work_dir: &Path,
+    dir: &Path,
+) -> Result<Manifest, DbError> {
     std::fs::create_dir_all(work_dir).map_err(io(work_dir))?;
     let tmp = work_dir.join(format!(".{}.tmp{}", dir.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
@@ -208,7 +241,14 @@ fn build_side_dir(name: &str, path: &Path, cwd: &Path, dbtype: MolType, info: &I
             let alias = tmp.join(format!("{fname}.stats.{l}al"));
             let text = stats_alias(&info.title, target, Some((first + 1, first + count)), info.sequences, info.residues);
             std::fs::write(&alias, text).map_err(io(&alias))?;
-            fragments.push(Fragment { name: fname, sequences: count, residues, first_oid: first, files: Default::default(), sizes: Default::default() });
+            fragments.push(Fragment {
+                name: fname,
+                sequences: count,
+                residues,
+                first_oid: first,
+                files: Default::default(),
+                sizes: Default::default(),
+            });
         }
         write_stats_db(&tmp, dbtype, &info.title, info.sequences, info.residues)?;
         let m = Manifest {
@@ -248,7 +288,13 @@ fn sequence_lengths(name: &str, dbtype: MolType, info: &Info, k: usize) -> Resul
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DbError::Tool(ToolError::Missing { program: "blastdbcmd".into() }) } else { DbError::Tool(ToolError::Io { program: "blastdbcmd".into(), source: e }) })?;
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                DbError::Tool(ToolError::Missing { program: "blastdbcmd".into() })
+            } else {
+                DbError::Tool(ToolError::Io { program: "blastdbcmd".into(), source: e })
+            }
+        })?;
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     let err_reader = std::thread::spawn(move || {
@@ -262,7 +308,10 @@ fn sequence_lengths(name: &str, dbtype: MolType, info: &Info, k: usize) -> Resul
     let mut seen = 0u64;
     for line in BufReader::with_capacity(1 << 20, stdout).lines() {
         let line = line.map_err(|e| DbError::Io { path: PathBuf::from(name), source: e })?;
-        let len: u64 = line.trim().parse().map_err(|_| DbError::External { given: name.into(), reason: format!("blastdbcmd printed {line:?} for a sequence length") })?;
+        let len: u64 = line
+            .trim()
+            .parse()
+            .map_err(|_| DbError::External { given: name.into(), reason: format!("blastdbcmd printed {line:?} for a sequence length") })?;
         let before = split.starts.len();
         split.push(len);
         if split.starts.len() > before {
@@ -277,7 +326,13 @@ fn sequence_lengths(name: &str, dbtype: MolType, info: &Info, k: usize) -> Resul
         return Err(DbError::Unreadable { given: name.into(), blast: tools::error_lines(&stderr) });
     }
     if seen != info.sequences {
-        return Err(DbError::External { given: name.into(), reason: format!("blastdbcmd listed {seen} sequences, but the database says it has {}; it is damaged or an alias does not match its volumes", info.sequences) });
+        return Err(DbError::External {
+            given: name.into(),
+            reason: format!(
+                "blastdbcmd listed {seen} sequences, but the database says it has {}; it is damaged or an alias does not match its volumes",
+                info.sequences
+            ),
+        });
     }
     let starts = split.starts;
     Ok(starts

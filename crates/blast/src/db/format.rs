@@ -313,7 +313,13 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
 }
 
 /// Everything [`format`] does inside its temporary directory `tmp`.
-fn format_into(o: &FormatOptions, tmp: &Path, blast_version: &str, user_args: &[String], progress: &mut impl FnMut(Progress)) -> Result<Manifest, DbError> {
+fn format_into(
+    o: &FormatOptions,
+    tmp: &Path,
+    blast_version: &str,
+    user_args: &[String],
+    progress: &mut impl FnMut(Progress),
+) -> Result<Manifest, DbError> {
     let scanned = scan(o.input, tmp)?;
     progress(Progress::Scanned { sequences: scanned.totals.sequences, residues: scanned.totals.residues, bytes: scanned.totals.bytes });
     if o.fragments as u64 > scanned.totals.sequences {
@@ -321,7 +327,11 @@ fn format_into(o: &FormatOptions, tmp: &Path, blast_version: &str, user_args: &[
     }
     let starts = cut(&scanned.checkpoints, scanned.totals, o.fragments);
     if starts.len() < o.fragments {
-        return Err(DbError::Format(format!("cannot cut {} into {} non-empty fragments balanced by residues; ask for fewer", o.input.display(), o.fragments)));
+        return Err(DbError::Format(format!(
+            "cannot cut {} into {} non-empty fragments balanced by residues; ask for fewer",
+            o.input.display(),
+            o.fragments
+        )));
     }
     let dbtype = o.dbtype.unwrap_or(scanned.moltype);
     let name = o.name.clone().unwrap_or_else(|| default_name(o.input));
@@ -419,7 +429,17 @@ fn fragment_name(i: usize, k: usize) -> String {
 
 /// Pass 2: builds every fragment, `jobs` at a time.
 #[allow(clippy::too_many_arguments)]
-fn build(input: &Path, s: &Scanned, plan: &Plan, jobs: usize, dbtype: MolType, title: &str, args: &[String], dir: &Path, progress: &mut impl FnMut(Progress)) -> Result<Vec<Fragment>, DbError> {
+fn build(
+    input: &Path,
+    s: &Scanned,
+    plan: &Plan,
+    jobs: usize,
+    dbtype: MolType,
+    title: &str,
+    args: &[String],
+    dir: &Path,
+    progress: &mut impl FnMut(Progress),
+) -> Result<Vec<Fragment>, DbError> {
     let k = plan.ranges.len();
     let jobs = jobs.clamp(1, k);
     // Work lists: a plain file, any fragment to any job (seek); compressed, one
@@ -475,7 +495,17 @@ fn build(input: &Path, s: &Scanned, plan: &Plan, jobs: usize, dbtype: MolType, t
 
 /// Builds the fragments of `group` (consecutive) from one reader of the input.
 #[allow(clippy::too_many_arguments)]
-fn build_group(input: &Path, s: &Scanned, plan: &Plan, group: &[usize], dbtype: MolType, title: &str, args: &[String], dir: &Path, tx: &std::sync::mpsc::Sender<Result<(usize, Fragment), DbError>>) -> Result<(), DbError> {
+fn build_group(
+    input: &Path,
+    s: &Scanned,
+    plan: &Plan,
+    group: &[usize],
+    dbtype: MolType,
+    title: &str,
+    args: &[String],
+    dir: &Path,
+    tx: &std::sync::mpsc::Sender<Result<(usize, Fragment), DbError>>,
+) -> Result<(), DbError> {
     let start = plan.ranges[group[0]].0;
     let mut reader: Box<dyn BufRead + Send> = if s.compression == Compression::None {
         // A plain file: read it again at the group's offset.
@@ -486,7 +516,10 @@ fn build_group(input: &Path, s: &Scanned, plan: &Plan, group: &[usize], dbtype: 
         let (mut r, _) = fasta::open_with(input, READ_BUFFER)?;
         let skipped = std::io::copy(&mut (&mut r).take(start), &mut std::io::sink()).map_err(io(input))?;
         if skipped != start {
-            return Err(DbError::Format(format!("{}: shorter on the second reading than on the first; was it changed while formatting?", input.display())));
+            return Err(DbError::Format(format!(
+                "{}: shorter on the second reading than on the first; was it changed while formatting?",
+                input.display()
+            )));
         }
         r
     };
@@ -502,7 +535,17 @@ fn build_group(input: &Path, s: &Scanned, plan: &Plan, group: &[usize], dbtype: 
 
 /// Pipes `len` bytes of `reader` into makeblastdb as fragment `i`; hashes its files.
 #[allow(clippy::too_many_arguments)]
-fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, input: &Path, dbtype: MolType, title: &str, args: &[String], dir: &Path) -> Result<Fragment, DbError> {
+fn build_fragment(
+    reader: &mut dyn BufRead,
+    len: u64,
+    i: usize,
+    plan: &Plan,
+    input: &Path,
+    dbtype: MolType,
+    title: &str,
+    args: &[String],
+    dir: &Path,
+) -> Result<Fragment, DbError> {
     let name = fragment_name(i, plan.ranges.len());
     let log = dir.join(format!(".{name}.log"));
     let log_file = std::fs::File::create(&log).map_err(io(&log))?;
@@ -514,7 +557,13 @@ fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, inp
         .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()
-        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DbError::Tool(ToolError::Missing { program: "makeblastdb".into() }) } else { DbError::Tool(ToolError::Io { program: "makeblastdb".into(), source: e }) })?;
+        .map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                DbError::Tool(ToolError::Missing { program: "makeblastdb".into() })
+            } else {
+                DbError::Tool(ToolError::Io { program: "makeblastdb".into(), source: e })
+            }
+        })?;
     let mut stdin = child.stdin.take().expect("piped");
     let copied = std::io::copy(&mut reader.take(len), &mut stdin);
     let flushed = stdin.flush();
@@ -523,11 +572,20 @@ fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, inp
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
     if !status.success() {
-        return Err(DbError::Format(format!("makeblastdb failed on fragment {name} of {} ({status}): {}", input.display(), tools::error_lines(&stderr))));
+        return Err(DbError::Format(format!(
+            "makeblastdb failed on fragment {name} of {} ({status}): {}",
+            input.display(),
+            tools::error_lines(&stderr)
+        )));
     }
     match copied {
         Ok(n) if n == len => {}
-        Ok(n) => return Err(DbError::Format(format!("{}: {n} bytes where the first reading had {len}; was it changed while formatting?", input.display()))),
+        Ok(n) => {
+            return Err(DbError::Format(format!(
+                "{}: {n} bytes where the first reading had {len}; was it changed while formatting?",
+                input.display()
+            )))
+        }
         Err(e) => return Err(DbError::Io { path: input.to_path_buf(), source: e }),
     }
     flushed.map_err(io(input))?;
@@ -539,7 +597,12 @@ fn build_fragment(reader: &mut dyn BufRead, len: u64, i: usize, plan: &Plan, inp
     let total_res: u64 = plan.residues.iter().sum();
     std::fs::write(&alias, stats_alias(title, &name, None, total_seqs, total_res)).map_err(io(&alias))?;
     let prefix = format!("{name}.");
-    let mut names: Vec<String> = std::fs::read_dir(dir).map_err(io(dir))?.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(&prefix)).collect();
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
     names.sort();
     let (mut files, mut sizes) = (BTreeMap::new(), BTreeMap::new());
     for n in names {
@@ -577,7 +640,8 @@ mod tests {
     fn owned_options_are_refused_and_files_made_absolute() {
         let e = makeblastdb_args(&["-title".into(), "x".into()]).unwrap_err().to_string();
         assert_eq!(e, "makeblastdb option -title is set by gepsea db format; use --title");
-        let a = makeblastdb_args(&["-parse_seqids".into(), "-taxid_map".into(), "map.txt".into(), "-max_file_sz".into(), "1GB".into()]).unwrap();
+        let a = makeblastdb_args(&["-parse_seqids".into(), "-taxid_map".into(), "map.txt".into(), "-max_file_sz".into(), "1GB".into()])
+            .unwrap();
         assert_eq!(a[0], "-parse_seqids");
         assert_eq!(a.iter().filter(|x| *x == "-parse_seqids").count(), 1);
         assert!(Path::new(&a[2]).is_absolute() && a[2].ends_with("map.txt"), "{a:?}");

@@ -128,9 +128,13 @@ pub enum DbError {
     ZeroFragments,
     #[error("{path}: not a gepsea database manifest: {reason}")]
     BadManifest { path: PathBuf, reason: String },
-    #[error("{path}: checksum mismatch (manifest says {expected}, file has {actual}); the database was modified or damaged: format it again")]
+    #[error(
+        "{path}: checksum mismatch (manifest says {expected}, file has {actual}); the database was modified or damaged: format it again"
+    )]
     Checksum { path: PathBuf, expected: String, actual: String },
-    #[error("{path}: {actual} bytes, but the manifest says {expected}; the database was modified or damaged (truncated?): format it again")]
+    #[error(
+        "{path}: {actual} bytes, but the manifest says {expected}; the database was modified or damaged (truncated?): format it again"
+    )]
     Size { path: PathBuf, expected: u64, actual: u64 },
     #[error("{path}: missing; the database is incomplete: format it again")]
     Missing { path: PathBuf },
@@ -227,7 +231,12 @@ pub(crate) fn write_stats_db(dir: &Path, dbtype: MolType, title: &str, sequences
     let tiny = if dbtype == MolType::Prot { "ACDEFGHIKLMNPQRSTVWY" } else { "ACGTACGTTGCAACGTTGCA" };
     let fasta = dir.join("stats-seq.fasta");
     std::fs::write(&fasta, format!(">gepsea_stats_placeholder\n{tiny}\n")).map_err(io(&fasta))?;
-    tools::run("makeblastdb", &["-in", "stats-seq.fasta", "-dbtype", dbtype.as_str(), "-title", title, "-out", "stats-seq"], None, Some(dir))?;
+    tools::run(
+        "makeblastdb",
+        &["-in", "stats-seq.fasta", "-dbtype", dbtype.as_str(), "-title", title, "-out", "stats-seq"],
+        None,
+        Some(dir),
+    )?;
     std::fs::remove_file(&fasta).map_err(io(&fasta))?;
     let alias = dir.join(format!("stats.{}al", alias_letter(dbtype)));
     std::fs::write(&alias, stats_alias(title, "stats-seq", None, sequences, residues)).map_err(io(&alias))
@@ -244,7 +253,10 @@ fn read_manifest(dir: &Path) -> Result<Manifest, DbError> {
     })?;
     let m: Manifest = serde_json::from_str(&text).map_err(|e| DbError::BadManifest { path: path.clone(), reason: e.to_string() })?;
     if m.format_version != MANIFEST_VERSION {
-        return Err(DbError::BadManifest { path, reason: format!("format version {} (this gepsea reads {MANIFEST_VERSION})", m.format_version) });
+        return Err(DbError::BadManifest {
+            path,
+            reason: format!("format version {} (this gepsea reads {MANIFEST_VERSION})", m.format_version),
+        });
     }
     Ok(m)
 }
@@ -256,7 +268,13 @@ pub fn open(dir: &Path) -> Result<Manifest, DbError> {
     for f in &m.fragments {
         for name in f.files.keys() {
             let p = dir.join(name);
-            let meta = std::fs::metadata(&p).map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DbError::Missing { path: p.clone() } } else { DbError::Io { path: p.clone(), source: e } })?;
+            let meta = std::fs::metadata(&p).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    DbError::Missing { path: p.clone() }
+                } else {
+                    DbError::Io { path: p.clone(), source: e }
+                }
+            })?;
             if let Some(&expected) = f.sizes.get(name) {
                 if meta.len() != expected {
                     return Err(DbError::Size { path: p, expected, actual: meta.len() });
@@ -318,7 +336,8 @@ mod tests {
         assert_eq!(balanced_split(&[1000, 1, 1, 1], 4), vec![0, 1, 2, 3]);
         let lens: Vec<usize> = (0..500).map(|i| 50 + (i * 37) % 900).collect();
         let s = balanced_split(&lens, 7);
-        let sums: Vec<usize> = s.iter().enumerate().map(|(i, &a)| lens[a..s.get(i + 1).copied().unwrap_or(lens.len())].iter().sum()).collect();
+        let sums: Vec<usize> =
+            s.iter().enumerate().map(|(i, &a)| lens[a..s.get(i + 1).copied().unwrap_or(lens.len())].iter().sum()).collect();
         let (lo, hi) = (sums.iter().min().unwrap(), sums.iter().max().unwrap());
         assert!(hi - lo <= 2 * 950, "balanced within two sequences: {sums:?}");
     }
@@ -326,6 +345,9 @@ mod tests {
     #[test]
     fn stats_aliases_quote_paths_with_blanks_and_carry_oid_ranges() {
         assert_eq!(stats_alias("T", "frag0", None, 10, 100), "TITLE T\nDBLIST frag0\nNSEQ 10\nLENGTH 100\n");
-        assert_eq!(stats_alias("T", "/a b/db", Some((1, 5)), 10, 100), "TITLE T\nDBLIST \"/a b/db\"\nFIRST_OID 1\nLAST_OID 5\nNSEQ 10\nLENGTH 100\n");
+        assert_eq!(
+            stats_alias("T", "/a b/db", Some((1, 5)), 10, 100),
+            "TITLE T\nDBLIST \"/a b/db\"\nFIRST_OID 1\nLAST_OID 5\nNSEQ 10\nLENGTH 100\n"
+        );
     }
 }

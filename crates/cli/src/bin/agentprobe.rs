@@ -38,7 +38,9 @@ fn main() -> Result<()> {
             for _ in 0..n {
                 loop {
                     let (ver, val) = match c.board_get(&key)? {
-                        Some(v) => (v.version, u64::from_le_bytes(v.value.try_into().map_err(|_| anyhow::anyhow!("{key} is not a counter"))?)),
+                        Some(v) => {
+                            (v.version, u64::from_le_bytes(v.value.try_into().map_err(|_| anyhow::anyhow!("{key} is not a counter"))?))
+                        }
                         None => (0, 0),
                     };
                     match c.board_cas(&key, ver, &(val + 1).to_le_bytes())? {
@@ -52,7 +54,9 @@ fn main() -> Result<()> {
         "board-get" => {
             let key: String = arg(&a, 1, "key")?;
             match c.board_get(&key)? {
-                Some(v) if v.value.len() == 8 => say(format!("value {} version {}", u64::from_le_bytes(v.value.try_into().unwrap()), v.version)),
+                Some(v) if v.value.len() == 8 => {
+                    say(format!("value {} version {}", u64::from_le_bytes(v.value.try_into().unwrap()), v.version))
+                }
                 Some(v) => say(format!("bytes {} version {}", v.value.len(), v.version)),
                 None => say("absent".into()),
             }
@@ -113,7 +117,8 @@ fn main() -> Result<()> {
             let name: String = arg(&a, 1, "lock")?;
             let ms: u64 = arg(&a, 2, "ms")?;
             let t = Instant::now();
-            match c.call_timeout(gepsea_client::wire::Op::Lock { name: name.clone(), mode: LockMode::Exclusive }, Duration::from_millis(ms)) {
+            match c.call_timeout(gepsea_client::wire::Op::Lock { name: name.clone(), mode: LockMode::Exclusive }, Duration::from_millis(ms))
+            {
                 Ok(_) => say(format!("locked after {} ms", t.elapsed().as_millis())),
                 Err(e) => say(format!("not locked: {e}")),
             }

@@ -55,7 +55,8 @@ impl Drop for TempDir {
 /// A fresh directory named after the test and this process.
 pub fn tempdir(tag: &str) -> TempDir {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!("gepsea-t-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
+    let d =
+        std::env::temp_dir().join(format!("gepsea-t-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
     std::fs::create_dir_all(&d).unwrap();
     TempDir(d)
 }
@@ -66,7 +67,12 @@ pub fn assert_identical(got: &std::path::Path, want: &std::path::Path, what: &st
     if g != w {
         let (gl, wl) = (String::from_utf8_lossy(&g), String::from_utf8_lossy(&w));
         let i = gl.lines().zip(wl.lines()).position(|(a, b)| a != b).unwrap_or(gl.lines().count().min(wl.lines().count()));
-        panic!("{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}", i + 1, gl.lines().nth(i), wl.lines().nth(i));
+        panic!(
+            "{what}: differs from serial BLAST+ at line {}:\n  gepsea: {:?}\n  serial: {:?}",
+            i + 1,
+            gl.lines().nth(i),
+            wl.lines().nth(i)
+        );
     }
 }
 

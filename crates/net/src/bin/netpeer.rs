@@ -177,13 +177,18 @@ fn main() -> Result<()> {
     let seed = |from: Addr, tag: u64| ((from.node as u64) << 40) ^ ((from.port as u64) << 20) ^ tag;
     match cli.role {
         Role::Exchange { peer, sizes, system } => {
-            let recvs: Vec<_> = if system { vec![] } else { sizes.iter().enumerate().map(|(i, &s)| port.irecv(Some(peer), Some(i as u64), s)).collect() };
+            let recvs: Vec<_> =
+                if system { vec![] } else { sizes.iter().enumerate().map(|(i, &s)| port.irecv(Some(peer), Some(i as u64), s)).collect() };
             let sends: Vec<_> = sizes
                 .iter()
                 .enumerate()
                 .map(|(i, &s)| {
                     let data = pattern(seed(me, i as u64), s);
-                    if system { port.send_system(peer, i as u64, data) } else { port.isend(peer, i as u64, data) }
+                    if system {
+                        port.send_system(peer, i as u64, data)
+                    } else {
+                        port.isend(peer, i as u64, data)
+                    }
                 })
                 .collect();
             let mut bytes = 0;
@@ -435,4 +440,3 @@ fn main() -> Result<()> {
     }
     Ok(())
 }
-
