@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build test test-unit test-loom bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
+.PHONY: all setup build lint test test-unit test-loom bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
 
 all: build
 
@@ -13,6 +13,11 @@ setup:
 
 build: setup
 	$(CARGO) build --release --workspace
+
+# Formatting (rustfmt.toml) and clippy, warnings as errors; CI runs it before the tests.
+lint: setup
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Every test: unit, property, loom, multi-process and multi-namespace.
 test: setup test-unit test-loom

@@ -18,6 +18,13 @@ PACKAGES=(
 
 if [ "$(id -u)" -eq 0 ]; then SUDO=(); else SUDO=(sudo); fi
 
+# `make lint` needs rustfmt and clippy (rustup's default profile has them).
+for tool in fmt clippy; do
+  if ! cargo "$tool" --version >/dev/null 2>&1 && command -v rustup >/dev/null; then
+    rustup component add "$([ "$tool" = fmt ] && echo rustfmt || echo clippy)"
+  fi
+done
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -1616,16 +1616,18 @@ impl Agent {
                 }
                 return;
             }
-            Op::MergeOpen { stream, runs } => {
-                if self.merges.contains_key(&stream) {
-                    Reply::err(ErrorKind::BadRequest, format!("merge stream {stream:?} is already open"))
-                } else if runs == 0 {
+            Op::MergeOpen { stream, runs } => match self.merges.entry(stream) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    Reply::err(ErrorKind::BadRequest, format!("merge stream {:?} is already open", e.key()))
+                }
+                std::collections::hash_map::Entry::Vacant(_) if runs == 0 => {
                     Reply::err(ErrorKind::BadRequest, "a merge stream needs at least one run")
-                } else {
-                    self.merges.insert(stream, Merger::new(runs as usize));
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Merger::new(runs as usize));
                     Reply::Ok
                 }
-            }
+            },
             Op::MergePush { stream, run, records, last } => match self.merges.get_mut(&stream) {
                 None => Reply::err(ErrorKind::NotFound, format!("no merge stream {stream:?}")),
                 Some(m) => match m.push(run as usize, records).and_then(|_| if last { m.finish(run as usize) } else { Ok(()) }) {

@@ -457,7 +457,7 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let copy = p("damaged");
     run_ok({
         let mut c = Command::new("cp");
-        c.arg("-r").arg(&f.dir.join("db3")).arg(&copy);
+        c.arg("-r").arg(f.dir.join("db3")).arg(&copy);
         c
     });
     let target = std::fs::read_dir(&copy)

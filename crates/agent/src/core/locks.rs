@@ -25,6 +25,9 @@ pub enum Mode {
     Group(u64),
 }
 
+/// A lock's name, its holders and its waiters, as `snapshot` reports them.
+pub type LockSnapshot = (String, Vec<(Client, Mode)>, Vec<(Client, Mode)>);
+
 impl Mode {
     fn compatible(self, other: Mode) -> bool {
         match (self, other) {
@@ -158,7 +161,7 @@ impl LockTable {
     }
 
     /// Every lock this table knows, with its holders and waiters (for status reports).
-    pub fn snapshot(&self) -> Vec<(String, Vec<(Client, Mode)>, Vec<(Client, Mode)>)> {
+    pub fn snapshot(&self) -> Vec<LockSnapshot> {
         let mut v: Vec<_> = self.locks.iter().map(|(k, s)| (k.clone(), s.holders.clone(), s.waiting.iter().copied().collect())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v

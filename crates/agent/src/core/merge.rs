@@ -120,7 +120,7 @@ mod tests {
                 let b = step.next().unwrap_or(0) as usize;
                 // The chosen run, or the next unfinished one after it.
                 let r = (0..runs.len()).map(|i| (b + i) % runs.len()).find(|&r| !finished[r]).unwrap();
-                let take = (b / runs.len()) % 4 + usize::from(pos[r] < runs[r].len() && b % 7 == 0);
+                let take = (b / runs.len()) % 4 + usize::from(pos[r] < runs[r].len() && b.is_multiple_of(7));
                 let end = (pos[r] + take).min(runs[r].len());
                 m.push(r, runs[r][pos[r]..end].to_vec()).unwrap();
                 pos[r] = end;

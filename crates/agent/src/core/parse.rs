@@ -106,7 +106,7 @@ impl Parser {
                 let first = starts.first().copied().unwrap_or(self.buf.len());
                 // Anything before the first record start is a preamble (e.g. a report
                 // header); hand it out as its own record so no byte is lost.
-                if first > 0 && (starts.len() > 0 || eof) {
+                if first > 0 && (!starts.is_empty() || eof) {
                     out.push(Parsed { offset: self.base, bytes: self.buf[..first].to_vec() });
                 }
                 let mut consumed = if starts.is_empty() && !eof { 0 } else { first };
