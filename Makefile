@@ -42,25 +42,25 @@ $(OUT):
 	mkdir -p $(OUT)
 
 bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
-	./target/release/gepsea bench net --refs $(OUT) --json $(OUT)/net.json
+	./target/release/gepsea-bench net --refs $(OUT) --json $(OUT)/net.json
 
 bench-search: build | $(OUT)
-	./target/release/gepsea bench search --json $(OUT)/search.json
+	./target/release/gepsea-bench search --json $(OUT)/search.json
 
 # db format vs makeblastdb on 1 GB of synthesised FASTA; a large report's search memory.
 bench-db: build | $(OUT)
-	./target/release/gepsea bench db --json $(OUT)/db.json
+	./target/release/gepsea-bench db --json $(OUT)/db.json
 
 bench-agent: build | $(OUT)
-	./target/release/gepsea bench agent --json $(OUT)/agent.json
+	./target/release/gepsea-bench agent --json $(OUT)/agent.json
 
 # The paper's mpiBLAST experiments: 1, 2, 4 namespace nodes under mpirun (root).
 bench-cluster: build | $(OUT)
-	./target/release/gepsea bench cluster --json $(OUT)/cluster.json
+	./target/release/gepsea-bench cluster --json $(OUT)/cluster.json
 
 # The ParaMEDIC experiments: two namespace sites behind an emulated wide-area link (root).
 bench-paramedic: build | $(OUT)
-	./target/release/gepsea bench paramedic --json $(OUT)/paramedic.json
+	./target/release/gepsea-bench paramedic --json $(OUT)/paramedic.json
 
 bench: bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic
 

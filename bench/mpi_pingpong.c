@@ -1,4 +1,4 @@
-/* Reference for `gepsea bench net`: OpenMPI ping-pong latency and streaming bandwidth
+/* Reference for `gepsea-bench net`: OpenMPI ping-pong latency and streaming bandwidth
  * between two ranks, measured the same way as gepsea's (half round trip, median of 7
  * batches; bandwidth with a window of 16 outstanding sends, acknowledged per size).
  * Each of the 16 outstanding receives has a buffer of its own: MPI forbids concurrent

@@ -1,4 +1,4 @@
-/* Reference for `gepsea bench net`: raw TCP (blocking sockets, TCP_NODELAY) ping-pong
+/* Reference for `gepsea-bench net`: raw TCP (blocking sockets, TCP_NODELAY) ping-pong
  * latency and 1 MiB-write streaming bandwidth, the floor any TCP messaging layer pays.
  *   tcp_pingpong server ADDR PORT SCALE (serves one client, then exits)
  *   tcp_pingpong client ADDR PORT SCALE

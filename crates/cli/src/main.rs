@@ -8,17 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
 
 mod agent_cmd;
-mod bench_agent;
-mod bench_cluster;
-mod bench_db;
-mod bench_net;
-mod bench_paramedic;
-mod bench_search;
 mod logging;
 mod paramedic_cmd;
-mod plots;
-mod procstat;
-mod testbed_cmd;
 
 #[derive(Parser)]
 #[command(name = "gepsea", version, about = "gepsea: a software accelerator for parallel scientific applications")]
@@ -42,11 +33,6 @@ enum Cmd {
     },
     /// Parallel BLAST whose output is identical to one serial BLAST+ run.
     Search(SearchArgs),
-    /// Benchmarks, each reporting ratios against a reference measured in the same run.
-    Bench {
-        #[command(subcommand)]
-        what: Bench,
-    },
     /// The per-node agent (run it, or `gepsea agent status`).
     Agent(agent_cmd::AgentArgs),
     /// ParaMEDIC: ship small metadata instead of bulky output, regenerate it exactly.
@@ -57,9 +43,6 @@ enum Cmd {
     /// (internal) A search worker registered with its node's agent.
     #[command(hide = true)]
     AgentWorker(AgentWorkerArgs),
-    /// Tools the wide-area benchmark runs inside its namespaces (link delay, RTT probe).
-    #[command(hide = true, subcommand)]
-    Testbed(testbed_cmd::TestbedCmd),
     /// (internal) A search worker process, started by `gepsea search`.
     #[command(hide = true)]
     Worker(WorkerArgs),
@@ -237,25 +220,6 @@ struct WorkerArgs {
     scratch: PathBuf,
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
-}
-
-#[derive(Subcommand)]
-enum Bench {
-    /// gepsea-net latency, bandwidth and overlap vs OpenMPI and raw TCP.
-    Net(bench_net::NetArgs),
-    /// gepsea search against serial blastp -num_threads 2, alternated.
-    Search(bench_search::SearchBenchArgs),
-    /// gepsea db format against one makeblastdb over a synthesised FASTA (time, peak
-    /// memory), and a large search's peak memory against its report size.
-    Db(bench_db::DbBenchArgs),
-    /// Offloaded request latency vs a gepsea-net ping-pong; agent throughput and CPU with 4 nodes.
-    Agent(bench_agent::AgentBenchArgs),
-    /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
-    /// without agents (needs root).
-    Cluster(bench_cluster::ClusterBenchArgs),
-    /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
-    /// output written directly vs shipped as metadata (needs root).
-    Paramedic(bench_paramedic::ParamedicBenchArgs),
 }
 
 /// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
@@ -463,14 +427,7 @@ fn run() -> Result<()> {
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
         Cmd::Paramedic { what } => paramedic_cmd::run(&what),
-        Cmd::Testbed(t) => testbed_cmd::run(&t),
         Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.scratch, &a.blast_args)?),
-        Cmd::Bench { what: Bench::Net(a) } => bench_net::run(&a),
-        Cmd::Bench { what: Bench::Search(a) } => bench_search::run(&a),
-        Cmd::Bench { what: Bench::Db(a) } => bench_db::run(&a),
-        Cmd::Bench { what: Bench::Agent(a) } => bench_agent::run(&a),
-        Cmd::Bench { what: Bench::Cluster(a) } => bench_cluster::run(&a),
-        Cmd::Bench { what: Bench::Paramedic(a) } => bench_paramedic::run(&a),
     }
 }

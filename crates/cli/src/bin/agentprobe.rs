@@ -1,5 +1,5 @@
 //! gepsea-agentprobe: one application process that exercises the agents, for the
-//! multi-process and multi-namespace tests and `gepsea bench agent`. Namespace and
+//! multi-process and multi-namespace tests and `gepsea-bench agent`. Namespace and
 //! node come from GEPSEA_NAMESPACE / GEPSEA_NODE. Results go to stdout, one
 //! `key value...` line each, so tests can check exact numbers.
 

@@ -1,5 +1,5 @@
 //! gepsea-netpeer: a small program that opens one gepsea-net port and plays a role
-//! against a peer. The integration tests and `gepsea bench net` run it as the "other
+//! against a peer. The integration tests and `gepsea-bench net` run it as the "other
 //! process" (or the other node, inside a network namespace).
 //!
 //! It prints `READY` once its port is open, and `OK ...` when its role succeeded; any

@@ -16,6 +16,9 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
 }
 
+/// The test peer binary (built with the `netpeer` feature, which the tests that call
+/// this require).
+#[cfg(feature = "netpeer")]
 pub fn netpeer() -> &'static str {
     env!("CARGO_BIN_EXE_gepsea-netpeer")
 }

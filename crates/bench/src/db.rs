@@ -1,4 +1,4 @@
-//! `gepsea bench db`: `gepsea db format` against one `makeblastdb` over the same FASTA
+//! `gepsea-bench db`: `gepsea db format` against one `makeblastdb` over the same FASTA
 //! (synthesised to the asked size from the example proteins: copies with new
 //! identifiers), measured in the same run — wall time and peak resident memory of each
 //! — and the peak memory of every gepsea process of a search whose report is large
@@ -143,7 +143,7 @@ fn synthesise(source: &Path, out: &Path, bytes: u64) -> Result<(u64, u64)> {
 }
 
 pub fn run(a: &DbBenchArgs) -> Result<()> {
-    let exe = std::env::current_exe()?;
+    let exe = crate::net::sibling("gepsea")?;
     let (dir, own_dir) = match &a.dir {
         Some(d) => (d.clone(), false),
         None => (std::env::temp_dir().join(format!("gepsea-bench-db-{}", std::process::id())), true),

@@ -1,4 +1,4 @@
-//! `gepsea bench agent`: what offloading to the agent costs, against a gepsea-net
+//! `gepsea-bench agent`: what offloading to the agent costs, against a gepsea-net
 //! ping-pong measured in the same run, and what the agents sustain with 4 nodes.
 //!
 //! 1. Reference: gepsea-net shared-memory ping-pong of 8 B (two processes).
@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 
-use crate::bench_net::{collect, sibling, spawn_ready, Kill};
+use crate::net::{collect, sibling, spawn_ready, Kill};
 
 #[derive(Args)]
 pub struct AgentBenchArgs {
@@ -95,7 +95,7 @@ fn parse_bench(out: &str) -> Result<BTreeMap<String, f64>> {
 }
 
 pub fn run(a: &AgentBenchArgs) -> Result<()> {
-    let gepsea = std::env::current_exe()?;
+    let gepsea = sibling("gepsea")?;
     let probe = sibling("gepsea-agentprobe")?;
     let netpeer = sibling("gepsea-netpeer")?;
     let tag = format!("bagent{}", std::process::id());
@@ -152,7 +152,7 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     cleanup(&ns4);
     let _ = std::fs::remove_dir_all(&rv);
 
-    println!("gepsea bench agent ({} requests of each kind per client)", a.requests);
+    println!("gepsea-bench agent ({} requests of each kind per client)", a.requests);
     println!();
     println!("| measure | gepsea agent | reference | ratio |");
     println!("|---|---|---|---|");

@@ -1,4 +1,4 @@
-//! `gepsea testbed`: small tools the wide-area benchmark runs inside its namespaces.
+//! `gepsea-bench testbed`: small tools the wide-area benchmark runs inside its namespaces.
 //!
 //! - `delay`: one-way delay without `netem` (this kernel has none). Packets the router
 //!   hands to an NFQUEUE are held for the delay and then accepted, in arrival order

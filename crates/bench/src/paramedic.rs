@@ -1,9 +1,9 @@
-//! `gepsea bench paramedic`: the ParaMEDIC paper's experiments at this machine's scale.
+//! `gepsea-bench paramedic`: the ParaMEDIC paper's experiments at this machine's scale.
 //!
 //! Two sites as network namespaces ([`WanSites`]): a compute site of `--compute-nodes`
 //! nodes on a bridge, a storage site of one node, joined through a router that
 //! emulates the wide-area link: a token bucket per direction for the rate, and a
-//! user-space NFQUEUE daemon (`gepsea testbed delay`) for the one-way delay (this kernel
+//! user-space NFQUEUE daemon (`gepsea-bench testbed delay`) for the one-way delay (this kernel
 //! has no `netem`). TCP is tuned inside every node as for a long fat network (64 MiB
 //! buffers, BBR, no cached metrics); the round-trip time is measured, not assumed.
 //!
@@ -34,7 +34,7 @@ use gepsea_net::testbed::WanSites;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::bench_cluster::{run_ok, same_output, StorageMount, TempDir, Workload};
+use crate::cluster::{run_ok, same_output, StorageMount, TempDir, Workload};
 
 #[derive(clap::Args, Debug)]
 pub struct ParamedicBenchArgs {
@@ -117,11 +117,11 @@ const KEYED_PORT: u16 = 7501;
 const RTT_PORT: u16 = 7600;
 
 /// Median round-trip time between compute node 0 and the storage node, ms.
-fn measure_rtt(sites: &WanSites, gepsea: &Path) -> Result<f64> {
+fn measure_rtt(sites: &WanSites, tools: &Path) -> Result<f64> {
     let at = format!("{}:{RTT_PORT}", sites.storage_ip);
-    let listener = Children(vec![sites.storage_cmd(gepsea).args(["testbed", "rtt", "--count", "7", "--listen", &at]).spawn()?]);
+    let listener = Children(vec![sites.storage_cmd(tools).args(["testbed", "rtt", "--count", "7", "--listen", &at]).spawn()?]);
     std::thread::sleep(Duration::from_millis(200));
-    let o = run_ok(sites.compute.cmd(0, gepsea).args(["testbed", "rtt", "--count", "7", "--to", &at]))?;
+    let o = run_ok(sites.compute.cmd(0, tools).args(["testbed", "rtt", "--count", "7", "--to", &at]))?;
     drop(listener);
     Ok(String::from_utf8_lossy(&o.stdout).trim().parse()?)
 }
@@ -134,7 +134,8 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     if a.compute_nodes < 1 {
         bail!("--compute-nodes must be at least 1");
     }
-    let gepsea = std::env::current_exe()?;
+    let gepsea = crate::net::sibling("gepsea")?;
+    let tools = std::env::current_exe()?;
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-paramedic-{}", std::process::id())));
     let d = &dir.0;
     for sub in ["local", "at-storage/plain", "at-storage/keyed"] {
@@ -245,7 +246,7 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         for &delay in &a.delays_ms {
             let _daemon = if delay > 0.0 {
                 let daemon = Children(vec![sites
-                    .router_cmd(&gepsea)
+                    .router_cmd(&tools)
                     .args(["testbed", "delay", "--queue", "0", "--delay-ms", &delay.to_string()])
                     .spawn()
                     .context("starting the delay daemon")?]);
@@ -255,7 +256,7 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
             } else {
                 None
             };
-            let rtt = measure_rtt(&sites, &gepsea)?;
+            let rtt = measure_rtt(&sites, &tools)?;
             eprintln!("  link {rate} Mbit/s, one-way delay {delay} ms: measured RTT {rtt:.2} ms");
             for v in &VARIANTS {
                 let (wall, s, at_storage) = search(Some(v))?;

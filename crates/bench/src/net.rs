@@ -1,4 +1,4 @@
-//! `gepsea bench net`: gepsea-net against its references, measured in one run.
+//! `gepsea-bench net`: gepsea-net against its references, measured in one run.
 //!
 //! Every figure is a pair of processes: `gepsea-netpeer` roles for gepsea (shared
 //! memory, TCP on loopback, TCP across a veth pair between two namespaces), the
@@ -18,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use gepsea_net::{Addr, Completion, Port, PortConfig, Progress};
 use serde_json::json;
 
-/// Options of `gepsea bench net`.
+/// Options of `gepsea-bench net`.
 #[derive(clap::Args, Debug)]
 pub struct NetArgs {
     /// Directory holding the built reference programs (mpi_pingpong, tcp_pingpong).

@@ -1,4 +1,4 @@
-//! `gepsea bench search`: wall time of `gepsea search` against serial `blastp
+//! `gepsea-bench search`: wall time of `gepsea search` against serial `blastp
 //! -num_threads 2` over the whole database, same queries and options, alternated in one
 //! run; the median ratio, and the share of worker time spent inside BLAST+. The default
 //! split (by queries, on one machine) is measured, and for comparison the split by
@@ -166,7 +166,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 split: *split,
                 quiet: true,
                 blast_args: vec![],
-                worker_exe: std::env::current_exe()?,
+                worker_exe: crate::net::sibling("gepsea")?,
                 no_agent: a.no_agent,
                 compress: true,
                 assign: Default::default(),

@@ -1,4 +1,4 @@
-//! `gepsea bench cluster`: the GePSeA paper's mpiBLAST experiments at this machine's
+//! `gepsea-bench cluster`: the GePSeA paper's mpiBLAST experiments at this machine's
 //! scale. For 1, 2 and 4 emulated nodes (network namespaces on a bridge, launched with
 //! `mpirun` exactly as on a cluster, one worker per node), the same result-heavy search
 //! (pairwise output, hundreds of hits per query) runs without agents (mpiBLAST's own
@@ -260,7 +260,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench cluster builds network namespaces: run it as root");
     }
-    let gepsea = std::env::current_exe()?;
+    let gepsea = crate::net::sibling("gepsea")?;
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
     let d = &dir.0;
     std::fs::create_dir_all(d.join("ref"))?;

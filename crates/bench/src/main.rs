@@ -1,0 +1,66 @@
+//! `gepsea-bench`: the benchmarks behind `make bench`, each printing ratios against a
+//! reference measured in the same run, and the tools the wide-area testbed runs inside
+//! its namespaces. A binary of its own so the user's `gepsea` links neither the
+//! plotting stack (and its font libraries) nor NFQUEUE; it drives the `gepsea` binary
+//! next to it, as a user would.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+mod agent;
+mod cluster;
+mod db;
+mod net;
+mod paramedic;
+mod plots;
+mod procstat;
+mod search;
+mod testbed;
+
+#[derive(Parser)]
+#[command(name = "gepsea-bench", version, about = "gepsea's benchmarks (make bench) and testbed tools")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// gepsea-net latency, bandwidth and overlap vs OpenMPI and raw TCP.
+    Net(net::NetArgs),
+    /// gepsea search against serial blastp -num_threads 2, alternated.
+    Search(search::SearchBenchArgs),
+    /// gepsea db format against one makeblastdb over a synthesised FASTA (time, peak
+    /// memory), and a large search's peak memory against its report size.
+    Db(db::DbBenchArgs),
+    /// Offloaded request latency vs a gepsea-net ping-pong; agent throughput and CPU with 4 nodes.
+    Agent(agent::AgentBenchArgs),
+    /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
+    /// without agents (needs root).
+    Cluster(cluster::ClusterBenchArgs),
+    /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
+    /// output written directly vs shipped as metadata (needs root).
+    Paramedic(paramedic::ParamedicBenchArgs),
+    /// Tools the wide-area benchmark runs inside its namespaces (link delay, RTT probe).
+    #[command(subcommand)]
+    Testbed(testbed::TestbedCmd),
+}
+
+fn main() -> std::process::ExitCode {
+    let result: Result<()> = match Cli::parse().cmd {
+        Cmd::Net(a) => net::run(&a),
+        Cmd::Search(a) => search::run(&a),
+        Cmd::Db(a) => db::run(&a),
+        Cmd::Agent(a) => agent::run(&a),
+        Cmd::Cluster(a) => cluster::run(&a),
+        Cmd::Paramedic(a) => paramedic::run(&a),
+        Cmd::Testbed(t) => testbed::run(&t),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gepsea-bench: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
