@@ -1,0 +1,172 @@
+//! Membership: finding the other agents, noticing their death, and what a new view
+//! moves (board entries, locks, the scheduler).
+
+use super::*;
+
+impl Agent {
+    pub(super) fn discover(&mut self) {
+        let Some(dir) = self.cfg.rendezvous.clone() else { return };
+        let Ok(rd) = std::fs::read_dir(&dir) else { return };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(n) = name.strip_prefix("agent-").and_then(|s| s.strip_suffix(".json")).and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if n != self.me && !self.known.contains_key(&n) && !self.dead.contains(&n) {
+                debug!("node {}: found agent {n} in {}", self.me, dir.display());
+                self.known.insert(n, None);
+                self.send_peer(n, &PeerMsg::Hello { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
+            }
+        }
+    }
+
+    pub(super) fn peer_alive(&mut self, node: u32, pid: u32, incarnation: u64) {
+        if self.dead.contains(&node) {
+            return;
+        }
+        let was = self.known.insert(node, Some((pid, incarnation)));
+        if !matches!(was, Some(Some(_))) {
+            info!("node {}: agent {node} joined", self.me);
+            let old = self.view.clone();
+            self.view.push(node);
+            self.view.sort_unstable();
+            self.view_changed(&old);
+            self.publish_state();
+        }
+    }
+
+    pub(super) fn peer_failed(&mut self, peer: Addr, reason: &str) {
+        if peer.node == self.me {
+            if peer.port != 0 {
+                self.client_died(peer.port);
+            }
+            return;
+        }
+        if peer.port != 0 || self.dead.contains(&peer.node) {
+            return;
+        }
+        warn!("node {}: agent {} failed: {reason}", self.me, peer.node);
+        let dead = peer.node;
+        self.dead.insert(dead);
+        self.known.remove(&dead);
+        let old = self.view.clone();
+        self.view.retain(|&n| n != dead);
+        self.ptable.remove(dead);
+        self.outbox.drop_dest(dead);
+        self.seq.forget(dead);
+        let grants = self.locks.node_died(dead);
+        self.lock_waiters.retain(|(_, c), _| c.node != dead);
+        self.deferred.retain(|(o, _, _, _)| *o != dead);
+        self.send_grants(grants);
+        if let Some(s) = &mut self.scheduler {
+            let a = s.node_died(dead);
+            self.deliver_assignments(a);
+        }
+        // Locks held by our clients whose owner moved: re-register them with the new
+        // owners, and tell every survivor we did (they wait for everyone's).
+        let mut reclaims: BTreeMap<u32, Vec<(String, Client, LockMode)>> = BTreeMap::new();
+        for ((lock, c), m) in &self.held_locks {
+            let key = lock_key(lock);
+            if ranked(&key, &old).first() == Some(&dead) {
+                if let Some(&o) = ranked(&key, &self.view).first() {
+                    reclaims.entry(o).or_default().push((lock.clone(), *c, *m));
+                }
+            }
+        }
+        self.awaiting_reclaim = self.view.iter().copied().collect();
+        for (v, from) in std::mem::take(&mut self.early_reclaims) {
+            if v == self.view {
+                self.awaiting_reclaim.remove(&from);
+            }
+        }
+        self.settle_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
+        for n in self.view.clone() {
+            let locks = reclaims.remove(&n).unwrap_or_default();
+            self.send_peer(n, &PeerMsg::Reclaim { view: self.view.clone(), locks });
+        }
+        self.view_changed(&old);
+        // Operations in flight to the dead agent go to the keys' new owners.
+        let lost: Vec<u64> = self.routed.iter().filter(|(_, r)| r.dest == dead).map(|(o, _)| *o).collect();
+        for op in lost {
+            let r = self.routed.remove(&op).unwrap();
+            self.route(r.client, r.op, r.reply, Some(op));
+        }
+        let lost: Vec<u64> = self.peer_ops.iter().filter(|(_, (n, _))| *n == dead).map(|(o, _)| *o).collect();
+        for op in lost {
+            let (_, reply) = self.peer_ops.remove(&op).unwrap();
+            self.reply(reply, Reply::err(ErrorKind::Unavailable, format!("node {dead} failed: {reason}")));
+        }
+    }
+
+    /// Re-homes board entries and follows the scheduler after any change of the view.
+    pub(super) fn view_changed(&mut self, old: &[u32]) {
+        let mut copies: BTreeMap<u32, Vec<(String, BoardValue)>> = BTreeMap::new();
+        let mut drop = Vec::new();
+        for (k, v) in self.board.entries() {
+            let r = ranked(k, &self.view);
+            let bv = BoardValue { version: v.version, value: v.value.to_vec() };
+            if r.first() == Some(&self.me) {
+                if let Some(&b) = r.get(1) {
+                    if ranked(k, old).get(1) != Some(&b) || ranked(k, old).first() != Some(&self.me) {
+                        copies.entry(b).or_default().push((k.clone(), bv));
+                    }
+                }
+            } else if r.get(1) != Some(&self.me) {
+                copies.entry(r[0]).or_default().push((k.clone(), bv));
+                drop.push(k.clone());
+            }
+        }
+        for k in drop {
+            self.board.remove(&k);
+        }
+        for (n, entries) in copies {
+            self.send_peer(n, &PeerMsg::BoardCopy { entries });
+        }
+        let new_sched = elect(&self.view);
+        if new_sched != self.scheduler_node {
+            self.scheduler_node = new_sched;
+            if new_sched == Some(self.me) {
+                info!("node {}: elected scheduler (view {:?})", self.me, self.view);
+                let others: Vec<u32> = self.view.clone();
+                let mut sched = Scheduler::taking_over(others);
+                for st in self.ptable.all() {
+                    sched.set_holdings(st.node, st.holds);
+                }
+                self.scheduler = Some(sched);
+                self.sched_settle_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
+            } else {
+                self.scheduler = None;
+                self.early_sched.clear();
+            }
+            if let Some(s) = new_sched {
+                let submitted: Vec<Task> = self.my_tasks.values().cloned().collect();
+                let holding: Vec<(u64, Client)> = self.holding.iter().map(|(t, c)| (*t, *c)).collect();
+                let takes: Vec<(u64, Client)> = self.takes.iter().map(|(o, (c, _, _))| (*o, *c)).collect();
+                self.send_peer(s, &PeerMsg::Rejoin { view: self.view.clone(), submitted, holding, takes });
+            }
+        }
+        if self.scheduler.is_some() {
+            for (from, m) in std::mem::take(&mut self.early_sched) {
+                self.loopback_from.push_back((from, m));
+            }
+        }
+        let ready = self.cfg.nodes.is_none_or(|n| self.view.len() >= n);
+        if ready && !self.ready {
+            self.ready = true;
+            info!("node {}: ready, view {:?}", self.me, self.view);
+            let frame = encode(&LocalReply::Ready);
+            for s in self.sessions.values_mut() {
+                if s.port.is_some() {
+                    let _ = unix::write(&mut s.stream, &frame);
+                }
+            }
+        }
+    }
+
+    pub(super) fn settled(&mut self) {
+        self.settle_deadline = None;
+        for (origin, op, client, body) in std::mem::take(&mut self.deferred) {
+            self.exec_owned(origin, op, client, body);
+        }
+    }
+}

@@ -1,0 +1,654 @@
+//! The agent process: one event loop that drives every component.
+//!
+//! One thread owns all component state and waits in `epoll` (mio) on four sources: the
+//! registration socket and its client connections, the gepsea-net port's event
+//! descriptor (requests from clients, messages from other agents, completed sends and
+//! remote memory accesses, failed peers), a waker for calls from the agent's own job
+//! threads, and a timer for heartbeats and deadlines. Nothing in the loop blocks: work
+//! that takes CPU or waits on other agents (compression, plug-ins, cache misses that
+//! must consult the directory and fetch) runs on job threads that call back into the
+//! loop through the same [`Services`] API applications use. Idle, the loop wakes only
+//! for the heartbeat (every `heartbeat`), so an idle agent costs almost no CPU.
+//!
+//! **Ownership.** Bulletin-board keys, locks and merge streams are owned by one agent
+//! each, chosen by rendezvous hashing over the live agents (`board::ranked`); requests
+//! travel to the owner (`PeerMsg::Routed`) and the owner answers the origin agent, which
+//! answers the client. Board writes are copied to the key's backup (the next agent in
+//! rendezvous order), which becomes the owner if the owner dies.
+//!
+//! **Failures.** A client that dies closes its registration socket: its agent tells every
+//! agent (`ProcessDied`), which release its locks, requeue its tasks and free its global
+//! memory. An agent that dies is detected by gepsea-net (its link stays down longer than
+//! `peer_timeout`); every survivor drops it from the view, re-homes board entries,
+//! re-registers the locks its clients hold with their new owners (`Reclaim`) and, if the
+//! scheduler changed, rejoins the new scheduler. New owners hold back lock requests and
+//! the new scheduler holds back assignments until every survivor has re-registered.
+//!
+//! Limits (documented in `docs/architecture.md`): agents should all be up before clients
+//! take locks (`--nodes` makes clients wait for that); merge streams and the cache copies
+//! of a dead agent are lost.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{Receiver, Sender};
+use gepsea_net::{namespace_dir, Addr, Completion, Event, Port, PortConfig, ReqId};
+use mio::net::{UnixListener, UnixStream};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::api::{check, ApiError, Services};
+use crate::core::advert::{Advert, Inbox, Outbox, Sequencer};
+use crate::core::board::{ranked, Board, BoardError, Versioned};
+use crate::core::cache::{dir_key, holders, with_holder, Store};
+use crate::core::compress::Engine;
+use crate::core::locks::LockTable;
+use crate::core::merge::Merger;
+use crate::core::Client;
+use crate::plugin::{Context, Registry};
+use crate::primitives::balance::{Assignment, Scheduler};
+use crate::primitives::gma::Allocations;
+use crate::primitives::{elect, pstate};
+use crate::wire::*;
+
+mod jobs;
+mod membership;
+mod net;
+mod peers;
+mod requests;
+mod routed;
+mod sessions;
+mod status;
+
+use jobs::*;
+
+/// How to run an agent.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node: u32,
+    pub namespace: String,
+    /// TCP address other agents reach this one at.
+    pub listen: Option<SocketAddr>,
+    /// Shared directory where agents publish themselves and find each other.
+    pub rendezvous: Option<PathBuf>,
+    /// Static peers (node id, address).
+    pub peers: Vec<(u32, SocketAddr)>,
+    /// Agents expected; the agent reports ready (and clients start) once all are up.
+    pub nodes: Option<usize>,
+    /// A peer whose link stays down this long is declared dead.
+    pub peer_timeout: Duration,
+    pub heartbeat: Duration,
+    /// Bytes of the data cache.
+    pub cache_bytes: usize,
+    /// Bytes of global memory this agent lends.
+    pub gma_bytes: u64,
+    /// Job threads (plug-ins, compression, cache misses) for this node's processes; as
+    /// many again serve work that other agents ask of this one.
+    pub jobs: usize,
+}
+
+impl AgentConfig {
+    pub fn new(node: u32, namespace: &str) -> Self {
+        AgentConfig {
+            node,
+            namespace: namespace.to_string(),
+            listen: None,
+            rendezvous: None,
+            peers: Vec::new(),
+            nodes: None,
+            peer_timeout: Duration::from_secs(3),
+            heartbeat: Duration::from_millis(500),
+            cache_bytes: 1 << 30,
+            gma_bytes: 1 << 30,
+            jobs: 4,
+        }
+    }
+}
+
+/// The agent's registration socket for (namespace, node).
+pub fn agent_socket(namespace: &str, node: u32) -> PathBuf {
+    namespace_dir(namespace).join(format!("node-{node}")).join("agent.sock")
+}
+
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("an agent for node {node} of namespace {namespace:?} is already running (its socket {path} answers); stop it first or pick another --node-id")]
+    AlreadyRunning { node: u32, namespace: String, path: PathBuf },
+    #[error("node {node} is already served by a live agent at {addr} (rendezvous entry {path}); pick another --node-id")]
+    NodeTaken { node: u32, addr: String, path: PathBuf },
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+    #[error(transparent)]
+    Net(#[from] gepsea_net::NetError),
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> AgentError {
+    let context = context.into();
+    move |source| AgentError::Io { context, source }
+}
+
+/// Stops a running agent from another thread (or a signal handler thread).
+#[derive(Default)]
+pub struct Shutdown {
+    flag: AtomicBool,
+    waker: parking_lot::Mutex<Option<Arc<Waker>>>,
+}
+
+impl Shutdown {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    pub fn trigger(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        if let Some(w) = &*self.waker.lock() {
+            let _ = w.wake();
+        }
+    }
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+}
+
+const WAKER: Token = Token(0);
+const PORT_EVENTS: Token = Token(1);
+const LISTENER: Token = Token(2);
+const FIRST_SESSION: usize = 16;
+
+/// Where a reply goes.
+enum ReplyTo {
+    Client {
+        port: u32,
+        id: u64,
+    },
+    Local(Sender<Reply>),
+    /// Another agent's `PeerMsg` operation `op`.
+    Peer {
+        node: u32,
+        op: u64,
+    },
+    /// Nobody waits (background work such as directory clean-up).
+    Discard,
+}
+
+/// A call from a job thread into the loop.
+enum Call {
+    Op { client: Client, op: Op, reply: Sender<Reply> },
+    Internal { op: Internal, reply: Sender<Reply> },
+}
+
+/// Loop-only operations the job threads need.
+enum Internal {
+    LocalGet { name: String },
+    StoreLocal { name: String, data: Vec<u8> },
+    DropLocal { name: String },
+    FetchFrom { node: u32, name: String },
+    StoreAt { node: u32, name: String, data: Vec<u8> },
+}
+
+/// In-process [`Services`] for job threads and plug-ins.
+#[derive(Clone)]
+pub struct InProc {
+    tx: Sender<Call>,
+    waker: Arc<Waker>,
+    client: Client,
+}
+
+impl InProc {
+    fn roundtrip(&self, c: impl FnOnce(Sender<Reply>) -> Call) -> Result<Reply, ApiError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.tx.send(c(tx)).map_err(|_| ApiError::Transport("agent stopped".into()))?;
+        let _ = self.waker.wake();
+        rx.recv().map_err(|_| ApiError::Transport("agent stopped".into()))
+    }
+    fn internal(&self, op: Internal) -> Result<Reply, ApiError> {
+        check(self.roundtrip(|reply| Call::Internal { op, reply })?)
+    }
+}
+
+impl Services for InProc {
+    fn call(&self, op: Op) -> Result<Reply, ApiError> {
+        let client = self.client;
+        check(self.roundtrip(|reply| Call::Op { client, op, reply })?)
+    }
+}
+
+/// Work for a job thread.
+struct Job {
+    reply: ReplyTo,
+    work: Box<dyn FnOnce(&InProc) -> Reply + Send>,
+    client: Client,
+}
+
+struct JobDone {
+    reply: ReplyTo,
+    result: Reply,
+}
+
+struct Session {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    port: Option<u32>,
+}
+
+struct ClientInfo {
+    session: Token,
+    pid: u32,
+    name: String,
+    inbox: Inbox,
+    /// A parked mailbox read: (request id, max, deadline).
+    parked: Option<(u64, u32, Instant)>,
+    activity: Activity,
+    holds: Vec<String>,
+}
+
+#[derive(Debug)]
+enum NetOp {
+    RecvRequest,
+    RecvPeer,
+    RecvLarge { src: Addr, peer: bool },
+    Send,
+    Rma { reply_to_port: Option<u32>, id: u64 },
+}
+
+/// An operation this agent routed to an owner and awaits.
+struct Routed {
+    dest: u32,
+    client: Client,
+    op: Op,
+    reply: ReplyTo,
+}
+
+/// A running agent (see the module docs).
+pub struct Agent {
+    cfg: AgentConfig,
+    me: u32,
+    incarnation: u64,
+    port: Port,
+    poll: Poll,
+    listener: UnixListener,
+    sock_path: PathBuf,
+    runtime_dir: PathBuf,
+    rendezvous_entry: Option<PathBuf>,
+    registry: Registry,
+    engine: Arc<Engine>,
+    sessions: HashMap<Token, Session>,
+    next_session: usize,
+    clients: HashMap<u32, ClientInfo>,
+    next_port: u32,
+    // membership
+    known: BTreeMap<u32, Option<(u32, u64)>>,
+    dead: BTreeSet<u32>,
+    view: Vec<u32>,
+    ready: bool,
+    // gepsea-net
+    net: HashMap<ReqId, NetOp>,
+    large_counter: u64,
+    loopback: VecDeque<PeerMsg>,
+    loopback_from: VecDeque<(u32, PeerMsg)>,
+    // components
+    board: Board,
+    locks: LockTable,
+    lock_waiters: HashMap<(String, Client), (u32, u64)>,
+    held_locks: HashMap<(String, Client), LockMode>,
+    seq: Sequencer,
+    outbox: Outbox,
+    store: Store,
+    merges: HashMap<String, Merger<Record>>,
+    gma: Allocations,
+    ptable: pstate::Table,
+    state_version: u64,
+    scheduler: Option<Scheduler>,
+    scheduler_node: Option<u32>,
+    // origin-side bookkeeping
+    next_op: u64,
+    routed: HashMap<u64, Routed>,
+    peer_ops: HashMap<u64, (u32, ReplyTo)>,
+    cancellable: HashMap<(u32, u64), u64>,
+    my_tasks: BTreeMap<u64, Task>,
+    next_task: u64,
+    holding: HashMap<u64, Client>,
+    takes: HashMap<u64, (Client, ReplyTo, Instant)>,
+    // settling after a death: agents whose Reclaim is awaited, deferred lock requests
+    awaiting_reclaim: BTreeSet<u32>,
+    /// Reclaims that arrived before we saw the death they refer to: (their view, sender).
+    early_reclaims: Vec<(Vec<u32>, u32)>,
+    /// Load-balancing messages that reached us before we knew we were the scheduler.
+    early_sched: Vec<(u32, PeerMsg)>,
+    sched_settle_deadline: Option<Instant>,
+    settle_deadline: Option<Instant>,
+    deferred: Vec<(u32, u64, Client, Op)>,
+    // jobs: the first half serves this node's processes, the second half other agents
+    jobs: Vec<Sender<Job>>,
+    /// Runs jobs that a job itself asked for (see [`Agent::job`]).
+    nested: (InProc, Sender<JobDone>),
+    calls_rx: Receiver<Call>,
+    done_rx: Receiver<JobDone>,
+    shutdown: Arc<Shutdown>,
+    next_heartbeat: Instant,
+    requests_served: u64,
+    peer_messages: u64,
+}
+
+impl Agent {
+    /// Opens the registration socket and the port, publishes the rendezvous entry and
+    /// starts the job threads.
+    pub fn start(cfg: AgentConfig, registry: Registry, engine: Engine, shutdown: Arc<Shutdown>) -> Result<Agent, AgentError> {
+        let me = cfg.node;
+        let runtime_dir = namespace_dir(&cfg.namespace).join(format!("node-{me}"));
+        std::fs::create_dir_all(&runtime_dir).map_err(io_err(format!("creating {}", runtime_dir.display())))?;
+        let sock_path = runtime_dir.join("agent.sock");
+        if sock_path.exists() {
+            if std::os::unix::net::UnixStream::connect(&sock_path).is_ok() {
+                return Err(AgentError::AlreadyRunning { node: me, namespace: cfg.namespace.clone(), path: sock_path });
+            }
+            warn!("removing stale agent socket {} (nobody answers on it)", sock_path.display());
+            let _ = std::fs::remove_file(&sock_path);
+        }
+        // A stale port socket of a previous agent of this node would make the port
+        // refuse to bind; the agent socket above proved that agent is gone.
+        let _ = std::fs::remove_file(runtime_dir.join("port-0.sock"));
+        // Plug-ins' node-local files; whatever a dead predecessor left is ours to drop.
+        let scratch = runtime_dir.join("scratch");
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).map_err(io_err(format!("creating {}", scratch.display())))?;
+        let mut rendezvous_entry = None;
+        if let Some(dir) = &cfg.rendezvous {
+            std::fs::create_dir_all(dir).map_err(io_err(format!("creating rendezvous directory {}", dir.display())))?;
+            let entry = dir.join(format!("agent-{me}.json"));
+            if let Ok(text) = std::fs::read_to_string(&entry) {
+                let addr = serde_json::from_str::<serde_json::Value>(&text).ok().and_then(|v| v["listen"].as_str().map(str::to_string));
+                if let Some(a) = addr.as_deref().and_then(|a| a.parse::<SocketAddr>().ok()) {
+                    if std::net::TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok() && Some(a) != cfg.listen {
+                        return Err(AgentError::NodeTaken { node: me, addr: a.to_string(), path: entry });
+                    }
+                }
+                warn!("replacing stale rendezvous entry {} ({})", entry.display(), addr.unwrap_or_default());
+            }
+            rendezvous_entry = Some(entry);
+        }
+        let mut pc = PortConfig::new(&cfg.namespace, Addr::new(me, 0));
+        pc.listen = cfg.listen;
+        pc.directory = cfg.rendezvous.clone();
+        pc.reconnect_timeout = cfg.peer_timeout;
+        pc.linger = Duration::from_millis(500);
+        for (n, a) in &cfg.peers {
+            if *n != me {
+                pc.routes.insert(Addr::new(*n, 0), *a);
+            }
+        }
+        let port = Port::open(pc)?;
+        let listen = port.listen_addr();
+        if let Some(entry) = &rendezvous_entry {
+            let doc = serde_json::json!({"node": me, "pid": std::process::id(), "listen": listen.map(|a| a.to_string())});
+            let tmp = entry.with_extension("json.tmp");
+            std::fs::write(&tmp, doc.to_string())
+                .and_then(|_| std::fs::rename(&tmp, entry))
+                .map_err(io_err(format!("writing {}", entry.display())))?;
+        }
+        let poll = Poll::new().map_err(io_err("creating the event loop"))?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER).map_err(io_err("creating the waker"))?);
+        *shutdown.waker.lock() = Some(waker.clone());
+        let efd = port.enable_events();
+        poll.registry().register(&mut SourceFd(&efd), PORT_EVENTS, Interest::READABLE).map_err(io_err("watching the port"))?;
+        let mut listener = UnixListener::bind(&sock_path).map_err(io_err(format!("binding {}", sock_path.display())))?;
+        poll.registry().register(&mut listener, LISTENER, Interest::READABLE).map_err(io_err("watching the socket"))?;
+
+        let (calls_tx, calls_rx) = crossbeam_channel::unbounded();
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<JobDone>();
+        let engine = Arc::new(engine);
+        let mut jobs = Vec::new();
+        let template = InProc { tx: calls_tx.clone(), waker: waker.clone(), client: Client::new(me, 0) };
+        for i in 0..2 * cfg.jobs.max(1) {
+            let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+            let inproc = template.clone();
+            let done_tx = done_tx.clone();
+            let waker = waker.clone();
+            std::thread::Builder::new()
+                .name(format!("gepsea-job-{i}"))
+                .spawn(move || {
+                    for job in rx {
+                        let svc = InProc { client: job.client, ..inproc.clone() };
+                        let result = (job.work)(&svc);
+                        if done_tx.send(JobDone { reply: job.reply, result }).is_err() {
+                            break;
+                        }
+                        let _ = waker.wake();
+                    }
+                })
+                .map_err(io_err("starting a job thread"))?;
+            jobs.push(tx);
+        }
+        let incarnation = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let mut known = BTreeMap::new();
+        for (n, _) in &cfg.peers {
+            if *n != me {
+                known.insert(*n, None);
+            }
+        }
+        info!("agent of node {me} (namespace {:?}) listening on {:?}, socket {}", cfg.namespace, listen, sock_path.display());
+        let mut a = Agent {
+            me,
+            incarnation,
+            port,
+            poll,
+            listener,
+            sock_path,
+            runtime_dir,
+            rendezvous_entry,
+            registry,
+            engine,
+            sessions: HashMap::new(),
+            next_session: FIRST_SESSION,
+            clients: HashMap::new(),
+            next_port: 1,
+            known,
+            dead: BTreeSet::new(),
+            view: vec![me],
+            ready: false,
+            net: HashMap::new(),
+            large_counter: 0,
+            loopback: VecDeque::new(),
+            loopback_from: VecDeque::new(),
+            board: Board::new(),
+            locks: LockTable::new(),
+            lock_waiters: HashMap::new(),
+            held_locks: HashMap::new(),
+            seq: Sequencer::default(),
+            outbox: Outbox::new(me),
+            store: Store::new(cfg.cache_bytes),
+            merges: HashMap::new(),
+            gma: Allocations::new(cfg.gma_bytes),
+            ptable: pstate::Table::default(),
+            state_version: 0,
+            scheduler: None,
+            scheduler_node: None,
+            next_op: 1,
+            routed: HashMap::new(),
+            peer_ops: HashMap::new(),
+            cancellable: HashMap::new(),
+            my_tasks: BTreeMap::new(),
+            next_task: 1,
+            holding: HashMap::new(),
+            takes: HashMap::new(),
+            awaiting_reclaim: BTreeSet::new(),
+            early_reclaims: Vec::new(),
+            early_sched: Vec::new(),
+            sched_settle_deadline: None,
+            settle_deadline: None,
+            deferred: Vec::new(),
+            jobs,
+            nested: (template, done_tx.clone()),
+            calls_rx,
+            done_rx,
+            shutdown,
+            next_heartbeat: Instant::now(),
+            requests_served: 0,
+            peer_messages: 0,
+            cfg,
+        };
+        a.post_receives();
+        a.view_changed(&[]);
+        a.publish_state();
+        Ok(a)
+    }
+
+    /// The port's TCP address (for tests that let the system pick one).
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.port.listen_addr()
+    }
+
+    /// Serves until [`Shutdown::trigger`].
+    pub fn run(mut self) -> Result<(), AgentError> {
+        let mut events = Events::with_capacity(256);
+        // Spin, then sleep: right after work, poll without blocking for a short while
+        // so that a client's next request is picked up without two thread wake-ups
+        // (the port's event thread, then this loop); idle, block until the next event.
+        const SPIN: Duration = Duration::from_micros(50);
+        let mut last_work = Instant::now() - SPIN;
+        while !self.shutdown.is_set() {
+            let spinning = last_work.elapsed() < SPIN;
+            if spinning {
+                self.port.poll();
+            }
+            let timeout = if spinning { Duration::ZERO } else { self.next_timeout() };
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(AgentError::Io { context: "waiting for events".into(), source: e });
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept(),
+                    WAKER | PORT_EVENTS => {}
+                    t => self.session_ready(t),
+                }
+            }
+            if self.turn() || !events.is_empty() {
+                last_work = Instant::now();
+            }
+        }
+        info!("agent of node {} stopping", self.me);
+        let _ = std::fs::remove_dir_all(self.runtime_dir.join("scratch"));
+        Ok(())
+    }
+
+    /// One pass over everything that may have happened.
+    fn turn(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let mut progressed = false;
+            while let Ok(c) = self.calls_rx.try_recv() {
+                progressed = true;
+                self.call(c);
+            }
+            while let Ok(d) = self.done_rx.try_recv() {
+                progressed = true;
+                self.reply(d.reply, d.result);
+            }
+            while let Some(ev) = self.port.next_event() {
+                progressed = true;
+                match ev {
+                    Event::Completed(id) => self.net_completed(id),
+                    Event::PeerFailed { peer, reason } => self.peer_failed(peer, &reason),
+                    _ => {}
+                }
+            }
+            while let Some(m) = self.loopback.pop_front() {
+                progressed = true;
+                self.peer_msg(self.me, m);
+            }
+            while let Some((from, m)) = self.loopback_from.pop_front() {
+                progressed = true;
+                self.peer_msg(from, m);
+            }
+            if !progressed {
+                break;
+            }
+            any = true;
+        }
+        self.timers();
+        any
+    }
+
+    fn next_timeout(&self) -> Duration {
+        let now = Instant::now();
+        let mut t = self.next_heartbeat;
+        for c in self.clients.values() {
+            if let Some((_, _, d)) = c.parked {
+                t = t.min(d);
+            }
+        }
+        for (_, _, d) in self.takes.values() {
+            t = t.min(*d);
+        }
+        for d in [self.settle_deadline, self.sched_settle_deadline].into_iter().flatten() {
+            t = t.min(d);
+        }
+        t.saturating_duration_since(now)
+    }
+
+    fn timers(&mut self) {
+        let now = Instant::now();
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + self.cfg.heartbeat;
+            self.discover();
+            for n in self.view.clone() {
+                if n != self.me {
+                    self.send_peer(n, &PeerMsg::Heartbeat);
+                }
+            }
+            let unknown: Vec<u32> = self.known.iter().filter(|(n, v)| v.is_none() && !self.dead.contains(n)).map(|(n, _)| *n).collect();
+            for n in unknown {
+                self.send_peer(n, &PeerMsg::Hello { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
+            }
+        }
+        let expired: Vec<u32> = self.clients.iter().filter(|(_, c)| c.parked.is_some_and(|(_, _, d)| d <= now)).map(|(p, _)| *p).collect();
+        for p in expired {
+            if let Some((id, _, _)) = self.clients.get_mut(&p).and_then(|c| c.parked.take()) {
+                self.reply(ReplyTo::Client { port: p, id }, Reply::Adverts(Vec::new()));
+            }
+        }
+        let expired: Vec<u64> = self.takes.iter().filter(|(_, (_, _, d))| *d <= now).map(|(o, _)| *o).collect();
+        for op in expired {
+            let (_, reply, _) = self.takes.remove(&op).unwrap();
+            if let Some(s) = self.scheduler_node {
+                self.send_peer(s, &PeerMsg::CancelTake { op });
+            }
+            self.reply(reply, Reply::Task(None));
+        }
+        if self.sched_settle_deadline.is_some_and(|d| d <= now) {
+            self.sched_settle_deadline = None;
+            if let Some(s) = &mut self.scheduler {
+                if s.settling() {
+                    warn!("node {}: scheduler stops waiting for rejoins", self.me);
+                    let a = s.settle();
+                    self.deliver_assignments(a);
+                }
+            }
+        }
+        if self.settle_deadline.is_some_and(|d| d <= now) {
+            warn!("node {}: giving up waiting for lock re-registration from {:?}", self.me, self.awaiting_reclaim);
+            self.awaiting_reclaim.clear();
+            self.settled();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.sock_path);
+        if let Some(e) = &self.rendezvous_entry {
+            let _ = std::fs::remove_file(e);
+        }
+    }
+}

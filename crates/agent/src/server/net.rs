@@ -1,0 +1,136 @@
+//! gepsea-net plumbing: posting receives, sending envelopes to clients and peers, and
+//! turning completions into requests and replies.
+
+use super::*;
+
+impl Agent {
+    pub(super) fn post_receives(&mut self) {
+        let r = self.port.irecv(None, Some(TAG_REQUEST), SMALL_MAX + 64);
+        self.net.insert(r, NetOp::RecvRequest);
+        let r = self.port.irecv(None, Some(TAG_PEER), SMALL_MAX + 64);
+        self.net.insert(r, NetOp::RecvPeer);
+    }
+
+    pub(super) fn send_env(&mut self, dst: Addr, tag: u64, body: Vec<u8>) {
+        if body.len() <= SMALL_MAX {
+            let r = self.port.isend(dst, tag, encode(&Envelope::Inline(body)));
+            self.net.insert(r, NetOp::Send);
+        } else {
+            self.large_counter += 1;
+            let ltag = TAG_LARGE | self.large_counter;
+            let r = self.port.isend(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
+            self.net.insert(r, NetOp::Send);
+            let r = self.port.isend(dst, ltag, Bytes::from(body));
+            self.net.insert(r, NetOp::Send);
+        }
+    }
+
+    pub(super) fn send_peer(&mut self, node: u32, m: &PeerMsg) {
+        if node == self.me {
+            self.loopback.push_back(m.clone());
+        } else {
+            self.send_env(Addr::new(node, 0), TAG_PEER, encode(m));
+        }
+    }
+
+    pub(super) fn reply(&mut self, to: ReplyTo, r: Reply) {
+        match to {
+            ReplyTo::Local(tx) => {
+                let _ = tx.send(r);
+            }
+            ReplyTo::Peer { node, op } => self.send_peer(node, &PeerMsg::Reply { op, reply: r }),
+            ReplyTo::Discard => {}
+            ReplyTo::Client { port, id } => {
+                self.cancellable.remove(&(port, id));
+                if self.clients.contains_key(&port) {
+                    self.send_env(Addr::new(self.me, port), TAG_REPLY | id, encode(&r));
+                }
+            }
+        }
+    }
+
+    pub(super) fn net_completed(&mut self, id: ReqId) {
+        let Some(kind) = self.net.remove(&id) else { return };
+        let Some(res) = self.port.test(id) else {
+            self.net.insert(id, kind);
+            return;
+        };
+        match (kind, res) {
+            (NetOp::RecvRequest, res) => {
+                let r = self.port.irecv(None, Some(TAG_REQUEST), SMALL_MAX + 64);
+                self.net.insert(r, NetOp::RecvRequest);
+                if let Ok(Completion::Received(m)) = res {
+                    self.envelope(m.src, false, &m.data);
+                }
+            }
+            (NetOp::RecvPeer, res) => {
+                let r = self.port.irecv(None, Some(TAG_PEER), SMALL_MAX + 64);
+                self.net.insert(r, NetOp::RecvPeer);
+                if let Ok(Completion::Received(m)) = res {
+                    self.envelope(m.src, true, &m.data);
+                }
+            }
+            (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, m.data),
+            (NetOp::RecvLarge { src, .. }, Err(e)) => warn!("node {}: large message from {src} lost: {e}", self.me),
+            (NetOp::Send, Err(e)) => debug!("node {}: send failed: {e}", self.me),
+            (NetOp::Rma { reply_to_port, id, .. }, res) => {
+                let reply = match res {
+                    Ok(Completion::Put) => Reply::Ok,
+                    Ok(Completion::Got(d)) => Reply::Data(d),
+                    Ok(other) => Reply::err(ErrorKind::Failed, format!("unexpected completion {other:?}")),
+                    Err(e) => Reply::err(ErrorKind::Failed, e.to_string()),
+                };
+                if let Some(port) = reply_to_port {
+                    self.reply(ReplyTo::Client { port, id }, reply);
+                } else if let Some((_, to)) = self.peer_ops.remove(&id) {
+                    self.reply(to, reply);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn envelope(&mut self, src: Addr, peer: bool, data: &[u8]) {
+        match decode::<Envelope>("envelope", data) {
+            Ok(Envelope::Inline(b)) => self.body(src, peer, b),
+            Ok(Envelope::Large { len, tag }) => {
+                if len as usize > MAX_BODY || tag & TAG_LARGE == 0 {
+                    warn!("node {}: {src} announced a body of {len} bytes (limit {MAX_BODY}) on tag {tag:#x}; ignored", self.me);
+                    return;
+                }
+                let r = self.port.irecv(Some(src), Some(tag), len as usize);
+                self.net.insert(r, NetOp::RecvLarge { src, peer });
+            }
+            Err(e) => warn!("node {}: dropping a message from {src}: {e}", self.me),
+        }
+    }
+
+    pub(super) fn body(&mut self, src: Addr, peer: bool, body: Vec<u8>) {
+        if peer {
+            self.peer_messages += 1;
+            match decode::<PeerMsg>("agent message", &body) {
+                Ok(m) => self.peer_msg(src.node, m),
+                Err(e) => warn!("node {}: dropping a message from agent {}: {e}", self.me, src.node),
+            }
+            return;
+        }
+        if src.node != self.me || !self.clients.contains_key(&src.port) {
+            warn!("node {}: request from unregistered port {src}; ignored", self.me);
+            return;
+        }
+        match decode::<Request>("request", &body) {
+            Ok(r) => self.request(Client::new(self.me, src.port), r.op, ReplyTo::Client { port: src.port, id: r.id }),
+            Err(e) => {
+                // The id is the first field; answer it if it can be read at all.
+                let id = postcard::take_from_bytes::<u64>(&body).map(|(id, _)| id).ok();
+                warn!("node {}: malformed request from {src}: {e}", self.me);
+                if let Some(id) = id {
+                    self.reply(
+                        ReplyTo::Client { port: src.port, id },
+                        Reply::err(ErrorKind::BadRequest, format!("{e} (is the client library the agent's version?)")),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Agent-to-agent messages: the receiving side of the peer protocol.
+
+use super::*;
+
+impl Agent {
+    pub(super) fn peer_msg(&mut self, from: u32, m: PeerMsg) {
+        if from != self.me && !matches!(m, PeerMsg::Hello { .. } | PeerMsg::HelloAck { .. }) && !self.view.contains(&from) {
+            if self.dead.contains(&from) {
+                return;
+            }
+            // A message from an agent we have not heard say hello (its hello is in
+            // flight behind, or we learnt of it only now): it is alive.
+            self.peer_alive(from, 0, 0);
+        }
+        if self.scheduler.is_none()
+            && matches!(
+                m,
+                PeerMsg::Submit { .. }
+                    | PeerMsg::Take { .. }
+                    | PeerMsg::CancelTake { .. }
+                    | PeerMsg::Done { .. }
+                    | PeerMsg::Giveback { .. }
+                    | PeerMsg::Rejoin { .. }
+            )
+        {
+            // Sent by an agent that already sees us as the scheduler: keep it until we do.
+            self.early_sched.push((from, m));
+            return;
+        }
+        match m {
+            PeerMsg::Hello { node, pid, incarnation } => {
+                self.send_peer(node, &PeerMsg::HelloAck { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
+                self.peer_alive(node, pid, incarnation);
+            }
+            PeerMsg::HelloAck { node, pid, incarnation } => self.peer_alive(node, pid, incarnation),
+            PeerMsg::Heartbeat => {}
+            PeerMsg::Routed { op, client, body } => self.exec_owned(from, op, client, body),
+            PeerMsg::RoutedReply { op, reply } => {
+                if let Some(r) = self.routed.remove(&op) {
+                    if reply == Reply::Ok {
+                        match &r.op {
+                            Op::Lock { name, mode } => {
+                                if self.clients.contains_key(&r.client.process) || r.client.process == 0 {
+                                    self.held_locks.insert((name.clone(), r.client), *mode);
+                                } else {
+                                    // Granted to a process that died meanwhile.
+                                    self.route(r.client, Op::Unlock { name: name.clone() }, ReplyTo::Discard, None);
+                                }
+                            }
+                            Op::Unlock { name } => {
+                                self.held_locks.remove(&(name.clone(), r.client));
+                            }
+                            _ => {}
+                        }
+                    }
+                    self.reply(r.reply, reply);
+                }
+            }
+            PeerMsg::BoardCopy { entries } => {
+                self.board
+                    .adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
+            }
+            PeerMsg::Reclaim { view, locks } => {
+                for (name, client, mode) in locks {
+                    self.locks.reclaim(&name, client, mode.into());
+                }
+                if view == self.view {
+                    self.awaiting_reclaim.remove(&from);
+                } else {
+                    self.early_reclaims.push((view, from));
+                }
+                if self.awaiting_reclaim.is_empty() && self.settle_deadline.is_some() {
+                    self.settled();
+                }
+            }
+            PeerMsg::Advert { publisher, seq, topic, body } => {
+                let (ack, ready) = self.seq.admit(Advert { publisher, seq, topic, body: Bytes::from(body) });
+                if !ready.is_empty() {
+                    let mut wake = Vec::new();
+                    for (p, c) in self.clients.iter_mut() {
+                        c.inbox.deliver(ready.iter().cloned());
+                        if c.parked.is_some() && c.inbox.unread() > 0 {
+                            wake.push(*p);
+                        }
+                    }
+                    for p in wake {
+                        let c = self.clients.get_mut(&p).unwrap();
+                        let (id, max, _) = c.parked.take().unwrap();
+                        let got = take_adverts(&mut c.inbox, max);
+                        self.reply(ReplyTo::Client { port: p, id }, Reply::Adverts(got));
+                    }
+                }
+                self.send_peer(from, &PeerMsg::AdvertAck { seq: ack });
+            }
+            PeerMsg::AdvertAck { seq } => self.outbox.on_ack(from, seq),
+            PeerMsg::ProcessDied { client } => {
+                let grants = self.locks.process_died(client);
+                self.lock_waiters.retain(|(_, c), _| *c != client);
+                self.send_grants(grants);
+                for r in self.gma.forget(|c| *c == client) {
+                    let _ = self.port.unexpose(r);
+                }
+                if let Some(s) = &mut self.scheduler {
+                    let a = s.forget(|c| *c == client);
+                    self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::State(s) => {
+                let (node, holds) = (s.node, s.holds.clone());
+                if self.ptable.update(s) {
+                    if let Some(sched) = &mut self.scheduler {
+                        sched.set_holdings(node, holds);
+                    }
+                }
+            }
+            PeerMsg::Submit { task, submitter } => {
+                if let Some(s) = &mut self.scheduler {
+                    let a = s.submit(task, submitter);
+                    self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::Take { op, client } => {
+                if let Some(s) = &mut self.scheduler {
+                    let a = s.take(op, client);
+                    self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::CancelTake { op } => {
+                if let Some(s) = &mut self.scheduler {
+                    s.cancel_take(op, from);
+                }
+            }
+            PeerMsg::Done { task } => {
+                if let Some(s) = &mut self.scheduler {
+                    if let Some(sub) = s.done(task) {
+                        self.send_peer(sub, &PeerMsg::TaskFinished { task });
+                    }
+                }
+            }
+            PeerMsg::Giveback { task } => {
+                if let Some(s) = &mut self.scheduler {
+                    let a = s.giveback(task);
+                    self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::Rejoin { view: _, submitted, holding, takes } => {
+                if let Some(s) = &mut self.scheduler {
+                    let a = s.rejoin(from, submitted, holding, takes);
+                    self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::Assigned { op, task } => match self.takes.remove(&op) {
+                Some((client, reply, _)) => {
+                    self.holding.insert(task.id, client);
+                    self.reply(reply, Reply::Task(Some(task)));
+                }
+                None => {
+                    // The take timed out or was cancelled while the task was on its way.
+                    if let Some(s) = self.scheduler_node {
+                        self.send_peer(s, &PeerMsg::Giveback { task: task.id });
+                    }
+                }
+            },
+            PeerMsg::TaskFinished { task } => {
+                self.my_tasks.remove(&task);
+            }
+            PeerMsg::Fetch { op, name } => {
+                let reply = match self.store.get(&name) {
+                    Some(d) => Reply::Data(d.to_vec()),
+                    None => Reply::err(ErrorKind::NotFound, format!("{name:?} is not cached on node {}", self.me)),
+                };
+                self.send_peer(from, &PeerMsg::Reply { op, reply });
+            }
+            PeerMsg::Store { op, name, data } => {
+                let me = self.me;
+                self.job(Client::new(me, 0), ReplyTo::Peer { node: from, op }, move |s| store_and_register(s, name, data, me));
+            }
+            PeerMsg::GmaAlloc { op, client, len } => {
+                let reply = self.gma_alloc(client, len);
+                self.send_peer(from, &PeerMsg::Reply { op, reply });
+            }
+            PeerMsg::GmaFree { op, region } => {
+                let reply = self.gma_free(region);
+                self.send_peer(from, &PeerMsg::Reply { op, reply });
+            }
+            PeerMsg::Plugin { op, client, name, body } => self.run_plugin(client, name, body, ReplyTo::Peer { node: from, op }),
+            PeerMsg::Reply { op, reply } => {
+                if let Some((_, to)) = self.peer_ops.remove(&op) {
+                    self.reply(to, reply);
+                }
+            }
+        }
+    }
+}

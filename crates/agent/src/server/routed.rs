@@ -1,0 +1,150 @@
+//! Owner-routed operations: board keys, locks and merge streams are executed by their
+//! owner agent; this is the routing and the owner's side.
+
+use super::*;
+
+impl Agent {
+    /// Sends an owner-routed operation to its owner (ourselves included).
+    pub(super) fn route(&mut self, client: Client, op: Op, reply: ReplyTo, reuse: Option<u64>) {
+        let key = match &op {
+            Op::BoardGet { key } | Op::BoardPut { key, .. } | Op::BoardCas { key, .. } => key.clone(),
+            Op::Lock { name, .. } | Op::Unlock { name } => lock_key(name),
+            Op::MergeOpen { stream, .. } | Op::MergePush { stream, .. } | Op::MergePull { stream } => format!("gepsea.merge/{stream}"),
+            _ => unreachable!("not an owner-routed operation"),
+        };
+        let Some(&dest) = ranked(&key, &self.view).first() else { return };
+        let id = reuse.unwrap_or_else(|| self.new_op());
+        if let (ReplyTo::Client { port, id: rid }, Op::Lock { .. }) = (&reply, &op) {
+            self.cancellable.insert((*port, *rid), id);
+        }
+        let body = op.clone();
+        self.routed.insert(id, Routed { dest, client, op, reply });
+        self.send_peer(dest, &PeerMsg::Routed { op: id, client, body });
+    }
+
+    /// The owner's side of a routed operation.
+    pub(super) fn exec_owned(&mut self, origin: u32, op: u64, client: Client, body: Op) {
+        if matches!(body, Op::Lock { .. }) && self.settle_deadline.is_some() {
+            self.deferred.push((origin, op, client, body));
+            return;
+        }
+        let r = match body {
+            Op::BoardGet { key } => Reply::Value(self.board.get(&key).map(|v| BoardValue { version: v.version, value: v.value.to_vec() })),
+            Op::BoardPut { key, value } => self.board_write(&key, None, value),
+            Op::BoardCas { key, expected, value } => self.board_write(&key, Some(expected), value),
+            Op::Lock { name, mode } => match self.locks.acquire(&name, client, mode.into()) {
+                Ok(grants) => {
+                    self.lock_waiters.insert((name, client), (origin, op));
+                    self.send_grants(grants);
+                    return;
+                }
+                Err(e) => Reply::err(ErrorKind::BadRequest, e.to_string()),
+            },
+            Op::Unlock { name } => match self.locks.release(&name, client) {
+                Ok(grants) => {
+                    self.send_grants(grants);
+                    Reply::Ok
+                }
+                Err(e) => Reply::err(ErrorKind::NotHeld, e.to_string()),
+            },
+            Op::Cancel { id } => {
+                // Withdraw a waiting lock request of `origin`'s operation `id`.
+                let found = self.lock_waiters.iter().find(|(_, v)| **v == (origin, id)).map(|(k, _)| k.clone());
+                if let Some((name, c)) = found {
+                    if self.locks.waiting(&name).iter().any(|(w, _)| *w == c) {
+                        self.lock_waiters.remove(&(name.clone(), c));
+                        let grants = self.locks.cancel(&name, c);
+                        self.send_peer(origin, &PeerMsg::RoutedReply { op: id, reply: Reply::err(ErrorKind::Cancelled, "cancelled") });
+                        self.send_grants(grants);
+                    }
+                }
+                return;
+            }
+            Op::MergeOpen { stream, runs } => match self.merges.entry(stream) {
+                std::collections::hash_map::Entry::Occupied(e) => {
+                    Reply::err(ErrorKind::BadRequest, format!("merge stream {:?} is already open", e.key()))
+                }
+                std::collections::hash_map::Entry::Vacant(_) if runs == 0 => {
+                    Reply::err(ErrorKind::BadRequest, "a merge stream needs at least one run")
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Merger::new(runs as usize));
+                    Reply::Ok
+                }
+            },
+            Op::MergePush { stream, run, records, last } => match self.merges.get_mut(&stream) {
+                None => Reply::err(ErrorKind::NotFound, format!("no merge stream {stream:?}")),
+                Some(m) => match m.push(run as usize, records).and_then(|_| if last { m.finish(run as usize) } else { Ok(()) }) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => Reply::err(ErrorKind::BadRequest, format!("merge stream {stream:?}: {e}")),
+                },
+            },
+            Op::MergePull { stream } => match self.merges.get_mut(&stream) {
+                None => Reply::err(ErrorKind::NotFound, format!("no merge stream {stream:?}")),
+                Some(m) => {
+                    let records = m.pop_ready();
+                    let done = m.is_done();
+                    if done {
+                        self.merges.remove(&stream);
+                    }
+                    Reply::Records { records, done }
+                }
+            },
+            other => Reply::err(ErrorKind::BadRequest, format!("{} is not an owner-routed operation", other.name())),
+        };
+        self.send_peer(origin, &PeerMsg::RoutedReply { op, reply: r });
+    }
+
+    pub(super) fn board_write(&mut self, key: &str, expected: Option<u64>, value: Vec<u8>) -> Reply {
+        let res = match expected {
+            None => self.board.put(key, Bytes::from(value)),
+            Some(e) => self.board.cas(key, e, Bytes::from(value)),
+        };
+        match res {
+            Ok(v) => {
+                if let Some(&b) = ranked(key, &self.view).get(1) {
+                    let val = self.board.get(key).unwrap().value.to_vec();
+                    self.send_peer(b, &PeerMsg::BoardCopy { entries: vec![(key.to_string(), BoardValue { version: v, value: val })] });
+                }
+                Reply::Version(v)
+            }
+            Err(BoardError::Conflict { current, .. }) => Reply::Conflict { current },
+            Err(e) => Reply::err(ErrorKind::TooLarge, e.to_string()),
+        }
+    }
+
+    pub(super) fn send_grants(&mut self, grants: Vec<crate::core::locks::Grant>) {
+        for g in grants {
+            if let Some((origin, op)) = self.lock_waiters.remove(&(g.lock.clone(), g.client)) {
+                self.send_peer(origin, &PeerMsg::RoutedReply { op, reply: Reply::Ok });
+            }
+        }
+    }
+
+    pub(super) fn deliver_assignments(&mut self, a: Vec<Assignment>) {
+        for a in a {
+            self.send_peer(a.client.node, &PeerMsg::Assigned { op: a.op, task: a.task });
+        }
+    }
+
+    pub(super) fn publish_state(&mut self) {
+        self.state_version += 1;
+        let mut processes: Vec<(u32, Activity)> = self.clients.iter().map(|(p, c)| (*p, c.activity)).collect();
+        processes.sort_unstable();
+        let mut holds = self.store.names();
+        for c in self.clients.values() {
+            holds.extend(c.holds.iter().cloned());
+        }
+        holds.sort();
+        holds.dedup();
+        let s = NodeState { node: self.me, activity: pstate::summarise(&processes), processes, holds, version: self.state_version };
+        for n in self.view.clone() {
+            self.send_peer(n, &PeerMsg::State(s.clone()));
+        }
+        // Also on the bulletin board, where a late joiner or another tool can read it.
+        let value = encode(&s);
+        if value.len() <= crate::core::board::MAX_VALUE {
+            self.route(Client::new(self.me, 0), Op::BoardPut { key: format!("gepsea.pstate/{}", self.me), value }, ReplyTo::Discard, None);
+        }
+    }
+}

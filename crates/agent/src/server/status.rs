@@ -1,0 +1,119 @@
+//! `gepsea agent status`: the agent's state as JSON (configuration, view, peers,
+//! processes, locks, cache, tasks, plug-ins), built from the loop's own state.
+
+use super::*;
+
+#[derive(Serialize)]
+pub(super) struct Status {
+    node: u32,
+    pid: u32,
+    namespace: String,
+    listen: Option<String>,
+    rendezvous: Option<String>,
+    ready: bool,
+    expected_nodes: Option<usize>,
+    view: Vec<u32>,
+    dead: Vec<u32>,
+    scheduler: Option<u32>,
+    peer_timeout_ms: u64,
+    cache_bytes_limit: usize,
+    gma_bytes_limit: u64,
+    clients: Vec<StatusClient>,
+    board_keys: usize,
+    locks: Vec<StatusLock>,
+    cache_objects: Vec<String>,
+    cache_bytes: usize,
+    gma_blocks: usize,
+    gma_bytes: u64,
+    merge_streams: usize,
+    tasks: Option<StatusTasks>,
+    plugins: Vec<(String, Vec<crate::plugin::Uses>)>,
+    requests_served: u64,
+    peer_messages: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct StatusClient {
+    port: u32,
+    pid: u32,
+    name: String,
+    activity: Activity,
+    subscribed_unread: usize,
+}
+
+#[derive(Serialize)]
+pub(super) struct StatusLock {
+    name: String,
+    holders: Vec<String>,
+    waiting: Vec<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct StatusTasks {
+    queued: usize,
+    running: usize,
+    idle_takers: usize,
+    assigned_total: u64,
+    settling: bool,
+}
+
+impl Agent {
+    pub(super) fn status(&self) -> Status {
+        Status {
+            node: self.me,
+            pid: std::process::id(),
+            namespace: self.cfg.namespace.clone(),
+            listen: self.port.listen_addr().map(|a| a.to_string()),
+            rendezvous: self.cfg.rendezvous.as_ref().map(|p| p.display().to_string()),
+            ready: self.ready,
+            expected_nodes: self.cfg.nodes,
+            view: self.view.clone(),
+            dead: self.dead.iter().copied().collect(),
+            scheduler: self.scheduler_node,
+            peer_timeout_ms: self.cfg.peer_timeout.as_millis() as u64,
+            cache_bytes_limit: self.cfg.cache_bytes,
+            gma_bytes_limit: self.cfg.gma_bytes,
+            clients: {
+                let mut v: Vec<StatusClient> = self
+                    .clients
+                    .iter()
+                    .map(|(p, c)| StatusClient {
+                        port: *p,
+                        pid: c.pid,
+                        name: c.name.clone(),
+                        activity: c.activity,
+                        subscribed_unread: c.inbox.unread(),
+                    })
+                    .collect();
+                v.sort_by_key(|c| c.port);
+                v
+            },
+            board_keys: self.board.len(),
+            locks: self
+                .locks
+                .snapshot()
+                .into_iter()
+                .map(|(name, h, w)| StatusLock {
+                    name,
+                    holders: h.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect(),
+                    waiting: w.iter().map(|(c, m)| format!("{}.{} {m:?}", c.node, c.process)).collect(),
+                })
+                .collect(),
+            cache_objects: self.store.names(),
+            cache_bytes: self.store.bytes(),
+            gma_blocks: self.gma.blocks(),
+            gma_bytes: self.gma.used(),
+            merge_streams: self.merges.len(),
+            tasks: self.scheduler.as_ref().map(|s| StatusTasks {
+                queued: s.queued(),
+                running: s.running(),
+                idle_takers: s.idle_takers(),
+                assigned_total: s.assigned_total,
+                settling: s.settling(),
+            }),
+            plugins: self.registry.describe(),
+            requests_served: self.requests_served,
+            peer_messages: self.peer_messages,
+        }
+    }
+}
