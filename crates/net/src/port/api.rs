@@ -1,0 +1,538 @@
+//! The application's side of a [`Port`]: opening it, sends and receives on the three
+//! channels, RMA, completion (`test`/`wait`), events and statistics. Calls take the
+//! state's lock, push their own sends straight out and, in `wait`, spin then sleep.
+
+use super::*;
+
+impl Port {
+    /// Opens the port: binds its Unix socket (and TCP listener), publishes its address,
+    /// starts the event thread.
+    pub fn open(cfg: PortConfig) -> Result<Port, NetError> {
+        let me = cfg.addr;
+        let dir = cfg.runtime_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| NetError::io(format!("creating runtime directory {}", dir.display()), e))?;
+        let sock_path = dir.join(format!("port-{}.sock", me.port));
+        let unix_listener = bind_unix(&sock_path, me)?;
+        let tcp_listener = match cfg.listen {
+            Some(a) => Some(mio::net::TcpListener::bind(a).map_err(|e| NetError::io(format!("listening on {a}"), e))?),
+            None => None,
+        };
+        let mut dir_entry = None;
+        if let (Some(d), Some(l)) = (&cfg.directory, &tcp_listener) {
+            let local = l.local_addr().map_err(|e| NetError::io("listener address", e))?;
+            std::fs::create_dir_all(d).map_err(|e| NetError::io(format!("creating directory {}", d.display()), e))?;
+            let entry = directory_entry(d, me);
+            let tmp = entry.with_extension(format!("tmp{}", std::process::id()));
+            std::fs::write(&tmp, local.to_string()).map_err(|e| NetError::io(format!("writing {}", tmp.display()), e))?;
+            std::fs::rename(&tmp, &entry).map_err(|e| NetError::io(format!("publishing {}", entry.display()), e))?;
+            dir_entry = Some(entry);
+        }
+        let poll = Poll::new().map_err(|e| NetError::io("epoll", e))?;
+        let registry = poll.registry().try_clone().map_err(|e| NetError::io("epoll", e))?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("waker", e))?;
+        let mut unix_listener = unix_listener;
+        registry.register(&mut unix_listener, UNIX_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
+        let mut tcp_listener = tcp_listener;
+        if let Some(l) = tcp_listener.as_mut() {
+            registry.register(l, TCP_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
+        }
+        let incarnation = {
+            let mut b = [0u8; 8];
+            let _ = getrandom(&mut b);
+            u64::from_le_bytes(b) | 1
+        };
+        let spin = cfg.spin;
+        let lease = cfg.lease;
+        let progress = cfg.progress;
+        let linger = cfg.linger;
+        let trace = match &cfg.trace {
+            Some(p) => Some(crate::trace::Tracer::create(p).map_err(|e| NetError::io(format!("creating the trace {}", p.display()), e))?),
+            None => None,
+        };
+        let timer = match progress {
+            Progress::Thread => {
+                // Deadlines go through a timerfd: epoll's timeout only has millisecond
+                // resolution.
+                let t = crate::timer::Timer::new()?;
+                registry
+                    .register(&mut SourceFd(&t.raw()), TIMER, Interest::READABLE)
+                    .map_err(|e| NetError::io("registering the timer", e))?;
+                Some(t)
+            }
+            Progress::Inline => None,
+        };
+        let mut proto = Proto::new(me, cfg.proto.clone());
+        proto.offer_single_copy(cfg.single_copy.then(std::process::id));
+        let st = State {
+            proto,
+            me,
+            incarnation,
+            cfg,
+            registry,
+            unix_listener,
+            tcp_listener,
+            shm: FxHashMap::default(),
+            shm_ids: Vec::new(),
+            shm_send: FxHashMap::default(),
+            tcp: FxHashMap::default(),
+            links: FxHashMap::default(),
+            scratch: Vec::new(),
+            scratch_ids: Vec::new(),
+            next_id: 0,
+            awake: 0,
+            waiters: 0,
+            app_bell: Bell::new()?,
+            app_bell_set: false,
+            stats: PortStats::default(),
+            kick: false,
+            lease: None,
+            last_return: None,
+            lease_backoff: Duration::ZERO,
+            thread_wake_at: None,
+            timer,
+            shm_retry: HashMap::new(),
+        };
+        let sh = Arc::new(Shared {
+            st: Mutex::new(st),
+            cv: Condvar::new(),
+            poll: Mutex::new(poll),
+            waker,
+            shutdown: AtomicBool::new(false),
+            sock_path,
+            dir_entry,
+            spin,
+            lease,
+            progress,
+            linger,
+            trace,
+        });
+        let thread = if progress == Progress::Thread {
+            let sh2 = sh.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("gepsea-net {me}"))
+                    .spawn(move || event_thread(sh2))
+                    .map_err(|e| NetError::io("spawning event thread", e))?,
+            )
+        } else {
+            None
+        };
+        Ok(Port { sh, thread, addr: me })
+    }
+
+    /// This port's address.
+    pub fn addr(&self) -> Addr {
+        self.addr
+    }
+
+    /// The TCP address the port listens on, if any.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.sh.st.lock().tcp_listener.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Adds or replaces the TCP address of a remote port.
+    pub fn add_route(&self, peer: Addr, addr: SocketAddr) {
+        self.sh.st.lock().cfg.routes.insert(peer, addr);
+    }
+
+    pub(super) fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut st = self.sh.st.lock();
+        let r = f(&mut st);
+        run_copies(&mut st);
+        st.flush_all();
+        st.update_app_bell();
+        self.kick_if_needed(&mut st);
+        r
+    }
+
+    /// Keeps the port awake for `lease` after a call returns (see
+    /// [`PortConfig::lease`]) when the call was part of a burst (it started within a
+    /// lease of the previous one's return); makes sure somebody expires the lease.
+    ///
+    /// A call after a quiet spell (the application computed) leaves no lease: the port
+    /// goes to sleep at once and peers ring its doorbell. Expiring a lease needs the
+    /// event thread's timer, and arming a timer that fires sooner than anything else on
+    /// the CPU reprograms the local APIC timer — a VM exit that costs 6–13 µs on these
+    /// KVM guests, which was most of the `wait` after a compute phase.
+    pub(super) fn leave_awake(&self, st: &mut MutexGuard<'_, State>, started: Instant, now: Instant) {
+        let burst = st.last_return.is_some_and(|t| started.saturating_duration_since(t) <= self.sh.lease);
+        st.last_return = Some(now);
+        if self.sh.progress == Progress::Inline {
+            // No event thread: the lease lasts until the next call, which releases it
+            // before it sleeps.
+            st.lease = Some(now);
+            return;
+        }
+        if !burst {
+            // Declare sleep; anything that slipped in unannounced meanwhile is handled
+            // here, as nobody rang for it.
+            while st.set_awake(false) {
+                st.set_awake(true);
+                progress_all(st);
+            }
+            return;
+        }
+        let until = now + self.sh.lease;
+        st.lease = Some(until);
+        // Any look the event thread already plans within the back-off will do: it
+        // re-reads the lease then.
+        if st.thread_wake_at.is_none_or(|t| t > until + MAX_LEASE_BACKOFF) {
+            st.thread_wake_at = Some(until);
+            let _ = self.sh.waker.wake();
+        }
+    }
+
+    /// A timer was armed outside the event thread: make sure the event thread wakes
+    /// for it.
+    pub(super) fn kick_if_needed(&self, st: &mut State) {
+        if st.kick {
+            st.kick = false;
+            if let Some(t) = st.next_timer() {
+                st.wake_event_thread_by(t);
+            }
+        }
+    }
+
+    /// Starts a tagged send of `data` to `dst` on the normal channel (eager up to the
+    /// threshold, rendezvous above).
+    pub fn isend(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
+        self.send_on(Channel::Normal, dst, tag, Payload::Owned(data.into()))
+    }
+
+    /// Like [`Port::isend`], from a borrowed buffer: a small message to a connected
+    /// peer on this node is copied straight into the ring (no allocation, no
+    /// reference count); anything else is first copied into a buffer of its own. The
+    /// buffer can be reused as soon as this returns, as after `MPI_Bsend`.
+    pub fn isend_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> ReqId {
+        self.send_on(Channel::Normal, dst, tag, Payload::Borrowed(data))
+    }
+
+    /// Blocking [`Port::isend_copy`].
+    pub fn send_copy(&self, dst: Addr, tag: u64, data: &[u8]) -> Result<(), NetError> {
+        let r = self.isend_copy(dst, tag, data);
+        self.wait(r).map(|_| ())
+    }
+
+    /// The send path of `isend`, `isend_copy` and `send_system`: a small message to a
+    /// connected local peer goes straight into the ring (see [`Port::direct_send`]);
+    /// anything else becomes a request of the protocol (its bytes copied first if they
+    /// are borrowed).
+    pub(super) fn send_on(&self, channel: Channel, dst: Addr, tag: u64, data: Payload<'_>) -> ReqId {
+        let bytes = data.as_slice();
+        if let Some(t) = &self.sh.trace {
+            t.record(if channel == Channel::System { "sys-send" } else { "send" }, dst, bytes.len());
+        }
+        if let Some(id) = self.direct_send(dst, channel, tag, bytes) {
+            return id;
+        }
+        let data = data.into_bytes();
+        self.with(|st| {
+            let id = match channel {
+                Channel::System => st.proto.send_system(dst, tag, data),
+                _ => st.proto.isend(dst, tag, data),
+            };
+            st.settled_at_once(id)
+        })
+    }
+
+    /// A small message to a connected peer on this node with nothing queued ahead of
+    /// it goes straight into the ring: no request, no queue, finished on return.
+    pub(super) fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &[u8]) -> Option<ReqId> {
+        if dst.node != self.addr.node {
+            return None;
+        }
+        let mut st = self.sh.st.lock();
+        let (h, id) = st.proto.direct_eager(dst, channel, tag, data.len())?;
+        if st.push_shm_now(&h, data) {
+            Some(id | PRESETTLED)
+        } else {
+            st.proto.direct_eager_unsent(dst, channel);
+            None
+        }
+    }
+
+    /// Posts a receive for up to `capacity` bytes from `src` (`None`: any) with `tag`
+    /// (`None`: any).
+    pub fn irecv(&self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> ReqId {
+        self.with(|st| st.proto.irecv(src, tag, capacity))
+    }
+
+    /// Like [`Port::irecv`], receiving into `buf` (capacity is the limit), so that
+    /// large buffers can be reused instead of faulted in afresh.
+    pub fn irecv_into(&self, src: Option<Addr>, tag: Option<u64>, buf: Vec<u8>) -> ReqId {
+        self.with(|st| st.proto.irecv_into(src, tag, buf))
+    }
+
+    /// Sends a small message into `dst`'s system-channel pool.
+    pub fn send_system(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> ReqId {
+        self.send_on(Channel::System, dst, tag, Payload::Owned(data.into()))
+    }
+
+    /// Takes a message from the system pool, if one is there.
+    pub fn try_recv_system(&self) -> Option<Message> {
+        let m = self.with(|st| {
+            st.progress();
+            st.proto.recv_system()
+        });
+        self.traced_system(m)
+    }
+
+    /// Waits up to `timeout` for a system-channel message.
+    pub fn recv_system(&self, timeout: Duration) -> Result<Message, NetError> {
+        self.traced_system(self.wait_until(timeout, |st| st.proto.recv_system())).ok_or(NetError::Timeout(timeout))
+    }
+
+    pub(super) fn traced_system(&self, m: Option<Message>) -> Option<Message> {
+        if let (Some(t), Some(m)) = (&self.sh.trace, &m) {
+            t.record("sys-recv", m.src, m.data.len());
+        }
+        m
+    }
+
+    /// Records a receive handed to the application.
+    pub(super) fn traced(&self, r: Option<Result<Completion, NetError>>) -> Option<Result<Completion, NetError>> {
+        if let (Some(t), Some(Ok(Completion::Received(m)))) = (&self.sh.trace, &r) {
+            t.record("recv", m.src, m.data.len());
+        }
+        r
+    }
+
+    /// Exposes a zeroed region of `len` bytes under `region` for remote put/get.
+    pub fn expose(&self, region: u64, len: usize) -> Result<(), NetError> {
+        self.with(|st| st.proto.expose(region, len))
+    }
+
+    /// Withdraws a region exposed with [`Port::expose`].
+    pub fn unexpose(&self, region: u64) -> Result<(), NetError> {
+        self.with(|st| st.proto.unexpose(region))
+    }
+
+    /// Reads or writes a local region.
+    pub fn with_region<R>(&self, region: u64, f: impl FnOnce(&mut [u8]) -> R) -> Result<R, NetError> {
+        self.with(|st| st.proto.region(region).map(|r| f(r)))
+    }
+
+    /// Writes `data` at `offset` of `dst`'s region.
+    pub fn put(&self, dst: Addr, region: u64, offset: u64, data: impl Into<Bytes>) -> ReqId {
+        let data = data.into();
+        self.with(|st| st.proto.put(dst, region, offset, data))
+    }
+
+    /// Reads `len` bytes at `offset` of `dst`'s region.
+    pub fn get(&self, dst: Addr, region: u64, offset: u64, len: usize) -> ReqId {
+        self.with(|st| st.proto.get(dst, region, offset, len))
+    }
+
+    /// Makes progress once and returns the request's result if it has finished (the
+    /// result is handed out once).
+    pub fn test(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
+        if is_presettled(req) {
+            return Some(Ok(Completion::Sent));
+        }
+        self.traced(self.with(|st| {
+            st.progress();
+            st.proto.take(req)
+        }))
+    }
+
+    /// Waits for a request to finish.
+    pub fn wait(&self, req: ReqId) -> Result<Completion, NetError> {
+        self.wait_timeout(req, FOREVER)
+    }
+
+    /// Waits up to `timeout`; on timeout the request keeps running.
+    pub fn wait_timeout(&self, req: ReqId, timeout: Duration) -> Result<Completion, NetError> {
+        if is_presettled(req) {
+            return Ok(Completion::Sent);
+        }
+        if !self.sh.st.lock().proto.is_known(req) {
+            return Err(NetError::UnknownRequest(req));
+        }
+        self.traced(self.wait_until(timeout, |st| st.proto.take(req))).unwrap_or(Err(NetError::Timeout(timeout)))
+    }
+
+    /// Waits until one of `reqs` finishes; returns its index and result.
+    pub fn wait_any(&self, reqs: &[ReqId]) -> (usize, Result<Completion, NetError>) {
+        if let Some(i) = reqs.iter().position(|&r| is_presettled(r)) {
+            return (i, Ok(Completion::Sent));
+        }
+        let (i, r) = self
+            .wait_until(FOREVER, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))
+            .expect("wait_any without deadline");
+        (i, self.traced(Some(r)).expect("some"))
+    }
+
+    /// Cancels a posted receive that has not matched.
+    pub fn cancel(&self, req: ReqId) -> bool {
+        if is_presettled(req) {
+            return false;
+        }
+        self.with(|st| st.proto.cancel(req))
+    }
+
+    /// Blocking send.
+    pub fn send(&self, dst: Addr, tag: u64, data: impl Into<Bytes>) -> Result<(), NetError> {
+        let r = self.isend(dst, tag, data);
+        self.wait(r).map(|_| ())
+    }
+
+    /// Blocking receive.
+    pub fn recv(&self, src: Option<Addr>, tag: Option<u64>, capacity: usize) -> Result<Message, NetError> {
+        let r = self.irecv(src, tag, capacity);
+        match self.wait(r)? {
+            Completion::Received(m) => Ok(m),
+            other => unreachable!("receive completed as {other:?}"),
+        }
+    }
+
+    /// Turns on the event queue and returns a descriptor that is readable while events
+    /// are pending, for use in the application's own `poll`/`epoll`.
+    pub fn enable_events(&self) -> RawFd {
+        self.with(|st| {
+            st.proto.enable_events();
+            st.app_bell.raw()
+        })
+    }
+
+    /// The oldest pending event.
+    pub fn next_event(&self) -> Option<Event> {
+        self.with(|st| {
+            st.progress();
+            st.proto.next_event()
+        })
+    }
+
+    /// Makes progress on every transport now — drains the shared-memory rings and reads
+    /// every established TCP connection — without waiting. For an event loop of its
+    /// own that spins briefly after work (as the agent does) instead of waiting for
+    /// the event thread to be woken.
+    pub fn poll(&self) {
+        self.with(|st| {
+            st.poll_tcp();
+            st.progress();
+        })
+    }
+
+    /// Transport counters.
+    pub fn stats(&self) -> PortStats {
+        self.sh.st.lock().stats.clone()
+    }
+
+    /// Protocol counters.
+    pub fn proto_stats(&self) -> crate::proto::ProtoStats {
+        self.sh.st.lock().proto.stats.clone()
+    }
+
+    /// Fault injection for tests: offer single copies as process `pid` (a process this
+    /// port is not), as a peer in another pid namespace would. Receivers must refuse
+    /// them and fetch the data through the ring.
+    #[doc(hidden)]
+    pub fn claim_pid_for_single_copy(&self, pid: u32) {
+        self.sh.st.lock().proto.offer_single_copy(Some(pid));
+    }
+
+    /// Fault injection for tests and operators: abruptly shuts down every TCP
+    /// connection of this port (as a network failure would); links reconnect and replay.
+    pub fn reset_connections(&self) {
+        let st = self.sh.st.lock();
+        for c in st.tcp.values() {
+            let _ = c.stream.shutdown(std::net::Shutdown::Both);
+        }
+        drop(st);
+        let _ = self.sh.waker.wake();
+    }
+
+    /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
+    /// event thread (or, inline, our own poll) makes progress.
+    pub(super) fn wait_until<R>(&self, timeout: Duration, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
+        let started = Instant::now();
+        let deadline = started.checked_add(timeout).unwrap_or(started + FOREVER);
+        // The latest clock reading: one per pass, not one per use (a reading costs
+        // ≈16 ns, a sizeable share of a small message's path).
+        let mut now = started;
+        let mut st = self.sh.st.lock();
+        // Already finished (the event thread did the work while the application
+        // computed): hand it over without touching the rings or the awake flags, whose
+        // cache lines have gone cold meanwhile.
+        if let Some(r) = done(&mut st) {
+            st.last_return = Some(started);
+            return Some(r);
+        }
+        if st.lease.take().is_none() {
+            st.set_awake(true);
+        }
+        let mut spin_until = started + self.sh.spin;
+        let mut extended = false;
+        loop {
+            progress_all(&mut st);
+            self.kick_if_needed(&mut st);
+            if let Some(r) = done(&mut st) {
+                st.flush_all();
+                st.update_app_bell();
+                self.leave_awake(&mut st, started, now);
+                return Some(r);
+            }
+            now = Instant::now();
+            if now >= deadline {
+                self.leave_awake(&mut st, started, now);
+                return None;
+            }
+            if now >= spin_until && !extended {
+                // A large transfer under way takes longer than the spin: the peer is
+                // copying, and sleeping now would add a wake-up (10-20 µs here) to
+                // each message. Spin for about as long as the bytes take.
+                extended = true;
+                let bulk = st.proto.bulk_bytes_in_flight() as u64;
+                spin_until += Duration::from_nanos(bulk * SPIN_NS_PER_KIB / 1024);
+            }
+            if now < spin_until {
+                // Spin without re-running the whole progress pass until there is
+                // something to do (one load per ring), releasing the lock every few
+                // rounds so that other threads of the process can get in.
+                let seen = st.proto.completions();
+                let mut n = 0u32;
+                loop {
+                    std::hint::spin_loop();
+                    n = n.wrapping_add(1);
+                    if n.is_multiple_of(16) {
+                        MutexGuard::unlocked(&mut st, || {});
+                        // A spinning waiter reads its TCP sockets itself: the reply is
+                        // handled here instead of waking the event thread and then us.
+                        st.poll_tcp();
+                        now = Instant::now();
+                        if now >= spin_until {
+                            break;
+                        }
+                        if extended {
+                            // Spinning on behalf of a long transfer: let anything else
+                            // runnable on this core (another process's event thread
+                            // doing the copy, say) go first.
+                            MutexGuard::unlocked(&mut st, std::thread::yield_now);
+                        }
+                    }
+                    if st.proto.completions() != seen || st.has_work() {
+                        break;
+                    }
+                }
+                continue;
+            }
+            if st.set_awake(false) {
+                // Data slipped in while we declared sleep: go round again.
+                st.set_awake(true);
+                continue;
+            }
+            let slice = deadline.min(now + Duration::from_millis(100));
+            match self.sh.progress {
+                Progress::Thread => {
+                    st.waiters += 1;
+                    self.sh.cv.wait_until(&mut st, slice);
+                    st.waiters -= 1;
+                }
+                Progress::Inline => {
+                    MutexGuard::unlocked(&mut st, || poll_once(&self.sh, Some(slice - now)));
+                }
+            }
+            st.set_awake(true);
+        }
+    }
+}

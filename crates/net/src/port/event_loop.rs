@@ -1,0 +1,316 @@
+//! Progress: the event thread's loop (epoll through mio), the copies of large messages
+//! done outside the lock, and the `State` methods every transport shares (awake
+//! accounting, dispatch of readiness events, timers).
+
+use super::*;
+
+/// Carries out the single copies the protocol asked for (see [`crate::cma`]), each
+/// outside the port's lock: a 1 MiB copy takes ≈50–90 µs, during which other threads of
+/// the process keep communicating (and an awake event thread takes the next copy).
+///
+/// Waking the sleeping event thread to copy in parallel was tried: streaming 1 MiB
+/// messages stayed at 9–11 GB/s, the rate a single copy already reaches with 16
+/// receive buffers in turn (the memory system, not a core, is the limit), so it is not
+/// done.
+pub(super) fn run_copies(st: &mut MutexGuard<'_, State>) {
+    let mut ran = false;
+    while let Some(mut job) = st.proto.next_copy() {
+        // Only from the process at the other end of the connection, as the kernel
+        // names it: a pid from another pid namespace (or a forged one) would name some
+        // other process here.
+        let src = job.src();
+        let verified = st.shm.values().any(|c| c.peer == src && c.peer_pid == Some(job.remote.pid));
+        if !verified {
+            st.stats.single_copies_not_from_peer += 1;
+            st.log_error(format!("single copy offered by {src} as process {}, which is not the process connected as {src}; using the shared-memory ring instead", job.remote.pid));
+            st.proto.copy_done(job, false);
+            ran = true;
+            continue;
+        }
+        let mut buf = std::mem::take(&mut job.buf);
+        let r = MutexGuard::unlocked(st, || crate::cma::read_into(job.remote.pid, job.remote.addr, job.len, &mut buf));
+        job.buf = buf;
+        if let Err(e) = &r {
+            st.log_error(format!(
+                "single copy of {} bytes from process {} failed ({e}); using the shared-memory ring instead",
+                job.len, job.remote.pid
+            ));
+        }
+        st.proto.copy_done(job, r.is_ok());
+        ran = true;
+    }
+    if ran {
+        st.flush_all();
+    }
+}
+
+/// Drains every transport, then carries out the copies that asked for.
+pub(super) fn progress_all(st: &mut MutexGuard<'_, State>) {
+    st.progress();
+    run_copies(st);
+}
+
+pub(super) fn event_thread(sh: Arc<Shared>) {
+    let mut events = Events::with_capacity(256);
+    loop {
+        {
+            let mut poll = sh.poll.lock();
+            if let Err(e) = poll.poll(&mut events, None) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    warn!("epoll failed: {e}");
+                }
+            }
+        }
+        if sh.shutdown.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut st = sh.st.lock();
+        st.set_awake(true);
+        for ev in events.iter() {
+            if ev.token() == TIMER {
+                if let Some(t) = &st.timer {
+                    t.clear();
+                }
+                continue;
+            }
+            st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+        }
+        progress_all(&mut st);
+        st.timers();
+        let now = Instant::now();
+        let mut lease_check = None;
+        if let Some(until) = st.lease {
+            if until <= now {
+                // The application went quiet: stop claiming to be awake for it.
+                st.lease = None;
+                st.lease_backoff = Duration::ZERO;
+                if st.set_awake(false) {
+                    st.set_awake(true);
+                    progress_all(&mut st);
+                    st.set_awake(false);
+                }
+            } else {
+                // Renewed since we last looked: the application is busy communicating.
+                // Look again less and less often (each look is a wake-up that takes a
+                // core from the spinning application), up to MAX_LEASE_BACKOFF.
+                st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF);
+                lease_check = Some(until + st.lease_backoff);
+            }
+        }
+        while st.set_awake(false) {
+            st.set_awake(true);
+            progress_all(&mut st);
+        }
+        st.update_app_bell();
+        st.kick = false;
+        if st.waiters > 0 {
+            sh.cv.notify_all();
+        }
+        let wake = [st.next_timer(), lease_check].into_iter().flatten().min();
+        st.thread_wake_at = wake;
+        if let Some(t) = &st.timer {
+            t.arm(wake.map(|t| t.saturating_duration_since(Instant::now())));
+        }
+    }
+}
+
+/// Inline progress: poll the descriptors once (the caller does not hold the state lock).
+pub(super) fn poll_once(sh: &Shared, timeout: Option<Duration>) {
+    let mut events = Events::with_capacity(256);
+    let timeout = {
+        let st = sh.st.lock();
+        match (st.next_timer(), timeout) {
+            (Some(t), Some(d)) => Some(t.saturating_duration_since(Instant::now()).min(d)),
+            (Some(t), None) => Some(t.saturating_duration_since(Instant::now())),
+            (None, d) => d,
+        }
+    };
+    {
+        let mut poll = sh.poll.lock();
+        let _ = poll.poll(&mut events, timeout);
+    }
+    let mut st = sh.st.lock();
+    for ev in events.iter() {
+        st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+    }
+    st.timers();
+    progress_all(&mut st);
+}
+
+impl State {
+    /// Counts a progressing thread in or out. Returns, when the last one leaves, whether
+    /// work arrived meanwhile (then the caller must not sleep).
+    pub(super) fn set_awake(&mut self, awake: bool) -> bool {
+        if awake {
+            self.awake += 1;
+            if self.awake == 1 {
+                for c in self.shm.values() {
+                    c.set_awake(true);
+                }
+            }
+            false
+        } else {
+            self.awake -= 1;
+            if self.awake > 0 {
+                return false;
+            }
+            let mut pending = false;
+            for c in self.shm.values_mut() {
+                c.set_awake(false);
+            }
+            // Pairs with the peer's fence between publishing (data or space) and
+            // reading our awake flag: either it sees us asleep and rings, or we see
+            // its work here.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            for c in self.shm.values_mut() {
+                // Space freed while we were awake came without a doorbell too: a sender
+                // that went to sleep on a full ring would otherwise miss it (this was a
+                // 100 ms stall, ended only by the sleeping waiter's time slice).
+                pending |= c.has_unannounced_work();
+            }
+            pending
+        }
+    }
+
+    /// Pushes a new send out at once; if that finished it, hands its id back marked
+    /// [`PRESETTLED`] instead of leaving the result to be collected. Not when the
+    /// application reads events: those name the plain id.
+    pub(super) fn settled_at_once(&mut self, id: ReqId) -> ReqId {
+        if self.proto.events_enabled() {
+            return id;
+        }
+        self.flush_all();
+        match self.proto.take_if_sent(id) {
+            true => id | PRESETTLED,
+            false => id,
+        }
+    }
+
+    /// Makes the event thread wake by `at` at the latest, by arming its timer when it
+    /// would otherwise sleep past `at` (no-op inline, where every wait polls itself).
+    pub(super) fn wake_event_thread_by(&mut self, at: Instant) {
+        let Some(timer) = &self.timer else { return };
+        if self.thread_wake_at.is_none_or(|t| t > at) {
+            self.thread_wake_at = Some(at);
+            timer.arm(Some(at.saturating_duration_since(Instant::now())));
+        }
+    }
+
+    pub(super) fn log_error(&mut self, msg: String) {
+        warn!("{}: {msg}", self.me);
+        self.stats.recent_errors.push(msg);
+        if self.stats.recent_errors.len() > 16 {
+            self.stats.recent_errors.remove(0);
+        }
+    }
+
+    pub(super) fn update_app_bell(&mut self) {
+        let pending = self.proto.events_pending() > 0;
+        if pending && !self.app_bell_set {
+            self.app_bell.ring();
+            self.app_bell_set = true;
+        } else if !pending && self.app_bell_set {
+            self.app_bell.clear();
+            self.app_bell_set = false;
+        }
+    }
+
+    /// Drains every inbound ring and pushes every queued frame out.
+    pub(super) fn progress(&mut self) {
+        for i in 0..self.shm_ids.len() {
+            if let Some(&id) = self.shm_ids.get(i) {
+                self.drain_shm(id);
+            }
+        }
+        self.flush_all();
+    }
+
+    /// Non-blocking read of every established TCP connection (for spinning waiters).
+    pub(super) fn poll_tcp(&mut self) {
+        if self.tcp.is_empty() {
+            return;
+        }
+        let mut ids = std::mem::take(&mut self.scratch_ids);
+        ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
+        for id in ids.drain(..) {
+            self.tcp_readable(id);
+        }
+        self.scratch_ids = ids;
+    }
+
+    /// Cheap check for the spin loop: anything in a ring or queued to send?
+    pub(super) fn has_work(&mut self) -> bool {
+        self.proto.has_output() || self.shm.values_mut().any(|c| c.rx.has_data())
+    }
+
+    pub(super) fn output_settled(&mut self) -> bool {
+        self.flush_all();
+        !self.proto.has_output()
+            && self.shm.values().all(|c| c.tx.is_drained())
+            && self.tcp.values().all(|c| c.queued() == 0)
+            && self.links.values().all(|l| {
+                l.send.unacked() == 0 || l.conn.is_none() && l.down_since.is_some_and(|t| t.elapsed() > self.cfg.reconnect_timeout)
+            })
+    }
+
+    pub(super) fn handle_event(&mut self, token: Token, readable: bool, writable: bool) {
+        match token {
+            WAKER => {}
+            UNIX_LISTENER => self.accept_unix(),
+            TCP_LISTENER => self.accept_tcp(),
+            Token(t) if t >= FIRST_CONN => {
+                let id = (t - FIRST_CONN) / 4;
+                match (t - FIRST_CONN) % 4 {
+                    0 => {
+                        if let Some(c) = self.shm.get(&id) {
+                            c.my_bell.clear();
+                        }
+                        self.drain_shm(id);
+                        if let Some(p) = self.shm.get(&id).map(|c| c.peer) {
+                            self.flush(p);
+                        }
+                    }
+                    1 => self.check_shm_alive(id),
+                    2 => {
+                        if writable {
+                            self.tcp_writable(id);
+                        }
+                        if readable {
+                            self.tcp_readable(id);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn timers(&mut self) {
+        let now = Instant::now();
+        let due: Vec<Addr> = self.shm_retry.iter().filter(|(_, (_, next))| *next <= now).map(|(p, _)| *p).collect();
+        for p in due {
+            self.flush_shm(p);
+        }
+        let acks: Vec<Addr> = self.links.iter().filter(|(_, l)| l.ack_due.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        for p in acks {
+            self.send_ack(p);
+        }
+        let retry: Vec<Addr> =
+            self.links.iter().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        for p in retry {
+            let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p);
+            if wants {
+                self.connect_tcp(p);
+            } else if let Some(l) = self.links.get_mut(&p) {
+                l.retry_at = None;
+                l.down_since = None;
+            }
+        }
+    }
+
+    pub(super) fn next_timer(&self) -> Option<Instant> {
+        let links = self.links.values().flat_map(|l| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }]).flatten();
+        links.chain(self.shm_retry.values().map(|(_, next)| *next)).min()
+    }
+}

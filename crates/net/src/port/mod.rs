@@ -1,0 +1,355 @@
+//! [`Port`]: one process's endpoint, and the event loop that drives its transports.
+//!
+//! All state lives in one `State` behind a mutex: the sans-IO [`Proto`], the shared
+//! memory connections, the TCP connections and links. Two kinds of thread make
+//! progress on it:
+//!
+//! - The **event thread** ([`Progress::Thread`], the default) sleeps in `epoll` (through
+//!   mio) on every descriptor the port owns — listeners, TCP sockets, the shared-memory
+//!   doorbells — and wakes only when the kernel reports something. It completes posted
+//!   receives, answers rendezvous requests and RMA while the application computes and
+//!   never calls the library. Idle, it sleeps: no core is burnt.
+//! - The **application thread**, inside `isend`/`test`/`wait`, pushes its own sends
+//!   straight into the ring or socket (no hand-off, so no wake-up on the send path), and
+//!   in `wait` spins for a bounded time (`spin`, default 50 µs) polling the rings before
+//!   it sleeps on a condition variable. While it spins it marks the port awake so that
+//!   shared-memory peers skip the doorbell.
+//!
+//! [`Progress::Inline`] drops the event thread: progress happens only inside library
+//! calls, and `wait` polls the descriptors itself. That is the classic MPI progress
+//! engine, kept as the baseline the overlap benchmark measures against.
+
+use std::collections::HashMap;
+
+use rustc_hash::FxHashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use tracing::{debug, warn};
+
+use crate::error::NetError;
+use crate::frame::{Addr, Channel, Frame, Header, Kind, COMPACT_MAX};
+use crate::proto::{Completion, Event, Message, OutFrame, Proto, ProtoConfig, ReqId};
+use crate::reliable::Admit;
+use crate::shm::{Bell, ShmConn};
+use crate::tcp::{ConnState, Link, ReadOutcome, TcpConn};
+
+mod api;
+mod event_loop;
+mod local;
+mod output;
+mod remote;
+
+use event_loop::*;
+
+/// How communication makes progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Progress {
+    /// A dedicated event thread progresses on OS events (the default).
+    #[default]
+    Thread,
+    /// Progress only inside library calls (baseline for comparison).
+    Inline,
+}
+
+/// How to open a port.
+#[derive(Clone, Debug)]
+pub struct PortConfig {
+    /// This port's address.
+    pub addr: Addr,
+    /// Isolates unrelated runs on one machine: ports only find peers of the same
+    /// namespace.
+    pub namespace: String,
+    /// Where this node's Unix sockets live (default `$TMPDIR/gepsea-<namespace>/node-<n>`).
+    pub runtime_dir: Option<PathBuf>,
+    /// TCP address to listen on for peers on other nodes (none: no inter-node traffic
+    /// towards this port, though it can still connect out).
+    pub listen: Option<SocketAddr>,
+    /// Shared directory where every listening port publishes its TCP address, and
+    /// where peers' addresses are looked up.
+    pub directory: Option<PathBuf>,
+    /// Static addresses of remote ports (checked before `directory`).
+    pub routes: HashMap<Addr, SocketAddr>,
+    pub progress: Progress,
+    pub proto: ProtoConfig,
+    /// Bytes in each direction's shared-memory ring.
+    pub ring_bytes: usize,
+    /// Rendezvous messages between ports on this node are copied once, by the
+    /// receiver, straight from the sender's buffer (see [`crate::cma`]) instead of
+    /// through the ring. Falls back to the ring by itself where the system forbids it.
+    pub single_copy: bool,
+    /// Largest frame payload accepted from the network.
+    pub max_frame: usize,
+    /// How long `wait` spins before sleeping.
+    pub spin: Duration,
+    /// How long after a library call returns the port still counts as awake, so that
+    /// shared-memory peers skip the doorbell between back-to-back calls. The event
+    /// thread takes over when it expires; it bounds the delay before event-driven
+    /// progress starts once the application goes off to compute.
+    pub lease: Duration,
+    /// How long a broken link is retried before its peer is declared failed.
+    pub reconnect_timeout: Duration,
+    /// How long dropping the port waits for queued output to be delivered.
+    pub linger: Duration,
+    /// Write an event trace of the application's messages to this file (see
+    /// [`crate::trace`]). Default: under `$GEPSEA_NET_TRACE` when that is set.
+    pub trace: Option<PathBuf>,
+}
+
+impl PortConfig {
+    /// Defaults for `addr` in `namespace`.
+    pub fn new(namespace: &str, addr: Addr) -> Self {
+        PortConfig {
+            addr,
+            namespace: namespace.to_string(),
+            runtime_dir: None,
+            listen: None,
+            directory: None,
+            routes: HashMap::new(),
+            progress: Progress::Thread,
+            proto: ProtoConfig::default(),
+            ring_bytes: 256 << 10,
+            single_copy: true,
+            max_frame: 1 << 20,
+            spin: Duration::from_micros(50),
+            lease: Duration::from_micros(50),
+            reconnect_timeout: Duration::from_secs(10),
+            linger: Duration::from_secs(5),
+            trace: std::env::var_os("GEPSEA_NET_TRACE")
+                .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
+        }
+    }
+
+    fn runtime_dir(&self) -> PathBuf {
+        self.runtime_dir.clone().unwrap_or_else(|| namespace_dir(&self.namespace).join(format!("node-{}", self.addr.node)))
+    }
+}
+
+/// Counters describing what the transports did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Frames refused as malformed (bad magic, version, checksum, length).
+    pub frames_rejected: u64,
+    /// TCP connections dropped (by error, by the peer, or by us after a bad frame).
+    pub connections_lost: u64,
+    /// TCP connections established (first ones and reconnects).
+    pub connections_established: u64,
+    /// Frames sent again after a reconnect.
+    pub frames_replayed: u64,
+    /// Received frames discarded as already delivered.
+    pub duplicates_dropped: u64,
+    /// Doorbells rung towards sleeping shared-memory peers.
+    pub doorbells: u64,
+    /// Single copies refused because the offer named a process other than the peer.
+    pub single_copies_not_from_peer: u64,
+    /// The most recent transport errors, newest last (at most 16).
+    pub recent_errors: Vec<String>,
+}
+
+const WAKER: Token = Token(0);
+const UNIX_LISTENER: Token = Token(1);
+const TCP_LISTENER: Token = Token(2);
+const TIMER: Token = Token(3);
+const FIRST_CONN: usize = 16;
+
+/// The bytes of a send: the application's own buffer, or borrowed ones that are copied
+/// only if they cannot go straight into a ring.
+enum Payload<'a> {
+    Owned(Bytes),
+    Borrowed(&'a [u8]),
+}
+
+impl Payload<'_> {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Payload::Owned(b) => b,
+            Payload::Borrowed(s) => s,
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Payload::Owned(b) => b,
+            Payload::Borrowed(s) => Bytes::copy_from_slice(s),
+        }
+    }
+}
+
+/// A timeout that never comes.
+const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The longest the event thread lets a continuously renewed lease go unchecked: how
+/// late, at worst, it takes over progress after a long burst of calls ends.
+const MAX_LEASE_BACKOFF: Duration = Duration::from_millis(1);
+
+/// Marks a send that was written out (and so finished) before `isend` returned: the
+/// request never enters the protocol's tables, and `wait`/`test` answer it without
+/// taking the lock — most small messages on shared memory take this path.
+const PRESETTLED: ReqId = 1 << 63;
+
+fn is_presettled(req: ReqId) -> bool {
+    req & PRESETTLED != 0
+}
+
+/// Extra spin per KiB of rendezvous data in flight (≈4 GB/s, below what shared memory
+/// moves, so the spin covers the transfer).
+const SPIN_NS_PER_KIB: u64 = 250;
+
+fn bell_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4)
+}
+fn shm_sock_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4 + 1)
+}
+fn tcp_token(id: usize) -> Token {
+    Token(FIRST_CONN + id * 4 + 2)
+}
+
+struct State {
+    proto: Proto,
+    me: Addr,
+    incarnation: u64,
+    cfg: PortConfig,
+    registry: Registry,
+    unix_listener: mio::net::UnixListener,
+    tcp_listener: Option<mio::net::TcpListener>,
+    shm: FxHashMap<usize, ShmConn>,
+    /// Keys of `shm`, kept alongside so the hot loop need not collect them.
+    shm_ids: Vec<usize>,
+    shm_send: FxHashMap<Addr, usize>,
+    tcp: FxHashMap<usize, TcpConn>,
+    links: FxHashMap<Addr, Link>,
+    /// Reusable buffer for the list of peers with output.
+    scratch: Vec<Addr>,
+    /// Reusable buffer for connection ids.
+    scratch_ids: Vec<usize>,
+    next_id: usize,
+    awake: u32,
+    waiters: u32,
+    app_bell: Bell,
+    app_bell_set: bool,
+    stats: PortStats,
+    /// A timer was armed outside the event thread: wake it so it recomputes its timeout.
+    kick: bool,
+    /// The awake lease left by the last `wait` (counted in `awake` while held).
+    lease: Option<Instant>,
+    /// How much later than a renewed lease's end the event thread looks again.
+    lease_backoff: Duration,
+    /// When the last `wait` returned: a wait that starts within a lease of it is part
+    /// of a burst of calls and leaves a lease behind; one that follows a long
+    /// computation does not.
+    last_return: Option<Instant>,
+    /// When the event thread will wake by itself (None: only on events).
+    thread_wake_at: Option<Instant>,
+    /// The event thread's deadline timer (none inline). Application threads that set a
+    /// protocol deadline (an acknowledgement, a reconnect) arm it themselves rather
+    /// than wake the sleeping event thread just so that it re-arms it (an IPI, 13–17 µs
+    /// per call on a KVM guest). A lease in a burst still wakes the thread: arming the
+    /// timer from the application's core left a 4 MiB transfer in the overlap
+    /// benchmark unprogressed for most of the compute phase (a median wait of 815 µs
+    /// after 1 ms of computing, against 1.3 µs with the wake-up).
+    timer: Option<crate::timer::Timer>,
+    /// Local peers whose socket was not there yet: (first failure, next attempt).
+    shm_retry: HashMap<Addr, (Instant, Instant)>,
+}
+
+struct Shared {
+    st: Mutex<State>,
+    cv: Condvar,
+    poll: Mutex<Poll>,
+    waker: Waker,
+    shutdown: AtomicBool,
+    sock_path: PathBuf,
+    dir_entry: Option<PathBuf>,
+    spin: Duration,
+    lease: Duration,
+    progress: Progress,
+    linger: Duration,
+    trace: Option<crate::trace::Tracer>,
+}
+
+/// A process's communication endpoint. Cheap to share between threads (`&Port` is
+/// `Sync`); dropping it delivers queued output (up to `linger`) and stops the event
+/// thread.
+pub struct Port {
+    sh: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    addr: Addr,
+}
+
+/// The default runtime directory of a namespace (`$TMPDIR/gepsea-<namespace>`). Ports
+/// remove it when the last of them closes; whoever owns a namespace whose processes may
+/// have been killed (their sockets stay behind) removes it when done.
+pub fn namespace_dir(namespace: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("gepsea-{namespace}"))
+}
+
+/// Where a peer's TCP address is published in a shared directory.
+pub fn directory_entry(dir: &Path, addr: Addr) -> PathBuf {
+    dir.join(format!("{}-{}.addr", addr.node, addr.port))
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // Deliver what is queued (like MPI_Finalize), bounded by `linger`.
+        let _ = self.wait_until(self.sh.linger, |st| st.output_settled().then_some(()));
+        self.sh.shutdown.store(true, Ordering::SeqCst);
+        let _ = self.sh.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.sh.sock_path);
+        if let Some(e) = &self.sh.dir_entry {
+            let _ = std::fs::remove_file(e);
+        }
+        // Remove the node and namespace runtime directories once the last port is gone
+        // (remove_dir fails harmlessly while other ports still use them).
+        if let Some(node_dir) = self.sh.sock_path.parent() {
+            let _ = std::fs::remove_dir(node_dir);
+            if let Some(ns_dir) = node_dir.parent() {
+                let _ = std::fs::remove_dir(ns_dir);
+            }
+        }
+    }
+}
+
+pub(super) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+/// Binds the port's Unix socket, replacing a stale one left by a dead process but never
+/// stealing the address of a live port.
+pub(super) fn bind_unix(path: &Path, me: Addr) -> Result<mio::net::UnixListener, NetError> {
+    match mio::net::UnixListener::bind(path) {
+        Ok(l) => Ok(l),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(NetError::Io {
+                    context: format!("opening port {me}"),
+                    message: format!("address in use: another live process owns {}", path.display()),
+                });
+            }
+            std::fs::remove_file(path).map_err(|e| NetError::io(format!("removing stale socket {}", path.display()), e))?;
+            mio::net::UnixListener::bind(path).map_err(|e| NetError::io(format!("binding {}", path.display()), e))
+        }
+        Err(e) => Err(NetError::io(format!("binding {}", path.display()), e)),
+    }
+}
+
+impl AsRawFd for Port {
+    /// The event descriptor (see [`Port::enable_events`]).
+    fn as_raw_fd(&self) -> RawFd {
+        self.sh.st.lock().app_bell.raw()
+    }
+}

@@ -1,0 +1,332 @@
+//! Remote links: TCP connections to ports on other nodes (resolving, connecting,
+//! the handshake with incarnations, reading frames, acknowledgements, link loss).
+
+use super::*;
+
+impl State {
+    pub(super) fn resolve(&self, peer: Addr) -> Option<SocketAddr> {
+        if let Some(a) = self.cfg.routes.get(&peer) {
+            return Some(*a);
+        }
+        let d = self.cfg.directory.as_ref()?;
+        std::fs::read_to_string(directory_entry(d, peer)).ok()?.trim().parse().ok()
+    }
+
+    pub(super) fn connect_tcp(&mut self, peer: Addr) {
+        let Some(addr) = self.resolve(peer) else {
+            // The peer may not have started yet: retry until the reconnect timeout.
+            self.link_down(peer, "no route: not in the routes table nor the directory");
+            return;
+        };
+        let stream = match mio::net::TcpStream::connect(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("connect to {peer} at {addr}: {e}");
+                self.link_down(peer, &msg);
+                return;
+            }
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
+        if let Err(e) = self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE) {
+            self.log_error(format!("register: {e}"));
+            return;
+        }
+        let link = self.links.entry(peer).or_default();
+        link.conn = Some(id);
+        let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
+        h.ack = link.recv.delivered();
+        h.tag = self.incarnation;
+        c.queue(&Frame::control(h));
+        self.tcp.insert(id, c);
+        // The connect may already be complete (loopback).
+        self.tcp_writable(id);
+    }
+
+    pub(super) fn accept_tcp(&mut self) {
+        loop {
+            let Some(l) = self.tcp_listener.as_ref() else { return };
+            match l.accept() {
+                Ok((stream, _)) => {
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));
+                    if self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE).is_ok() {
+                        self.tcp.insert(id, c);
+                        self.tcp_readable(id);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    self.log_error(format!("accept on TCP listener: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn tcp_writable(&mut self, id: usize) {
+        let Some(c) = self.tcp.get_mut(&id) else { return };
+        if c.state == ConnState::Connecting {
+            match c.finish_connect() {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(e) => {
+                    let msg = format!("connect to {}: {e}", c.peer.map(|p| p.to_string()).unwrap_or_default());
+                    self.conn_lost(id, &msg);
+                    return;
+                }
+            }
+        }
+        let c = self.tcp.get_mut(&id).unwrap();
+        if let Err(e) = c.write_out() {
+            self.conn_lost(id, &format!("write: {e}"));
+            return;
+        }
+        if let Some(p) = c.peer {
+            if c.state == ConnState::Established {
+                self.flush_tcp(p);
+            }
+        }
+    }
+
+    pub(super) fn tcp_readable(&mut self, id: usize) {
+        loop {
+            let Some(c) = self.tcp.get_mut(&id) else { return };
+            let outcome = match c.read_in() {
+                Ok(o) => o,
+                Err(e) => {
+                    self.conn_lost(id, &format!("read: {e}"));
+                    return;
+                }
+            };
+            if !self.process_frames(id) {
+                return;
+            }
+            match outcome {
+                ReadOutcome::More => continue,
+                ReadOutcome::Drained => break,
+                ReadOutcome::Eof => {
+                    self.conn_lost(id, "closed by peer");
+                    return;
+                }
+            }
+        }
+        if let Some(p) = self.tcp.get(&id).and_then(|c| c.peer) {
+            self.after_input(p);
+        }
+    }
+
+    /// Schedules or sends acknowledgements after input from `peer`.
+    pub(super) fn after_input(&mut self, peer: Addr) {
+        let Some(link) = self.links.get_mut(&peer) else { return };
+        let pending = link.recv.pending_ack();
+        if pending == 0 {
+            return;
+        }
+        if pending >= 32 {
+            self.send_ack(peer);
+        } else if link.ack_due.is_none() {
+            link.ack_due = Some(Instant::now() + Duration::from_millis(5));
+            self.kick = true;
+        }
+        self.flush_tcp(peer);
+    }
+
+    pub(super) fn send_ack(&mut self, peer: Addr) {
+        let Some(link) = self.links.get_mut(&peer) else { return };
+        let Some(cid) = link.conn else { return };
+        let Some(c) = self.tcp.get_mut(&cid) else { return };
+        if c.state != ConnState::Established {
+            return;
+        }
+        let mut h = Header::new(Kind::Ack, Channel::Control, self.me, peer);
+        h.ack = link.recv.take_ack();
+        link.ack_due = None;
+        c.queue(&Frame::control(h));
+        if let Err(e) = c.write_out() {
+            self.conn_lost(cid, &format!("write: {e}"));
+        }
+    }
+
+    /// Decodes and handles buffered frames of connection `id`. Returns false if the
+    /// connection was dropped.
+    pub(super) fn process_frames(&mut self, id: usize) -> bool {
+        loop {
+            let State { tcp, links, proto, stats, .. } = self;
+            let Some(c) = tcp.get_mut(&id) else { return false };
+            let state = c.state;
+            let conn_peer = c.peer;
+            let handshake: Header;
+            match c.dec.next_frame() {
+                Ok(None) => return true,
+                Err(e) => {
+                    stats.frames_rejected += 1;
+                    let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+                    let msg = NetError::Frame { from, error: e }.to_string();
+                    self.log_error(format!("{msg}; resetting the connection"));
+                    self.conn_lost(id, &msg);
+                    return false;
+                }
+                Ok(Some((h, payload))) => {
+                    if matches!(h.kind, Kind::Hello | Kind::HelloAck) {
+                        handshake = h;
+                    } else {
+                        let err = if state != ConnState::Established || conn_peer != Some(h.src) {
+                            Some(format!("{:?} frame from {} before handshake", h.kind, h.src))
+                        } else {
+                            let link = links.get_mut(&h.src).expect("established connection has a link");
+                            if let Err(e) = link.send.on_ack(h.ack) {
+                                Some(e.to_string())
+                            } else if h.kind.is_sequenced() {
+                                match link.recv.admit(h.seq) {
+                                    Ok(Admit::Deliver) => proto.on_frame(&h, payload).err().map(|e| e.to_string()),
+                                    Ok(Admit::Duplicate) => {
+                                        stats.duplicates_dropped += 1;
+                                        None
+                                    }
+                                    Err(e) => Some(e.to_string()),
+                                }
+                            } else {
+                                None
+                            }
+                        };
+                        if let Some(msg) = err {
+                            self.log_error(format!("protocol error on connection to {}: {msg}", h.src));
+                            self.conn_lost(id, &msg);
+                            return false;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if !self.handshake(id, &handshake) {
+                return false;
+            }
+        }
+    }
+
+    pub(super) fn handshake(&mut self, id: usize, h: &Header) -> bool {
+        let peer = h.src;
+        if h.dst != self.me {
+            self.log_error(format!("handshake from {peer} addressed to {}, not {}", h.dst, self.me));
+            self.conn_lost(id, "misaddressed handshake");
+            return false;
+        }
+        let c = self.tcp.get(&id).unwrap();
+        match (h.kind, c.state) {
+            (Kind::Hello, ConnState::Accepted) => {
+                self.check_incarnation(peer, h.tag);
+                let link = self.links.entry(peer).or_default();
+                if let Some(existing) = link.conn.filter(|&e| e != id) {
+                    let ours_pending = self.tcp.get(&existing).is_some_and(|e| e.initiator && e.state != ConnState::Established);
+                    if ours_pending && self.me < peer {
+                        // Simultaneous connect: the lower address's connection wins.
+                        self.close_tcp(id);
+                        return false;
+                    }
+                    self.close_tcp(existing);
+                }
+                let link = self.links.get_mut(&peer).unwrap();
+                link.conn = Some(id);
+                let c = self.tcp.get_mut(&id).unwrap();
+                c.peer = Some(peer);
+                c.state = ConnState::Established;
+                let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+                a.ack = link.recv.delivered();
+                a.tag = self.incarnation;
+                c.queue(&Frame::control(a));
+                self.established(peer, id, h.ack)
+            }
+            (Kind::HelloAck, ConnState::HelloSent) if c.peer == Some(peer) => {
+                self.check_incarnation(peer, h.tag);
+                let c = self.tcp.get_mut(&id).unwrap();
+                c.state = ConnState::Established;
+                self.established(peer, id, h.ack)
+            }
+            (k, s) => {
+                self.log_error(format!("unexpected {k:?} from {peer} in state {s:?}"));
+                self.conn_lost(id, "handshake out of order");
+                false
+            }
+        }
+    }
+
+    /// A new incarnation of `peer` (it restarted): its old conversation is over.
+    pub(super) fn check_incarnation(&mut self, peer: Addr, inc: u64) {
+        let link = self.links.entry(peer).or_default();
+        match link.incarnation {
+            Some(old) if old != inc => {
+                let conn = link.conn;
+                *link = Link::new();
+                link.conn = conn;
+                link.incarnation = Some(inc);
+                self.proto.peer_failed(peer, "peer restarted");
+                self.proto.peer_recovered(peer);
+            }
+            _ => link.incarnation = Some(inc),
+        }
+        self.proto.peer_recovered(peer);
+    }
+
+    pub(super) fn established(&mut self, peer: Addr, id: usize, peer_has: u64) -> bool {
+        self.stats.connections_established += 1;
+        let link = self.links.get_mut(&peer).unwrap();
+        link.down_since = None;
+        link.retry_at = None;
+        link.backoff = Duration::ZERO;
+        let replay = match link.send.replay(peer_has) {
+            Ok(r) => r,
+            Err(e) => {
+                let msg = e.to_string();
+                self.log_error(format!("handshake with {peer}: {msg}"));
+                self.conn_lost(id, &msg);
+                return false;
+            }
+        };
+        let c = self.tcp.get_mut(&id).unwrap();
+        self.stats.frames_replayed += replay.len() as u64;
+        for mut f in replay {
+            f.header.ack = link.recv.delivered();
+            c.queue(&f);
+        }
+        debug!("{}: link to {peer} established", self.me);
+        self.flush_tcp(peer);
+        self.tcp.contains_key(&id)
+    }
+
+    pub(super) fn close_tcp(&mut self, id: usize) {
+        if let Some(mut c) = self.tcp.remove(&id) {
+            let _ = self.registry.deregister(&mut c.stream);
+        }
+    }
+
+    pub(super) fn conn_lost(&mut self, id: usize, reason: &str) {
+        let Some(mut c) = self.tcp.remove(&id) else { return };
+        let _ = self.registry.deregister(&mut c.stream);
+        self.stats.connections_lost += 1;
+        debug!("{}: connection {id} lost: {reason}", self.me);
+        if let Some(peer) = c.peer {
+            if self.links.get(&peer).is_some_and(|l| l.conn == Some(id)) {
+                self.link_down(peer, reason);
+            }
+        }
+    }
+
+    pub(super) fn link_down(&mut self, peer: Addr, reason: &str) {
+        let timeout = self.cfg.reconnect_timeout;
+        let link = self.links.entry(peer).or_default();
+        link.conn = None;
+        let now = Instant::now();
+        let since = *link.down_since.get_or_insert(now);
+        link.backoff = if link.backoff.is_zero() { Duration::from_millis(1) } else { (link.backoff * 2).min(Duration::from_millis(500)) };
+        link.retry_at = Some(now + link.backoff);
+        self.kick = true;
+        if now.duration_since(since) > timeout {
+            self.links.remove(&peer);
+            self.log_error(format!("giving up on {peer} after {timeout:?}: {reason}"));
+            self.proto.peer_failed(peer, reason);
+        }
+    }
+}
