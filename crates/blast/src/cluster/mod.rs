@@ -185,7 +185,7 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
     let host = host_key();
     let arrival =
         Arrival { rank: launch.rank, size: launch.size, host: &host, local_size: launch.local_size, nodes: c.nodes.or(launch.nodes) };
-    let meeting = meet::meet(&dir, &arrival, MEET_TIMEOUT)?;
+    let meeting = meet::meet(&dir, &arrival, MEET_TIMEOUT).map_err(|e| SearchError::Launch(e.to_string()))?;
     if opts.no_agent {
         // The mpiBLAST baseline: rank 0 merges and writes everything itself.
         let net = crate::search::ClusterNet {

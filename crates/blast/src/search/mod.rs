@@ -10,26 +10,36 @@
 //! preliminary hit list (which no fragment merge can reproduce) is searched again on
 //! the whole database. Finally `report` writes the output, identical to serial BLAST+.
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::archive;
-use crate::db::{self, DbError, Manifest};
-use crate::fasta::{self, FastaError, MolType, Record};
-use crate::report::{self, ReportError};
+use crate::db::{self, Manifest};
+use crate::fasta::{self, MolType, Record};
+use crate::report::{self};
 use crate::schedule::{AfterFailure, Scheduler, Target};
 use crate::tools::{self, ToolError};
 
-const MASTER: Addr = Addr::new(0, 0);
-const TAG_CTRL: u64 = 1;
-const TAG_DATA: u64 = 2;
-const TAG_TASK: u64 = 3;
-const TAG_SHUTDOWN: u64 = 4;
+mod files;
+mod mpiblast;
+mod progress;
+
+use self::files::*;
+use self::progress::*;
+
+use self::mpiblast::*;
+pub use self::mpiblast::{worker, ClusterNet};
+use crate::error::check_interrupted;
+pub use crate::error::{interrupt, interrupted, SearchError};
+use crate::plan::*;
+pub use crate::plan::{
+    batches, blast_batch_letters, blast_batches, check_blast_args, choose_split, guided_batches, hitlist_size, is_translated, part_keys,
+    preliminary_list, program_types, SplitBy, AUTO_QUERIES_PER_WORKER,
+};
 
 /// Everything `gepsea search` was asked to do.
 #[derive(Clone, Debug)]
@@ -84,258 +94,6 @@ impl std::fmt::Debug for Deliver {
     }
 }
 
-/// How a search is cut into tasks.
-///
-/// By **fragments** (mpiBLAST's database segmentation): a task is (query batch,
-/// fragment), each query's hits are merged from its fragments, and a query whose
-/// whole-database search might have overflowed BLAST's preliminary hit list is searched
-/// again on the whole database. A node only ever needs the fragments it searches.
-///
-/// By **queries** (query segmentation): a task is one query batch searched on the whole
-/// database, written straight in the report's format. Exact by construction — nothing
-/// to merge, nothing that can overflow differently — and less BLAST+ work: measured on
-/// the example data (100 queries, 4 fragments), the four fragment searches took 9.8 %
-/// more CPU than one whole-database search, and the overflow guard re-searched 4
-/// queries (another 11 %). Every worker reads the whole database, so it suits a
-/// database that one node holds, with enough queries to keep every worker busy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SplitBy {
-    Fragments,
-    Queries,
-}
-
-impl std::fmt::Display for SplitBy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SplitBy::Fragments => "fragments",
-            SplitBy::Queries => "queries",
-        })
-    }
-}
-
-/// Queries per worker from which `--split auto` cuts by queries.
-pub const AUTO_QUERIES_PER_WORKER: usize = 4;
-
-/// The (query, database) molecule types of a BLAST+ search program.
-pub fn program_types(program: &str) -> Option<(MolType, MolType)> {
-    use MolType::*;
-    match program {
-        "blastp" => Some((Prot, Prot)),
-        "blastn" => Some((Nucl, Nucl)),
-        "blastx" => Some((Nucl, Prot)),
-        "tblastn" => Some((Prot, Nucl)),
-        "tblastx" => Some((Nucl, Nucl)),
-        _ => None,
-    }
-}
-
-/// Programs that translate the query or the database. Split by queries they are exact
-/// by construction (each task is a serial BLAST+ run on the whole database); the merge
-/// of fragments is not proven for them, so they are searched by queries only.
-pub fn is_translated(program: &str) -> bool {
-    matches!(program, "blastx" | "tblastn" | "tblastx")
-}
-
-/// BLAST+ options gepsea sets itself, and what to use instead.
-const OWNED_OPTIONS: &[(&str, &str)] = &[
-    ("-db", "give the database with --db"),
-    ("-query", "give the queries with --query"),
-    ("-out", "give the output file with --out"),
-    ("-outfmt", "give the format with --outfmt (e.g. --outfmt \"6 qseqid sseqid evalue\")"),
-    ("-remote", "gepsea searches local databases; drop -remote"),
-    ("-subject", "gepsea searches a database; make one with `gepsea db format` or makeblastdb and give it with --db"),
-    ("-subject_loc", "gepsea searches a database; drop -subject_loc"),
-    ("-import_search_strategy", "give the options themselves after --"),
-    ("-export_search_strategy", "run one serial BLAST+ search to export a strategy"),
-];
-
-/// Refuses, one option at a time, the BLAST+ options after `--` that gepsea sets itself;
-/// `-num_threads` too when several workers run (they are the threads: use --workers).
-pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchError> {
-    for a in args {
-        if let Some((option, instead)) = OWNED_OPTIONS.iter().find(|(o, _)| o == a) {
-            return Err(SearchError::OwnedOption { option: option.to_string(), instead });
-        }
-        if a == "-num_threads" && workers > 1 {
-            return Err(SearchError::OwnedOption { option: a.clone(), instead: "gepsea runs --workers BLAST+ processes and gives idle cores to the last tasks; use --workers (with --workers 1, -num_threads is passed on)" });
-        }
-    }
-    Ok(())
-}
-
-/// The split a search uses: `requested`, or — when `None` — by queries on one machine
-/// with at least [`AUTO_QUERIES_PER_WORKER`] queries per worker, by fragments otherwise
-/// (few queries need the fragments' extra parallelism; on a cluster the fragments let a
-/// node hold only part of the database, and the no-agent baseline is mpiBLAST's own
-/// fragment search).
-pub fn choose_split(
-    requested: Option<SplitBy>,
-    one_machine: bool,
-    no_agent: bool,
-    queries: usize,
-    workers: usize,
-    program: &str,
-) -> Result<SplitBy, SearchError> {
-    if is_translated(program) {
-        return match requested {
-            Some(SplitBy::Fragments) => Err(SearchError::TranslatedByFragments(program.to_string())),
-            _ if no_agent => Err(SearchError::QuerySplitWithoutAgents),
-            _ => Ok(SplitBy::Queries),
-        };
-    }
-    match requested {
-        Some(SplitBy::Queries) if no_agent => Err(SearchError::QuerySplitWithoutAgents),
-        Some(s) => Ok(s),
-        None if one_machine && !no_agent && queries >= AUTO_QUERIES_PER_WORKER * workers.max(1) => Ok(SplitBy::Queries),
-        None => Ok(SplitBy::Fragments),
-    }
-}
-
-/// BLAST+'s own query batch for `program` (letters; `GetQueryBatchSize` in BLAST+
-/// 2.12): a serial run concatenates queries up to this size per database scan. A task of
-/// a query split stays within it, because bigger concatenations change results (measured:
-/// `BATCH_SIZE=20000` made blastp report other HSPs for one of 100 example queries).
-pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
-    match program {
-        "blastn" => match option_value(blast_args, "-task").unwrap_or("megablast") {
-            "megablast" => 5_000_000,
-            "dc-megablast" => 500_000,
-            _ => 100_000,
-        },
-        "tblastn" => 20_000,
-        "blastx" | "tblastx" => 10_002,
-        _ => 10_000,
-    }
-}
-
-fn work_dir_name(out_name: &str) -> String {
-    format!(".{out_name}.gepsea-work")
-}
-
-/// The work directory a search of `out` uses when none is given.
-fn default_work_dir(out: &Path) -> Option<PathBuf> {
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
-}
-
-/// Removes what a search killed outright (SIGKILL, node loss) left behind: its
-/// temporary output next to `out_name`, its job directory there, its scratch and
-/// namespace directories in the temporary directory — only those whose process is gone.
-fn sweep_stale(out_dir: &Path, out_name: &str) {
-    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
-    let tmp_prefix = format!(".{out_name}.gepsea-tmp");
-    let tmp = std::env::temp_dir();
-    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])]
-    {
-        let Ok(entries) = std::fs::read_dir(dir) else { continue };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(dead)) {
-                let p = e.path();
-                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-            }
-        }
-    }
-}
-
-/// The name of each batch's finished part: a SHA-256 of everything that decides its
-/// bytes — the database (its manifest: checksums and sizes, or an existing database's
-/// `-info`), program, output format, BLAST+ options, split, and the batch's queries as
-/// written. A rerun of the same search finds the parts an interrupted run finished; a
-/// changed database, query or option names other parts, so nothing stale is reused.
-pub fn part_keys(
-    manifest: &Manifest,
-    program: &str,
-    outfmt: &str,
-    blast_args: &[String],
-    split: SplitBy,
-    batches: &[Vec<u8>],
-) -> Vec<String> {
-    use sha2::{Digest, Sha256};
-    let mut common = Sha256::new();
-    common.update(b"gepsea part 1\0");
-    common.update(serde_json::to_vec(manifest).expect("a manifest serialises"));
-    for s in [program, outfmt, &split.to_string()] {
-        common.update(s.as_bytes());
-        common.update(b"\0");
-    }
-    for a in blast_args {
-        common.update(a.as_bytes());
-        common.update(b"\0");
-    }
-    batches
-        .iter()
-        .map(|b| {
-            let mut h = common.clone();
-            h.update(b);
-            format!("{:x}", h.finalize())[..32].to_string()
-        })
-        .collect()
-}
-
-/// BLAST+'s own query batches: it reads queries into a batch until their letters reach
-/// `cap` (the query that reaches it is the batch's last; measured with `BATCH_SIZE` on
-/// tblastx: a first query of 171 letters is a batch of its own at 171 and shares one at
-/// 172). A task per batch runs exactly the searches a serial run does; translated
-/// searches need that, since their results depend on which queries share a batch
-/// (tblastx: two queries searched apart report other hits than together).
-pub fn blast_batches(queries: &[Record], cap: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let (mut start, mut acc) = (0, 0);
-    for (i, q) in queries.iter().enumerate() {
-        acc += q.residues;
-        if acc >= cap {
-            out.push(start..i + 1);
-            start = i + 1;
-            acc = 0;
-        }
-    }
-    if start < queries.len() {
-        out.push(start..queries.len());
-    }
-    out
-}
-
-/// Query batches for a split by queries: contiguous, in input order, none above `cap`
-/// letters, each about 1/(2W) of the letters still left (guided self-scheduling), but
-/// no smaller than a quarter of `cap` or 1/W of all letters (`W` = `workers`), and a
-/// remainder under half that floor joins the batch before it. Tasks are handed out in this
-/// order, so the long ones go first and the short ones at the end let the workers finish
-/// together, while each extra task costs one more BLAST+ start and database scan (about
-/// 0.1 s of CPU on the example data). Measured with 100 example queries and W = 2 (wall
-/// time against `blastp -num_threads 2` in the same round, worker time in BLAST+): 5
-/// batches of 10,000 letters 0.94–1.01, 97.1–99.1 %; these 10 batches 0.955–1.062,
-/// 99.0–99.4 %; 13 smaller ones 0.96–1.08, 99.0–99.7 %. With 20 queries (7,888
-/// letters) these 3 batches took 1.81–1.87 s where 12 batches of 1/(8W) of the letters
-/// took 2.20–2.30 s (`blastp -num_threads 2`: 1.72–1.83 s).
-pub fn guided_batches(queries: &[Record], workers: usize, cap: usize) -> Vec<std::ops::Range<usize>> {
-    let w = workers.max(1);
-    let total: usize = queries.iter().map(|q| q.residues).sum();
-    let cap = cap.max(1);
-    let floor = (cap / 4).min(total / w).max(1);
-    let mut out = Vec::new();
-    let (mut start, mut left) = (0, total);
-    while start < queries.len() {
-        let target = (left / (2 * w)).clamp(floor, cap);
-        let mut end = start;
-        let mut acc = 0;
-        while end < queries.len() && (end == start || acc + queries[end].residues <= target) {
-            acc += queries[end].residues;
-            end += 1;
-        }
-        // A remainder under half the floor would be a task that costs mostly its BLAST+
-        // start: it goes with this batch when both fit in BLAST+'s batch.
-        if left - acc < floor / 2 && left <= cap {
-            acc = left;
-            end = queries.len();
-        }
-        out.push(start..end);
-        left -= acc;
-        start = end;
-    }
-    out
-}
-
 /// What a finished search reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct Summary {
@@ -366,243 +124,10 @@ pub struct Summary {
     pub reused_parts: usize,
 }
 
-/// Why a search failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SearchError {
-    #[error(transparent)]
-    Db(#[from] DbError),
-    #[error(transparent)]
-    Fasta(#[from] FastaError),
-    #[error(transparent)]
-    Tool(#[from] ToolError),
-    #[error(transparent)]
-    Report(#[from] ReportError),
-    #[error("communication: {0}")]
-    Net(#[from] NetError),
-    #[error("{path} is complete, but delivering it failed: {reason}")]
-    Delivery { path: PathBuf, reason: String },
-    #[error("{query}: looks like {query_type} sequences but the database {db} holds {db_type} sequences")]
-    TypeMismatch { query: PathBuf, query_type: &'static str, db: PathBuf, db_type: &'static str },
-    #[error("--program {program} cannot search a {db_type} database (use {expected})")]
-    ProgramMismatch { program: String, db_type: &'static str, expected: &'static str },
-    #[error("--program {0}: not a BLAST+ search program gepsea runs (blastp, blastn, blastx, tblastn, tblastx)")]
-    UnknownProgram(String),
-    #[error("{query}: looks like {query_type} sequences, but {program} searches {expected} queries")]
-    QueryTypeForProgram { query: PathBuf, query_type: &'static str, program: String, expected: &'static str },
-    #[error("{0} is searched split by queries only (drop --split fragments): the exact merge of fragments is not proven for translated searches")]
-    TranslatedByFragments(String),
-    #[error("{0} is searched in BLAST+'s own query batches, whose composition changes its results: --batch-residues does not apply")]
-    TranslatedBatches(String),
-    #[error("BLAST+ option {option} is set by gepsea; {instead}")]
-    OwnedOption { option: String, instead: &'static str },
-    #[error("BLAST+ refused the options after --: {0}")]
-    BlastOptions(String),
-    #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
-    Interrupted(i32),
-    #[error("cannot write the output {path}: {source}")]
-    Output { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Io(String),
-    #[error("cluster launch: {0}")]
-    Launch(String),
-    #[error(transparent)]
-    Meet(#[from] crate::cluster::meet::MeetError),
-    #[error("task {task} ({what}) failed twice; BLAST+ said: {message}")]
-    TaskFailed { task: usize, what: String, message: String },
-    #[error("all workers died; the last one: {0}")]
-    NoWorkers(String),
-    #[error(
-        "--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)"
-    )]
-    QuerySplitWithoutAgents,
-    #[error("archive of task {task}: {error}")]
-    BadArchive { task: usize, error: archive::ArchiveError },
-    #[error("--fragments {0}: a database made by `gepsea db format` keeps the fragments it was formatted with (format it again to change them); --fragments is for existing BLAST databases")]
-    FragmentsOfFormatted(usize),
-}
-
-#[derive(Serialize, Deserialize, Debug)]
-enum Ctrl {
-    Hello,
-    Result { task: usize, len: usize, blast_seconds: f64 },
-    Failed { task: usize, message: String },
-}
-
-#[derive(Serialize, Deserialize, Debug)]
-struct TaskMsg {
-    task: usize,
-    query_file: PathBuf,
-    database: String,
-    /// `BLASTDB` for the run (the master resolved the database; workers need not).
-    blastdb: String,
-    program: String,
-}
-
 fn mol_name(t: MolType) -> &'static str {
     match t {
         MolType::Prot => "protein",
         MolType::Nucl => "nucleotide",
-    }
-}
-
-/// Splits queries into contiguous batches of about `per_batch` residues.
-pub fn batches(queries: &[Record], per_batch: usize) -> Vec<std::ops::Range<usize>> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut acc = 0;
-    for (i, q) in queries.iter().enumerate() {
-        if acc > 0 && acc + q.residues > per_batch {
-            out.push(start..i);
-            start = i;
-            acc = 0;
-        }
-        acc += q.residues;
-    }
-    out.push(start..queries.len());
-    out
-}
-
-/// BLAST's preliminary hit-list size for a final list of `k` (see `docs/blast.md`).
-pub fn preliminary_list(k: usize, composition_stats: bool) -> usize {
-    if composition_stats {
-        if k <= 500 {
-            1050
-        } else {
-            2 * k + 50
-        }
-    } else {
-        (2 * k).min(k + 50)
-    }
-}
-
-fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(|s| s.as_str())
-}
-
-/// The number of hits BLAST keeps per query for these options and format.
-pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
-    if let Some(v) = option_value(args, "-max_target_seqs").and_then(|v| v.parse().ok()) {
-        return v;
-    }
-    if report::base_format(outfmt) <= 4 {
-        let d: usize = option_value(args, "-num_descriptions").and_then(|v| v.parse().ok()).unwrap_or(500);
-        let a: usize = option_value(args, "-num_alignments").and_then(|v| v.parse().ok()).unwrap_or(250);
-        return d.max(a);
-    }
-    500
-}
-
-/// Each query's final hits (HSP texts numbered within the query's batch), held only
-/// until its batch is settled: then the batch's part of the report is written and its
-/// hits dropped, so the master never holds the whole report.
-struct QueryResults {
-    hsps: Vec<Option<Vec<String>>>,
-    ranges: Vec<std::ops::Range<usize>>,
-    /// Queries of each batch not yet settled.
-    left: Vec<usize>,
-    /// Batches whose part is written (late duplicates of their results are ignored).
-    written: Vec<bool>,
-    /// Batches settled since the last [`QueryResults::take_settled`].
-    settled: Vec<usize>,
-    hits: usize,
-}
-
-impl QueryResults {
-    fn new(n: usize, ranges: &[std::ops::Range<usize>]) -> Self {
-        QueryResults {
-            hsps: vec![None; n],
-            ranges: ranges.to_vec(),
-            left: ranges.iter().map(|r| r.len()).collect(),
-            written: vec![false; ranges.len()],
-            settled: Vec::new(),
-            hits: 0,
-        }
-    }
-
-    /// Records query `g`'s hits (in final order), renumbering them to its place in its
-    /// batch (`Query_<local+1>`), as the batch's own report numbers it.
-    fn store(&mut self, g: usize, hits: &[archive::Hit]) {
-        let b = self.ranges.partition_point(|r| r.end <= g);
-        if self.written[b] || self.hsps[g].is_some() {
-            return;
-        }
-        let local = g - self.ranges[b].start;
-        self.hits += hits.len();
-        self.hsps[g] = Some(hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect());
-        self.left[b] -= 1;
-        if self.left[b] == 0 {
-            self.settled.push(b);
-        }
-    }
-
-    /// The batches settled since the last call, each with its HSPs (dropped from here).
-    fn take_settled(&mut self) -> Vec<(usize, Vec<String>)> {
-        let settled = std::mem::take(&mut self.settled);
-        settled
-            .into_iter()
-            .map(|b| {
-                self.written[b] = true;
-                let hsps = self.ranges[b].clone().flat_map(|g| self.hsps[g].take().unwrap_or_default()).collect();
-                (b, hsps)
-            })
-            .collect()
-    }
-}
-
-/// Removes the scratch directory and any temporary output, also on failure.
-struct Cleanup {
-    scratch: PathBuf,
-    tmp_out: PathBuf,
-    children: Vec<Child>,
-    namespace: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.scratch);
-        let _ = std::fs::remove_file(&self.tmp_out);
-        // Killed workers leave their sockets behind; the namespace is ours alone.
-        let _ = std::fs::remove_dir_all(&self.namespace);
-    }
-}
-
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    total: usize,
-    last_decile: usize,
-    quiet: bool,
-}
-
-impl Progress {
-    fn new(total: usize, quiet: bool) -> Self {
-        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
-            let b = indicatif::ProgressBar::new(total as u64);
-            b.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} queries  {elapsed} elapsed, ETA {eta}").unwrap());
-            b
-        });
-        Progress { bar, total, last_decile: 0, quiet }
-    }
-
-    fn set(&mut self, done: usize) {
-        if let Some(b) = &self.bar {
-            b.set_position(done as u64);
-        } else if !self.quiet && self.total > 0 {
-            let decile = done * 10 / self.total;
-            if decile > self.last_decile {
-                self.last_decile = decile;
-                eprintln!("gepsea search: {done}/{} queries ({}%)", self.total, decile * 10);
-            }
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
     }
 }
 
@@ -616,19 +141,6 @@ enum Env<'c> {
     /// A launcher started `workers` workers without agents (the mpiBLAST baseline on a
     /// cluster); they find this master's TCP address in `directory`.
     ClusterNoAgent(ClusterNet),
-}
-
-/// How the master and workers of a cluster run without agents meet.
-#[derive(Clone, Debug)]
-pub struct ClusterNet {
-    /// The job's gepsea-net namespace (the same in every process).
-    pub namespace: String,
-    /// This process's address on the network the processes talk over.
-    pub ip: std::net::IpAddr,
-    /// A shared directory where every port publishes its TCP address.
-    pub directory: PathBuf,
-    /// Worker processes (rank 0 only).
-    pub workers: usize,
 }
 
 /// Runs a whole search; the output appears at `opts.out` only if everything succeeded.
@@ -1242,13 +754,6 @@ fn deliver(opts: &SearchOptions, agent: Option<&gepsea_client::Client>) -> Resul
     }
 }
 
-struct RemoveDir(PathBuf);
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The hidden `gepsea agent-worker` process: a worker registered with its node's agent.
 pub fn agent_worker(namespace: &str, node: u32) -> Result<(), SearchError> {
     let mut co = gepsea_client::ConnectOptions::from_env("gepsea worker").map_err(|e| SearchError::Io(e.to_string()))?;
@@ -1263,41 +768,6 @@ fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
         Target::Fragment(f) => format!("batch {} on fragment {}", t.batch, m.fragments[f].name),
         Target::Whole => format!("{} queries on the whole database", t.queries.len()),
     }
-}
-
-/// Merges one batch's fragment archives into per-query hit lists. Returns the global
-/// indices of queries that must be searched on the whole database instead.
-fn merge_batch(
-    archives: &[Option<String>],
-    range: std::ops::Range<usize>,
-    k: usize,
-    prelim: usize,
-    results: &mut QueryResults,
-    task: usize,
-) -> Result<Vec<usize>, SearchError> {
-    let nq = range.len();
-    let parsed: Vec<Vec<archive::Hsp>> = archives
-        .iter()
-        .map(|a| archive::hsps(a.as_deref().unwrap()).map_err(|error| SearchError::BadArchive { task, error }))
-        .collect::<Result<_, _>>()?;
-    let mut per_frag: Vec<Vec<Vec<archive::Hit>>> = parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
-    let mut risky = Vec::new();
-    for local in 0..nq {
-        let g = range.start + local;
-        let lists: Vec<Vec<archive::Hit>> = per_frag.iter_mut().map(|f| std::mem::take(&mut f[local])).collect();
-        if lists.len() > 1 {
-            // The whole-database run keeps `prelim` candidates before rescoring; if the
-            // fragments' survivors suggest more candidates than that, the merge may
-            // differ from what serial BLAST would print: search this query again whole.
-            let n: usize = lists.iter().map(|l| l.len()).sum();
-            if n * 4 >= prelim || lists.iter().any(|l| l.len() >= k) {
-                risky.push(g);
-                continue;
-            }
-        }
-        results.store(g, &archive::merge_query(lists, k));
-    }
-    Ok(risky)
 }
 
 /// One tiny BLAST+ run (the first query against the one-sequence statistics database)
@@ -1326,157 +796,5 @@ fn validate_options(
         }
         Err(e @ ToolError::Missing { .. }) => Err(e.into()),
         _ => Ok(()),
-    }
-}
-
-static INTERRUPTED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-/// Records that the process got signal `sig` (SIGINT, SIGTERM): the running search stops
-/// at its next check, removes its temporary files and stops its processes, and returns
-/// [`SearchError::Interrupted`]. Call it from a signal-handling thread.
-pub fn interrupt(sig: i32) {
-    INTERRUPTED.store(sig, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// The signal recorded by [`interrupt`], if any.
-pub fn interrupted() -> Option<i32> {
-    match INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
-        0 => None,
-        s => Some(s),
-    }
-}
-
-/// `Err(Interrupted)` once a signal was recorded (polled by the masters' loops).
-pub(crate) fn check_interrupted() -> Result<(), SearchError> {
-    interrupted().map_or(Ok(()), |s| Err(SearchError::Interrupted(s)))
-}
-
-/// The hidden `gepsea worker` process: searches whatever the master sends.
-pub fn worker(ns: &str, port_id: u32, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
-    worker_on(Port::open(PortConfig::new(ns, Addr::new(MASTER.node, port_id)))?, scratch, blast_args)
-}
-
-fn worker_on(port: Port, scratch: &Path, blast_args: &[String]) -> Result<(), SearchError> {
-    port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Hello).unwrap())?;
-    loop {
-        let m = match port.recv(Some(MASTER), None, 1 << 20) {
-            Ok(m) => m,
-            // The master is gone: nothing left to do.
-            Err(NetError::PeerFailed { .. }) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        if m.tag == TAG_SHUTDOWN {
-            return Ok(());
-        }
-        let t: TaskMsg = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad task message: {e}")))?;
-        let q = t.query_file.to_string_lossy().to_string();
-        let mut args: Vec<&str> = vec!["-query", &q, "-db", &t.database, "-outfmt", "11"];
-        args.extend(blast_args.iter().map(|s| s.as_str()));
-        let started = Instant::now();
-        match tools::run(&t.program, &args, Some(t.blastdb.as_ref()), Some(scratch)) {
-            Ok(out) => {
-                let secs = started.elapsed().as_secs_f64();
-                let header = Ctrl::Result { task: t.task, len: out.stdout.len(), blast_seconds: secs };
-                port.send(MASTER, TAG_CTRL, serde_json::to_vec(&header).unwrap())?;
-                port.send(MASTER, TAG_DATA, out.stdout)?;
-            }
-            Err(e) => {
-                let message = match e {
-                    ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
-                    other => other.to_string(),
-                };
-                port.send(MASTER, TAG_CTRL, serde_json::to_vec(&Ctrl::Failed { task: t.task, message }).unwrap())?;
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn recs(lengths: &[usize]) -> Vec<Record> {
-        lengths
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| Record { defline: format!(">q{i}"), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 })
-            .collect()
-    }
-
-    #[test]
-    fn guided_batches_cover_every_query_in_order_and_shrink_within_the_cap() {
-        let lengths: Vec<usize> = (0..100).map(|i| 200 + (i * 37) % 700).collect();
-        let qs = recs(&lengths);
-        let total: usize = lengths.iter().sum();
-        for workers in [1, 2, 4, 16] {
-            let b = guided_batches(&qs, workers, 10_000);
-            assert_eq!(b.first().unwrap().start, 0);
-            assert_eq!(b.last().unwrap().end, qs.len());
-            assert!(b.windows(2).all(|w| w[0].end == w[1].start), "contiguous");
-            let size = |r: &std::ops::Range<usize>| -> usize { lengths[r.clone()].iter().sum() };
-            assert!(b.iter().all(|r| !r.is_empty() && (r.len() == 1 || size(r) <= 10_000)), "within BLAST+'s batch");
-            // Enough tasks for every worker.
-            assert!(b.len() >= 2 * workers.min(8), "{workers} workers: {} batches", b.len());
-            // The first no smaller than the last, but for a remainder joined to it.
-            let floor = (total / workers).min(10_000 / 4);
-            let (first, last) = (size(&b[0]), size(b.last().unwrap()));
-            assert!(first >= last || last < floor * 3 / 2, "{workers} workers: first {first} < last {last}");
-            // No batch under the floor but a remainder too big to join the one before it.
-            assert!(b[..b.len() - 1].iter().all(|r| size(r) + lengths[r.end] > floor), "{workers} workers");
-            let last = b.len() - 1;
-            assert!(size(&b[last]) >= floor / 2 || size(&b[last - 1]) + size(&b[last]) > 10_000, "{workers} workers: remainder");
-        }
-        // A small job: few tasks, each worth a BLAST+ start (floor 2,500 letters), the
-        // 800-letter remainder joined to the last.
-        assert_eq!(guided_batches(&recs(&[400; 20]), 2, 10_000), vec![0..6, 6..12, 12..20]);
-        // Fewer letters than W floors: one batch per worker's share.
-        assert_eq!(guided_batches(&recs(&[100; 10]), 2, 10_000), vec![0..5, 5..10]);
-        // A query longer than the cap is a batch of its own.
-        let b = guided_batches(&recs(&[50, 20_000, 50]), 2, 10_000);
-        assert_eq!(b, vec![0..1, 1..2, 2..3]);
-    }
-
-    #[test]
-    fn auto_split_is_by_queries_on_one_machine_with_enough_queries() {
-        use SplitBy::*;
-        assert_eq!(choose_split(None, true, false, 8, 2, "blastp").unwrap(), Queries);
-        assert_eq!(choose_split(None, true, false, 7, 2, "blastp").unwrap(), Fragments);
-        assert_eq!(choose_split(None, false, false, 500, 2, "blastp").unwrap(), Fragments, "a cluster");
-        assert_eq!(choose_split(None, true, true, 500, 2, "blastp").unwrap(), Fragments, "the no-agent baseline");
-        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp").unwrap(), Fragments);
-        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp").unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp"), Err(SearchError::QuerySplitWithoutAgents)));
-        // Translated searches: by queries, wherever they run.
-        assert_eq!(choose_split(None, false, false, 1, 8, "blastx").unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn"), Err(SearchError::TranslatedByFragments(_))));
-        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx"), Err(SearchError::QuerySplitWithoutAgents)));
-    }
-
-    #[test]
-    fn blast_batches_close_with_the_query_that_reaches_the_size() {
-        assert_eq!(blast_batches(&recs(&[171, 500]), 171), vec![0..1, 1..2]);
-        assert_eq!(blast_batches(&recs(&[171, 500]), 172), vec![0..2]);
-        assert_eq!(blast_batches(&recs(&[100, 100, 100, 100, 100]), 250), vec![0..3, 3..5]);
-        assert_eq!(blast_batches(&recs(&[5]), 10_002), vec![0..1]);
-    }
-
-    #[test]
-    fn owned_blast_options_are_refused_with_what_to_use() {
-        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        for o in ["-db", "-query", "-out", "-outfmt", "-remote", "-subject"] {
-            let e = check_blast_args(&args(&["-evalue", "1", o, "x"]), 1).unwrap_err().to_string();
-            assert!(e.starts_with(&format!("BLAST+ option {o} is set by gepsea; ")), "{e}");
-        }
-        assert!(check_blast_args(&args(&["-num_threads", "4"]), 2).unwrap_err().to_string().contains("use --workers"));
-        assert!(check_blast_args(&args(&["-num_threads", "4", "-evalue", "1e-5"]), 1).is_ok());
-    }
-
-    #[test]
-    fn blast_batch_sizes_follow_the_program_and_task() {
-        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(blast_batch_letters("blastp", &[]), 10_000);
-        assert_eq!(blast_batch_letters("blastn", &[]), 5_000_000);
-        assert_eq!(blast_batch_letters("blastn", &args(&["-task", "blastn"])), 100_000);
-        assert_eq!(blast_batch_letters("blastn", &args(&["-evalue", "1", "-task", "dc-megablast"])), 500_000);
     }
 }

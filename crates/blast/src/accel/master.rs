@@ -1,0 +1,174 @@
+//! The master of a search over the agents: submits the tasks, asks the agents to
+//! prefetch fragments, follows the parts the merger agents write, resubmits the work of
+//! a dead agent, and assembles the parts into the output.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gepsea_agent::api::Api;
+
+use crate::error::SearchError;
+use crate::plan::*;
+use crate::report::{self};
+
+use super::*;
+
+/// Runs the job `spec` (files already in `job`): submits tasks, waits for every part,
+/// assembles the output into `tmp_out`. `on_progress(queries done)`.
+/// `watch` is polled about once a second: `Err` ends the run (e.g. every worker died).
+pub fn master(
+    client: &gepsea_client::Client,
+    spec: &JobSpec,
+    job: &Path,
+    tmp_out: &Path,
+    workers: usize,
+    mut on_progress: impl FnMut(usize),
+    mut watch: impl FnMut() -> Result<(), SearchError>,
+) -> Result<AccelStats, SearchError> {
+    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    client.subscribe(&topic(&spec.id)).map_err(api_err)?;
+    let mut nodes: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
+    // Data streaming: every agent starts staging the fragments it will search first
+    // (fragment f on the (f mod n)-th node) while the first tasks are handed out.
+    let mut prefetches = Vec::new();
+    if spec.hot_swap && spec.split == SplitBy::Fragments {
+        let order: Vec<u32> = nodes.iter().copied().collect();
+        for (i, &node) in order.iter().enumerate() {
+            let fragments: Vec<usize> = (0..spec.fragments.len()).filter(|f| f % order.len() == i).collect();
+            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments }).unwrap();
+            prefetches.push(client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body }));
+        }
+    }
+    let mut stats = AccelStats::default();
+    let mut done_batches = BTreeSet::new();
+    let mut queries_done = 0;
+    // Resume: batches whose part a previous run finished are not searched again.
+    for (b, part) in spec.parts.iter().enumerate() {
+        if part.is_file() {
+            done_batches.insert(b);
+            queries_done += spec.batches[b].1 - spec.batches[b].0;
+            stats.hits +=
+                crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
+            stats.reused_parts += 1;
+        }
+    }
+    if queries_done > 0 {
+        on_progress(queries_done);
+    }
+    let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+    let submitted = Instant::now();
+    submit_tasks(client, spec, job, &todo).map_err(api_err)?;
+    while done_batches.len() < spec.batches.len() {
+        crate::error::check_interrupted()?;
+        watch()?;
+        // An agent died: results it held (handed over by its workers, or being merged
+        // there) are gone. Search every unfinished batch again; results that did
+        // arrive make the repeats no-ops at the mergers.
+        let now: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
+        let lost: Vec<u32> = nodes.difference(&now).copied().collect();
+        if !lost.is_empty() {
+            eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
+            let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+            submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
+            stats.resubmitted_after_failure += 1;
+        }
+        nodes = now;
+        for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
+            let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
+                Notice::Failure(f) if f.retried => {
+                    eprintln!("gepsea search: task {} failed; retrying once", f.what);
+                    continue;
+                }
+                Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
+                Notice::Part(d) => d,
+            };
+            if let Some(e) = d.error {
+                return Err(SearchError::Io(e));
+            }
+            if done_batches.insert(d.batch) {
+                queries_done += d.queries;
+                stats.hits += d.hits;
+                stats.whole_searches += d.whole_searches;
+                stats.work.add(&d.work);
+                stats.bytes_wire += d.bytes_wire;
+                stats.bytes_raw += d.bytes_raw;
+                *stats.mergers.entry(d.merger).or_default() += 1;
+                on_progress(queries_done);
+            }
+        }
+    }
+    for _ in 0..workers {
+        client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
+    }
+    stats.worker_span_seconds = submitted.elapsed().as_secs_f64();
+    for p in prefetches {
+        // Long done by now; a failed prefetch only meant a later stage did the work.
+        if let Err(e) = client.finish(p, Duration::from_secs(60)) {
+            eprintln!("gepsea search: a fragment prefetch failed: {e}");
+        }
+    }
+    if spec.hot_swap {
+        let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
+        for &node in &nodes {
+            let counts: [u32; 4] =
+                client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
+            for (a, b) in stats.stagings.iter_mut().zip(counts) {
+                *a += b;
+            }
+        }
+    }
+    // Out of core: one part in memory at a time, streamed to the output in order.
+    let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    let mut asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&spec.outfmt));
+    let n = spec.batches.len();
+    // The parts stay until the output is in place: a run stopped now resumes from them.
+    for (b, p) in spec.parts.iter().enumerate() {
+        let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n)
+            .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+    }
+    asm.finish().map_err(SearchError::Io)?;
+    stats.parts = n;
+    Ok(stats)
+}
+
+/// Submits a task; a fragment search names its fragment, so that the scheduler prefers
+/// a node that holds it.
+pub(crate) fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayload) -> Result<u64, gepsea_agent::api::ApiError> {
+    let p = postcard::to_stdvec(task).unwrap();
+    match task {
+        TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
+            client.submit_near(&p, &fragment_object(&spec.fragments[*fragment], &spec.fragment_files[*fragment]))
+        }
+        _ => client.submit(&p),
+    }
+}
+
+/// The tasks of `batches`. Split by queries: one per batch, in batch order (the guided
+/// batches shrink along it, so the longest go first); the last `workers` run BLAST+ with
+/// `workers` threads, so that when one worker runs out of work the cores it leaves
+/// idle help finish the others' last tasks (BLAST+ output does not depend on its thread
+/// count). By fragments: one per (batch,
+/// fragment), fragment-major, so that consecutive tasks share a fragment and a worker
+/// tends to search the same fragment again.
+pub(crate) fn submit_tasks(
+    client: &gepsea_client::Client,
+    spec: &JobSpec,
+    job: &Path,
+    batches: &[usize],
+) -> Result<(), gepsea_agent::api::ApiError> {
+    if spec.split == SplitBy::Queries {
+        for (i, &batch) in batches.iter().enumerate() {
+            let threads = if i + spec.tail_threads >= batches.len() { spec.tail_threads } else { 1 };
+            submit_task(client, spec, &TaskPayload::Batch { job: job.to_path_buf(), batch, attempt: 0, threads })?;
+        }
+        return Ok(());
+    }
+    for fragment in 0..spec.fragments.len() {
+        for &batch in batches {
+            submit_task(client, spec, &TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 })?;
+        }
+    }
+    Ok(())
+}

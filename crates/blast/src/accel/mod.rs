@@ -1,0 +1,213 @@
+//! `gepsea search` accelerated by the agents (the GePSeA case study).
+//!
+//! Everything that is not searching is offloaded to the agents:
+//!
+//! - **Scheduling** is the agents' load-balancing primitive: the master submits one task
+//!   per (query batch, fragment); workers `take` them, so faster workers get more.
+//! - **Asynchronous output consolidation**: a worker hands each raw result (`-outfmt
+//!   11` archive) to its node's agent — the [`BlastPlugin`] — and goes straight on to
+//!   its next task. The plug-in sends the result to the batch's *merger* agent
+//!   (compressed with zstd when it crosses nodes), which merges each query as soon as
+//!   the batch's last fragment is in, submits any query whose serial search might have
+//!   overflowed BLAST's preliminary list for a whole-database search, and then writes
+//!   the batch's share of the report as a part file in the output's directory. Which
+//!   agent merges a batch is decided dynamically (the first agent that receives a
+//!   result of the batch claims it on the bulletin board) or statically (batch number
+//!   modulo the agents), for the benchmark.
+//! - **Hot-swap database fragments**: before searching a fragment a worker asks its
+//!   agent to *stage* it: the agent copies the fragment into node-local scratch from
+//!   wherever it is closest — already staged on this node, in this agent's memory, in
+//!   another agent's memory (the distributed cache finds the holder through its
+//!   directory), or, only if no node has it yet, the shared database directory — and
+//!   checks every file against the manifest's SHA-256 first. At the start of a job the
+//!   master asks every agent to prefetch the fragments it will search first (fragment
+//!   `f` to the `f mod n`-th node), and tasks name their fragment, so the scheduler
+//!   hands a task to a worker whose node already holds its fragment.
+//! - The master assembles the parts in query order (joining headers and footers, and
+//!   renumbering XML iterations) into the output file, identical to serial BLAST+.
+//!
+//! Files live in a job directory next to the output, so that agents on every node can
+//! write their parts straight to the output location.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gepsea_agent::plugin::PluginError;
+use serde::{Deserialize, Serialize};
+
+use crate::plan::*;
+
+mod local;
+mod master;
+mod plugin;
+mod worker;
+
+use self::master::submit_task;
+use self::plugin::failed;
+
+pub use self::local::{with_parent_death, LocalAgent};
+pub use self::master::master;
+pub use self::plugin::BlastPlugin;
+pub use self::worker::worker;
+pub use crate::parts::{assemble, count_hits, Assembler};
+pub use crate::plan::{batch_file, part_tmp, topic, JobSpec, MergeAssign, TaskPayload};
+
+/// Where a staged fragment came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StageSource {
+    /// Already in this node's scratch.
+    Staged,
+    /// This agent's memory (prefetched, or staged for an earlier job).
+    Memory,
+    /// Another agent's memory.
+    Peer,
+    /// The shared database directory.
+    Storage,
+}
+
+/// What a worker spent on one task besides its result.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct WorkStats {
+    /// Inside BLAST+.
+    pub blast_seconds: f64,
+    /// Waiting for the fragment to be staged.
+    pub input_seconds: f64,
+    /// Stagings by source ([`StageSource`] order).
+    pub staged: [u32; 4],
+}
+
+impl WorkStats {
+    pub(crate) fn add(&mut self, o: &WorkStats) {
+        self.blast_seconds += o.blast_seconds;
+        self.input_seconds += o.input_seconds;
+        for (a, b) in self.staged.iter_mut().zip(o.staged) {
+            *a += b;
+        }
+    }
+}
+
+/// Reply to [`BlastRequest::Stage`].
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Staged {
+    /// Directory holding the fragment's files (use it as BLASTDB).
+    pub dir: PathBuf,
+    pub source: StageSource,
+}
+
+/// Cache object name of a fragment: content-addressed by its files' checksums, so a
+/// copy can only ever stand for identical files.
+pub fn fragment_object(name: &str, files: &BTreeMap<String, String>) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (f, sum) in files {
+        h.update(f.as_bytes());
+        h.update([0]);
+        h.update(sum.as_bytes());
+        h.update([0]);
+    }
+    let d = h.finalize();
+    let hex: String = d.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("blast-fragment/{hex}/{name}")
+}
+
+/// Advertised on `blast/<job id>` by a worker whose BLAST+ run failed.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TaskFailure {
+    pub what: String,
+    pub message: String,
+    /// The task was submitted again (first failure); false: the run must fail.
+    pub retried: bool,
+}
+
+/// Everything advertised on a job's topic.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum Notice {
+    Part(PartDone),
+    Failure(TaskFailure),
+}
+
+/// Requests to the BLAST plug-in.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum BlastRequest {
+    /// A worker's raw result, to its node's agent.
+    Result {
+        task: TaskPayload,
+        #[serde(with = "serde_bytes")]
+        archive: Vec<u8>,
+        work: WorkStats,
+    },
+    /// Split by queries: a worker's output, already in the report's format, written by
+    /// BLAST+ into `path` in the job directory; its agent renames it into the batch's
+    /// part (nothing is read into memory or sent anywhere).
+    ResultFile { task: TaskPayload, path: PathBuf, work: WorkStats },
+    /// A result on its way to the batch's merger (maybe zstd-compressed).
+    Part {
+        task: TaskPayload,
+        compressed: bool,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        work: WorkStats,
+    },
+    /// Make fragment `fragment` of `job` available in node-local scratch; replies
+    /// [`Staged`].
+    Stage { job: PathBuf, fragment: usize },
+    /// Stage these fragments ahead of use (the data streaming service).
+    Prefetch { job: PathBuf, fragments: Vec<usize> },
+    /// This agent's stagings for `job` by source ([`StageSource`] order), as
+    /// `[u32; 4]`.
+    StageCounts { job: PathBuf },
+}
+
+/// Advertised on `blast/<job id>` when a batch's part is written.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PartDone {
+    pub batch: usize,
+    pub queries: usize,
+    pub hits: usize,
+    pub whole_searches: usize,
+    pub merger: u32,
+    pub work: WorkStats,
+    /// Bytes of results received from other nodes, as sent and as decompressed.
+    pub bytes_wire: u64,
+    pub bytes_raw: u64,
+    pub error: Option<String>,
+}
+
+// ----- the master ----------------------------------------------------------------------
+
+/// Statistics of an accelerated run.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct AccelStats {
+    pub parts: usize,
+    pub hits: usize,
+    pub whole_searches: usize,
+    pub work: WorkStats,
+    pub bytes_wire: u64,
+    pub bytes_raw: u64,
+    pub mergers: BTreeMap<u32, usize>,
+    /// Fragment stagings by every agent (prefetches included), by [`StageSource`].
+    pub stagings: [u32; 4],
+    /// From the first task's submission to the workers' release: each worker's time
+    /// on the job (as the no-agent master counts it, from hello to shutdown).
+    pub worker_span_seconds: f64,
+    /// Times unfinished batches were searched again because an agent died.
+    pub resubmitted_after_failure: usize,
+    /// Batches whose part an earlier, interrupted run had finished (resume).
+    pub reused_parts: usize,
+}
+
+/// A fragment's files from the shared database directory, as one cache object.
+pub(crate) fn read_fragment(spec: &JobSpec, files: &BTreeMap<String, String>) -> Result<Vec<u8>, PluginError> {
+    let mut contents = Vec::new();
+    for f in files.keys() {
+        let p = spec.db_dir.join(f);
+        contents.push((f.clone(), std::fs::read(&p).map_err(|e| failed(format!("{}: {e}", p.display())))?));
+    }
+    postcard::to_stdvec(&contents).map_err(failed)
+}
+
+/// Hex SHA-256, as the manifest records it (`db::format`).
+pub(crate) fn sha256_hex(data: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(data))
+}

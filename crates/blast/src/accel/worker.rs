@@ -1,0 +1,159 @@
+//! A search worker registered with its node's agent: takes tasks from the load
+//! balancer, has the agent stage the fragment, runs BLAST+, and hands the raw result
+//! to the agent without waiting for it to be merged.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use gepsea_agent::api::Api;
+use gepsea_agent::wire::Dest;
+
+use crate::error::SearchError;
+use crate::plan::*;
+use crate::tools::{self, ToolError};
+
+use super::*;
+
+// ----- the worker ----------------------------------------------------------------------
+
+/// A worker registered with its node's agent: takes tasks, searches, hands results over.
+pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
+    let mut inflight: Vec<u64> = Vec::new();
+    // Fragments this worker had staged, by (job, fragment): a staged copy stays for the
+    // agent's lifetime, so only the first use asks the agent (whose job thread for this
+    // worker may be busy merging the batch the previous result completed).
+    let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
+    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    loop {
+        let Some(t) = client.take(Duration::from_secs(3600)).map_err(api_err)? else { continue };
+        let payload: TaskPayload = postcard::from_bytes(&t.payload).map_err(|e| SearchError::Io(format!("bad task: {e}")))?;
+        let job = match &payload {
+            TaskPayload::Stop => {
+                client.done(t.id).map_err(api_err)?;
+                break;
+            }
+            TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } | TaskPayload::Batch { job, .. } => job.clone(),
+        };
+        let spec_path = job.join("job.json");
+        if !job.exists() {
+            // The master finished and removed the job: this is a repeat of a task whose
+            // result already arrived (submitted again after an agent died).
+            client.done(t.id).map_err(api_err)?;
+            continue;
+        }
+        let spec: JobSpec = std::fs::read_to_string(&spec_path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+            .map_err(|e| SearchError::Io(format!("{}: {e}", spec_path.display())))?;
+        let (query_file, database) = match &payload {
+            TaskPayload::Fragment { batch, fragment, .. } => (batch_file(&job, *batch), format!("{}.stats", spec.fragments[*fragment])),
+            TaskPayload::Whole { batch, queries, .. } => (whole_file(&job, *batch, queries[0]), spec.db_name.clone()),
+            TaskPayload::Batch { batch, .. } => (batch_file(&job, *batch), spec.db_name.clone()),
+            TaskPayload::Stop => unreachable!(),
+        };
+        // A batch on the whole database is printed in the report's format; everything
+        // else is merged from archives, the only output with full-precision e-values.
+        let outfmt = if matches!(payload, TaskPayload::Batch { .. }) { spec.outfmt.as_str() } else { "11" };
+        let mut work = WorkStats::default();
+        // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
+        let blastdb = match &payload {
+            TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
+                match staged_dirs.get(&(job.clone(), *fragment)).filter(|d| d.is_dir()) {
+                    Some(d) => Ok(d.clone()),
+                    None => {
+                        let started = Instant::now();
+                        let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
+                        let staged = client
+                            .plugin("blast", &req)
+                            .map_err(|e| e.to_string())
+                            .and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
+                        work.input_seconds = started.elapsed().as_secs_f64();
+                        staged.map(|s| {
+                            work.staged[s.source as usize] += 1;
+                            staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
+                            s.dir
+                        })
+                    }
+                }
+            }
+            _ => Ok(PathBuf::from(&spec.blastdb)),
+        }
+        .map(|dir| if dir.as_os_str() == spec.blastdb.as_str() { dir.into_os_string() } else { tools::search_path(&[&dir]) });
+        let q = query_file.to_string_lossy().to_string();
+        let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", outfmt];
+        args.extend(spec.blast_args.iter().map(|s| s.as_str()));
+        let threads = match &payload {
+            TaskPayload::Batch { threads, .. } if *threads > 1 && !spec.blast_args.iter().any(|a| a == "-num_threads") => {
+                threads.to_string()
+            }
+            _ => String::new(),
+        };
+        if !threads.is_empty() {
+            args.extend(["-num_threads", threads.as_str()]);
+        }
+        // Split by queries, BLAST+ writes the batch's part itself, into the job directory.
+        let part_file = match &payload {
+            TaskPayload::Batch { batch, attempt, .. } => spec.parts.get(*batch).map(|p| part_tmp(p, &format!("w{attempt}"))),
+            _ => None,
+        };
+        let part_arg = part_file.as_ref().map(|p| p.to_string_lossy().to_string());
+        if let Some(p) = &part_arg {
+            args.extend(["-out", p.as_str()]);
+        }
+        let started = Instant::now();
+        let scratch = std::env::temp_dir();
+        let out = match blastdb.and_then(|db| {
+            tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
+                ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
+                other => other.to_string(),
+            })
+        }) {
+            Ok(o) => o,
+            Err(message) => {
+                if let Some(p) = &part_file {
+                    let _ = std::fs::remove_file(p);
+                }
+                // First failure: the task goes back to the queue once (another worker
+                // will likely take it); second: the master fails the run.
+                let retry = match &payload {
+                    TaskPayload::Fragment { job, batch, fragment, attempt: 0 } => {
+                        Some(TaskPayload::Fragment { job: job.clone(), batch: *batch, fragment: *fragment, attempt: 1 })
+                    }
+                    TaskPayload::Whole { job, batch, queries, attempt: 0 } => {
+                        Some(TaskPayload::Whole { job: job.clone(), batch: *batch, queries: queries.clone(), attempt: 1 })
+                    }
+                    TaskPayload::Batch { job, batch, attempt: 0, threads } => {
+                        Some(TaskPayload::Batch { job: job.clone(), batch: *batch, attempt: 1, threads: *threads })
+                    }
+                    _ => None,
+                };
+                let notice = Notice::Failure(TaskFailure { what: payload.describe(&spec), message, retried: retry.is_some() });
+                if let Some(r) = retry {
+                    submit_task(client, &spec, &r).map_err(api_err)?;
+                }
+                client.publish(&topic(&spec.id), &postcard::to_stdvec(&notice).unwrap(), Dest::All).map_err(api_err)?;
+                client.done(t.id).map_err(api_err)?;
+                continue;
+            }
+        };
+        work.blast_seconds = started.elapsed().as_secs_f64();
+        let request = match part_file {
+            Some(path) => BlastRequest::ResultFile { task: payload, path, work },
+            None => BlastRequest::Result { task: payload, archive: out.stdout, work },
+        };
+        let body = postcard::to_stdvec(&request).unwrap();
+        // Hand the result over and go on: collect earlier hand-overs without waiting.
+        inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
+        client.done(t.id).map_err(api_err)?;
+        // Results not yet taken by the agent are held here: bound them.
+        while inflight.len() > 8 {
+            let id = inflight.remove(0);
+            client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+        }
+    }
+    for id in inflight {
+        client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! What can stop a search, as one error type every role returns, and the stop request
+//! a signal leaves (SIGINT/SIGTERM): the roles poll it between steps so that they
+//! clean up on the way out.
+
+use std::path::PathBuf;
+
+use gepsea_net::NetError;
+
+use crate::archive;
+use crate::db::DbError;
+use crate::fasta::FastaError;
+use crate::report::ReportError;
+use crate::tools::ToolError;
+
+/// Why a search failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error(transparent)]
+    Fasta(#[from] FastaError),
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error("communication: {0}")]
+    Net(#[from] NetError),
+    #[error("{path} is complete, but delivering it failed: {reason}")]
+    Delivery { path: PathBuf, reason: String },
+    #[error("{query}: looks like {query_type} sequences but the database {db} holds {db_type} sequences")]
+    TypeMismatch { query: PathBuf, query_type: &'static str, db: PathBuf, db_type: &'static str },
+    #[error("--program {program} cannot search a {db_type} database (use {expected})")]
+    ProgramMismatch { program: String, db_type: &'static str, expected: &'static str },
+    #[error("--program {0}: not a BLAST+ search program gepsea runs (blastp, blastn, blastx, tblastn, tblastx)")]
+    UnknownProgram(String),
+    #[error("{query}: looks like {query_type} sequences, but {program} searches {expected} queries")]
+    QueryTypeForProgram { query: PathBuf, query_type: &'static str, program: String, expected: &'static str },
+    #[error("{0} is searched split by queries only (drop --split fragments): the exact merge of fragments is not proven for translated searches")]
+    TranslatedByFragments(String),
+    #[error("{0} is searched in BLAST+'s own query batches, whose composition changes its results: --batch-residues does not apply")]
+    TranslatedBatches(String),
+    #[error("BLAST+ option {option} is set by gepsea; {instead}")]
+    OwnedOption { option: String, instead: &'static str },
+    #[error("BLAST+ refused the options after --: {0}")]
+    BlastOptions(String),
+    #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
+    Interrupted(i32),
+    #[error("cannot write the output {path}: {source}")]
+    Output { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Io(String),
+    #[error("cluster launch: {0}")]
+    Launch(String),
+    #[error("task {task} ({what}) failed twice; BLAST+ said: {message}")]
+    TaskFailed { task: usize, what: String, message: String },
+    #[error("all workers died; the last one: {0}")]
+    NoWorkers(String),
+    #[error(
+        "--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)"
+    )]
+    QuerySplitWithoutAgents,
+    #[error("archive of task {task}: {error}")]
+    BadArchive { task: usize, error: archive::ArchiveError },
+    #[error("--fragments {0}: a database made by `gepsea db format` keeps the fragments it was formatted with (format it again to change them); --fragments is for existing BLAST databases")]
+    FragmentsOfFormatted(usize),
+}
+
+pub(crate) static INTERRUPTED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Records that the process got signal `sig` (SIGINT, SIGTERM): the running search stops
+/// at its next check, removes its temporary files and stops its processes, and returns
+/// [`SearchError::Interrupted`]. Call it from a signal-handling thread.
+pub fn interrupt(sig: i32) {
+    INTERRUPTED.store(sig, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The signal recorded by [`interrupt`], if any.
+pub fn interrupted() -> Option<i32> {
+    match INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        s => Some(s),
+    }
+}
+
+/// `Err(Interrupted)` once a signal was recorded (polled by the masters' loops).
+pub(crate) fn check_interrupted() -> Result<(), SearchError> {
+    interrupted().map_or(Ok(()), |s| Err(SearchError::Interrupted(s)))
+}

@@ -1,0 +1,65 @@
+//! The files a search leaves around its output: the work directory (kept for a
+//! rerun), the temporary output, scratch and job directories, removed on the way out
+//! (also after a signal), and leftovers of killed runs swept when their process is gone.
+
+use std::path::{Path, PathBuf};
+use std::process::Child;
+
+pub(crate) fn work_dir_name(out_name: &str) -> String {
+    format!(".{out_name}.gepsea-work")
+}
+
+/// The work directory a search of `out` uses when none is given.
+pub(crate) fn default_work_dir(out: &Path) -> Option<PathBuf> {
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
+}
+
+/// Removes what a search killed outright (SIGKILL, node loss) left behind: its
+/// temporary output next to `out_name`, its job directory there, its scratch and
+/// namespace directories in the temporary directory — only those whose process is gone.
+pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
+    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
+    let tmp_prefix = format!(".{out_name}.gepsea-tmp");
+    let tmp = std::env::temp_dir();
+    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])]
+    {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(dead)) {
+                let p = e.path();
+                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+            }
+        }
+    }
+}
+
+/// Removes the scratch directory and any temporary output, also on failure.
+pub(crate) struct Cleanup {
+    pub(crate) scratch: PathBuf,
+    pub(crate) tmp_out: PathBuf,
+    pub(crate) children: Vec<Child>,
+    pub(crate) namespace: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.scratch);
+        let _ = std::fs::remove_file(&self.tmp_out);
+        // Killed workers leave their sockets behind; the namespace is ours alone.
+        let _ = std::fs::remove_dir_all(&self.namespace);
+    }
+}
+
+pub(crate) struct RemoveDir(pub(crate) PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
