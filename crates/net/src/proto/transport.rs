@@ -1,0 +1,414 @@
+//! The transport side of [`Proto`]: frames out to each peer (credits, queues), frames
+//! in and the protocol's reactions to them (eager delivery and matching, rendezvous
+//! RTS/CTS/DATA, RMA put and get), and peer failure. Still sans-IO: the port's event
+//! loop moves the bytes.
+
+use super::*;
+
+impl Proto {
+    // ----- transport side ---------------------------------------------------------
+
+    /// Peers with frames waiting to be sent (cleared as they are drained), appended to
+    /// `out` (a reusable buffer: this is on every message's path).
+    pub fn dirty_peers_into(&self, out: &mut Vec<Addr>) {
+        out.extend(self.dirty.iter().copied());
+    }
+
+    /// Whether frames are waiting for `peer`.
+    pub fn is_dirty(&self, peer: Addr) -> bool {
+        self.dirty.contains(&peer)
+    }
+
+    /// Whether anything is waiting to be sent to anybody.
+    pub fn has_output(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// The next frame to send to `peer`, control first, then messages (if credits
+    /// allow), then bulk pieces. `None` when nothing can go now.
+    pub fn pop_frame(&mut self, peer: Addr) -> Option<OutFrame> {
+        let p = self.peers.get_mut(&peer)?;
+        let mut out = p.ctrl.pop_front();
+        for l in [NORM, SYS] {
+            if out.is_some() {
+                break;
+            }
+            if let Some(front) = p.msgs[l].front() {
+                if front.frame.header.kind != Kind::Eager {
+                    out = p.msgs[l].pop_front();
+                } else if p.credits[l] > 0 {
+                    p.credits[l] -= 1;
+                    out = p.msgs[l].pop_front();
+                } else {
+                    self.stats.credit_stalls += 1;
+                }
+            }
+        }
+        if out.is_none() {
+            out = p.bulk.pop_front();
+        }
+        if out.is_none() {
+            self.dirty.remove(&peer);
+        }
+        out
+    }
+
+    /// Puts back a frame the transport could not send yet (it goes out first next time).
+    pub fn unpop_frame(&mut self, peer: Addr, out: OutFrame) {
+        let p = self.peer(peer);
+        let l = lane(out.frame.header.channel);
+        match out.frame.header.kind {
+            Kind::Eager => {
+                p.credits[l] += 1;
+                p.msgs[l].push_front(out);
+            }
+            Kind::Rts => p.msgs[l].push_front(out),
+            Kind::Cts | Kind::Credit | Kind::PutAck => p.ctrl.push_front(out),
+            _ => p.bulk.push_front(out),
+        }
+        self.dirty.insert(peer);
+    }
+
+    /// The transport has written `out` (into a ring, or to TCP with replay retained).
+    pub fn frame_sent(&mut self, completes: Option<ReqId>) {
+        if let Some(id) = completes {
+            self.complete(id, Ok(Completion::Sent));
+        }
+    }
+
+    /// Handles one received frame. An error means the peer broke the protocol; the
+    /// transport should drop its connection.
+    pub fn on_frame(&mut self, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        self.stats.frames_in += 1;
+        let src = h.src;
+        if h.dst != self.me {
+            return Err(NetError::Protocol { peer: src, reason: format!("frame addressed to {} arrived at {}", h.dst, self.me) });
+        }
+        match (h.kind, h.channel) {
+            (Kind::Eager, Channel::System) => {
+                self.system_pool.push_back(Message { src, tag: h.tag, data: payload.to_vec() });
+                if self.events_enabled {
+                    self.events.push_back(Event::SystemMessage { src });
+                }
+            }
+            (Kind::Eager, Channel::Normal) => self.on_eager(src, h.tag, payload),
+            (Kind::Rts, Channel::Normal) => {
+                let remote = if h.flags & FLAG_SINGLE_COPY != 0 {
+                    if src.node != self.me.node {
+                        return Err(NetError::Protocol { peer: src, reason: "single-copy offer from another node".into() });
+                    }
+                    Some(Remote::decode(payload).ok_or_else(|| NetError::Protocol {
+                        peer: src,
+                        reason: format!("single-copy offer of {} bytes, expected {}", payload.len(), Remote::LEN),
+                    })?)
+                } else {
+                    None
+                };
+                self.on_rts(src, h.tag, h.id, h.total as usize, remote)
+            }
+            (Kind::Cts, _) => self.on_cts(src, h)?,
+            (Kind::Data, _) => self.on_data(src, h, payload)?,
+            (Kind::Put, _) => self.on_put(src, h, payload),
+            (Kind::PutAck, _) => self.on_put_ack(src, h)?,
+            (Kind::GetReq, _) => self.on_get_req(src, h),
+            (Kind::GetReply, _) => self.on_get_reply(src, h, payload)?,
+            (Kind::Credit, _) => {
+                let l = if h.tag == SYS as u64 { SYS } else { NORM };
+                self.peer(src).credits[l] += h.total as u32;
+                self.dirty.insert(src);
+            }
+            (k, c) => {
+                return Err(NetError::Protocol { peer: src, reason: format!("unexpected {k:?} frame on {c:?} channel") });
+            }
+        }
+        Ok(())
+    }
+
+    /// Fails every request involving `peer` and refuses new ones.
+    pub fn peer_failed(&mut self, peer: Addr, reason: &str) {
+        self.failed_peers.insert(peer, reason.to_string());
+        let err = || NetError::PeerFailed { peer, reason: reason.to_string() };
+        let victims: Vec<ReqId> = self
+            .reqs
+            .running()
+            .filter(|(_, r)| match r {
+                Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
+                Req::RecvPosted { src, .. } => *src == Some(peer),
+                Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
+                Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
+            })
+            .map(|(id, _)| id)
+            .collect();
+        for id in victims {
+            self.posted.retain(|&r| r != id);
+            self.complete(id, Err(err()));
+        }
+        self.incoming.retain(|(s, _), _| *s != peer);
+        self.copies.retain(|j| j.src != peer);
+        self.unexpected.retain(|u| u.src_tag().0 != peer);
+        self.peers.remove(&peer);
+        self.dirty.remove(&peer);
+        if self.events_enabled {
+            self.events.push_back(Event::PeerFailed { peer, reason: reason.to_string() });
+        }
+    }
+
+    /// Forgets a failure so that `peer` may be contacted again (it restarted).
+    pub fn peer_recovered(&mut self, peer: Addr) {
+        self.failed_peers.remove(&peer);
+    }
+
+    // ----- internals --------------------------------------------------------------
+
+    pub(super) fn pieces(&self, len: usize) -> Vec<(usize, usize)> {
+        if len == 0 {
+            return vec![(0, 0)];
+        }
+        (0..len).step_by(self.cfg.chunk).map(|a| (a, (a + self.cfg.chunk).min(len))).collect()
+    }
+
+    pub(super) fn credit_returned(&mut self, src: Addr, l: usize) {
+        let half = (self.cfg.credits / 2).max(1);
+        let me = self.me;
+        let p = self.peer(src);
+        p.credits_owed[l] += 1;
+        if p.credits_owed[l] >= half {
+            let mut h = Header::new(Kind::Credit, Channel::Control, me, src);
+            h.tag = l as u64;
+            h.total = p.credits_owed[l] as u64;
+            p.credits_owed[l] = 0;
+            p.ctrl.push_back(OutFrame { frame: Frame::control(h), completes: None });
+            self.dirty.insert(src);
+        }
+    }
+
+    pub(super) fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
+        let pos = self.posted.iter().position(|id| match self.reqs.get(*id) {
+            Some(Req::RecvPosted { src: s, tag: t, .. }) => s.is_none_or(|x| x == src) && t.is_none_or(|x| x == tag),
+            _ => false,
+        })?;
+        self.posted.remove(pos)
+    }
+
+    pub(super) fn on_eager(&mut self, src: Addr, tag: u64, payload: &[u8]) {
+        match self.match_posted(src, tag) {
+            Some(id) => {
+                self.credit_returned(src, NORM);
+                // In place: this is every small message's path.
+                self.reqs.finish_with(id, |req| {
+                    let Req::RecvPosted { mut buf, .. } = req else { unreachable!("posted receives are RecvPosted") };
+                    if payload.len() > buf.capacity() {
+                        Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
+                    } else {
+                        buf.extend_from_slice(payload);
+                        Ok(Completion::Received(Message { src, tag, data: buf }))
+                    }
+                });
+                self.completed(id);
+            }
+            None => {
+                self.stats.unexpected += 1;
+                self.unexpected.push_back(Unexpected::Eager { src, tag, data: payload.to_vec() });
+            }
+        }
+    }
+
+    pub(super) fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) {
+        match self.match_posted(src, tag) {
+            Some(id) => {
+                let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
+                self.accept_rts(id, src, tag, msg, total, remote, buf);
+            }
+            None => {
+                self.stats.unexpected += 1;
+                self.unexpected.push_back(Unexpected::Rts { src, tag, msg, total, remote });
+            }
+        }
+    }
+
+    /// Receive `id` takes rendezvous message `msg`: queue the single copy it offers, or
+    /// answer CTS, or fail on truncation (the sender still gets a CTS so it is not left
+    /// hanging; the data is discarded).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>, mut buf: Vec<u8>) {
+        let capacity = buf.capacity();
+        let truncated = total > capacity;
+        buf.clear();
+        if let (Some(remote), false) = (remote, truncated) {
+            self.reqs.insert(id, Req::RecvCopy { src, total });
+            self.copies.push_back(CopyJob { remote, len: total, buf, req: id, src, tag, msg });
+            return;
+        }
+        self.reqs.insert(id, Req::RecvData { src, tag, buf, total, got: 0 });
+        self.incoming.insert((src, msg), id);
+        if truncated {
+            self.incoming.remove(&(src, msg));
+            self.complete(id, Err(NetError::Truncated { len: total, capacity }));
+            // Tell the sender to stop: a CTS with the error flag completes its send.
+        }
+        let mut h = self.header(Kind::Cts, Channel::Normal, src);
+        h.id = msg;
+        if truncated {
+            h.flags |= FLAG_ERROR;
+        }
+        self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
+    }
+
+    pub(super) fn on_cts(&mut self, src: Addr, cts: &Header) -> Result<(), NetError> {
+        let msg = cts.id;
+        let Some(Req::SendRts { dst, data }) = self.reqs.get(msg) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") });
+        };
+        if *dst != src {
+            return Err(NetError::Protocol { peer: src, reason: format!("CTS for message {msg} sent to {dst}") });
+        }
+        if cts.flags & (FLAG_ERROR | FLAG_SINGLE_COPY) != 0 {
+            // The receiver refused the message (its buffer was too small and it reported
+            // the truncation on its side), or copied it itself: the send is over,
+            // nothing more to transfer, the buffer can go.
+            self.complete(msg, Ok(Completion::Sent));
+            return Ok(());
+        }
+        let data = data.clone();
+        let pieces = self.pieces(data.len());
+        for (i, (a, b)) in pieces.iter().enumerate() {
+            let mut h = self.header(Kind::Data, Channel::Normal, src);
+            h.id = msg;
+            h.offset = *a as u64;
+            h.total = data.len() as u64;
+            let last = i + 1 == pieces.len();
+            if last {
+                h.flags |= FLAG_LAST;
+            }
+            let completes = if last { Some(msg) } else { None };
+            self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(a..b) }, completes });
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_data(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        let Some(&id) = self.incoming.get(&(src, h.id)) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("data for unknown message {}", h.id) });
+        };
+        let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
+        let off = h.offset as usize;
+        if off + payload.len() > *total {
+            return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
+        }
+        // Pieces arrive in order on one connection: append (no zero-fill of the buffer).
+        if off == buf.len() {
+            buf.extend_from_slice(payload);
+        } else {
+            if buf.len() < off + payload.len() {
+                buf.resize(off + payload.len(), 0);
+            }
+            buf[off..off + payload.len()].copy_from_slice(payload);
+        }
+        *got += payload.len();
+        if *got == *total {
+            self.incoming.remove(&(src, h.id));
+            let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(id) else { unreachable!() };
+            self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf })));
+        }
+        Ok(())
+    }
+
+    pub(super) fn on_put(&mut self, src: Addr, h: &Header, payload: &[u8]) {
+        let ok = match self.regions.get_mut(&h.tag) {
+            Some(r) if (h.offset as usize).checked_add(payload.len()).is_some_and(|e| e <= r.len()) => {
+                r[h.offset as usize..h.offset as usize + payload.len()].copy_from_slice(payload);
+                true
+            }
+            _ => false,
+        };
+        let me = self.me;
+        let events = self.events_enabled;
+        let p = self.peer(src);
+        if !ok {
+            p.failed_puts.insert(h.id);
+        }
+        if h.flags & FLAG_LAST != 0 {
+            let failed = p.failed_puts.remove(&h.id);
+            let mut a = Header::new(Kind::PutAck, Channel::Open, me, src);
+            a.id = h.id;
+            if failed {
+                a.flags |= FLAG_ERROR;
+            }
+            p.ctrl.push_back(OutFrame { frame: Frame::control(a), completes: None });
+            self.dirty.insert(src);
+            if events && !failed {
+                let start = h.offset + payload.len() as u64 - h.total;
+                self.events.push_back(Event::RemotePut { from: src, region: h.tag, offset: start, len: h.total });
+            }
+        }
+    }
+
+    pub(super) fn on_put_ack(&mut self, src: Addr, h: &Header) -> Result<(), NetError> {
+        let Some(Req::Put { dst, region, offset, len }) = self.reqs.get(h.id) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("put-ack for unknown request {}", h.id) });
+        };
+        let r = if h.flags & FLAG_ERROR != 0 {
+            Err(NetError::RegionAccess { peer: *dst, region: *region, offset: *offset, len: *len })
+        } else {
+            Ok(Completion::Put)
+        };
+        self.complete(h.id, r);
+        Ok(())
+    }
+
+    pub(super) fn on_get_req(&mut self, src: Addr, h: &Header) {
+        let len = h.total as usize;
+        let data = match self.regions.get(&h.tag) {
+            Some(r) if (h.offset as usize).checked_add(len).is_some_and(|e| e <= r.len()) => {
+                Some(Bytes::copy_from_slice(&r[h.offset as usize..h.offset as usize + len]))
+            }
+            _ => None,
+        };
+        match data {
+            None => {
+                let mut a = self.header(Kind::GetReply, Channel::Open, src);
+                a.id = h.id;
+                a.flags |= FLAG_ERROR | FLAG_LAST;
+                self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(a), completes: None });
+            }
+            Some(data) => {
+                let pieces = self.pieces(len);
+                for (i, (a, b)) in pieces.iter().enumerate() {
+                    let mut r = self.header(Kind::GetReply, Channel::Open, src);
+                    r.id = h.id;
+                    r.offset = *a as u64;
+                    r.total = len as u64;
+                    if i + 1 == pieces.len() {
+                        r.flags |= FLAG_LAST;
+                    }
+                    self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: r, payload: data.slice(a..b) }, completes: None });
+                }
+                if self.events_enabled {
+                    self.events.push_back(Event::RemoteGet { from: src, region: h.tag, offset: h.offset, len: h.total });
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_get_reply(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        let Some(Req::Get { dst, region, offset, buf, got }) = self.reqs.get_mut(h.id) else {
+            return Err(NetError::Protocol { peer: src, reason: format!("get-reply for unknown request {}", h.id) });
+        };
+        if h.flags & FLAG_ERROR != 0 {
+            let e = NetError::RegionAccess { peer: *dst, region: *region, offset: *offset, len: buf.len() as u64 };
+            self.complete(h.id, Err(e));
+            return Ok(());
+        }
+        let off = h.offset as usize;
+        if off + payload.len() > buf.len() {
+            return Err(NetError::Protocol { peer: src, reason: "get-reply beyond requested length".into() });
+        }
+        buf[off..off + payload.len()].copy_from_slice(payload);
+        *got += payload.len();
+        if h.flags & FLAG_LAST != 0 {
+            let Some(Req::Get { buf, .. }) = self.reqs.remove(h.id) else { unreachable!() };
+            self.complete(h.id, Ok(Completion::Got(buf)));
+        }
+        Ok(())
+    }
+}
