@@ -299,7 +299,9 @@ impl State {
         let retry: Vec<Addr> =
             self.links.iter().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
         for p in retry {
-            let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p);
+            // Reconnect while anything depends on the peer (until `reconnect_timeout`
+            // declares it failed); an idle link may stay down.
+            let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p) || self.proto.waits_on(p);
             if wants {
                 self.connect_tcp(p);
             } else if let Some(l) = self.links.get_mut(&p) {

@@ -152,6 +152,18 @@ enum Req {
     },
 }
 
+impl Req {
+    /// Whether this request depends on `peer` (and fails with it).
+    fn involves(&self, peer: Addr) -> bool {
+        match self {
+            Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
+            Req::RecvPosted { src, .. } => *src == Some(peer),
+            Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
+            Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
+        }
+    }
+}
+
 enum Unexpected {
     Eager { src: Addr, tag: u64, data: Vec<u8> },
     Rts { src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote> },

@@ -14,6 +14,13 @@ impl Proto {
         out.extend(self.dirty.iter().copied());
     }
 
+    /// Whether a request waits on `peer` (a send or RMA to it, a receive from it): a
+    /// broken link to such a peer must be re-established or declared failed, even with
+    /// nothing to send, or the request would wait forever.
+    pub fn waits_on(&self, peer: Addr) -> bool {
+        self.reqs.running().any(|(_, r)| r.involves(peer))
+    }
+
     /// Whether frames are waiting for `peer`.
     pub fn is_dirty(&self, peer: Addr) -> bool {
         self.dirty.contains(&peer)
@@ -128,17 +135,7 @@ impl Proto {
     pub fn peer_failed(&mut self, peer: Addr, reason: &str) {
         self.failed_peers.insert(peer, reason.to_string());
         let err = || NetError::PeerFailed { peer, reason: reason.to_string() };
-        let victims: Vec<ReqId> = self
-            .reqs
-            .running()
-            .filter(|(_, r)| match r {
-                Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
-                Req::RecvPosted { src, .. } => *src == Some(peer),
-                Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
-                Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
-            })
-            .map(|(id, _)| id)
-            .collect();
+        let victims: Vec<ReqId> = self.reqs.running().filter(|(_, r)| r.involves(peer)).map(|(id, _)| id).collect();
         for id in victims {
             self.posted.retain(|&r| r != id);
             self.complete(id, Err(err()));
