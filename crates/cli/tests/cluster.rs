@@ -117,6 +117,7 @@ impl Cluster {
         let left: Vec<&String> = names.iter().filter(|n| n.starts_with('.') || n.contains("gepsea")).collect();
         assert!(left.is_empty(), "left next to the outputs: {left:?}");
         for ns in namespaces {
+            assert!(!gepsea_net::namespace_dir(ns).exists(), "runtime directory {} left", gepsea_net::namespace_dir(ns).display());
             for d in ["/tmp", "/dev/shm"] {
                 let stale: Vec<String> = std::fs::read_dir(d)
                     .unwrap()

@@ -458,7 +458,7 @@ fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
     let mut serve = gepsea();
     serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
     let mut child = serve.spawn().unwrap();
-    let runtime = std::env::temp_dir().join(format!("gepsea-paramedic-storage{}", child.id()));
+    let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
     // It says it listens once its port is open and its signal handler installed.
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();

@@ -36,6 +36,8 @@ pub mod testkit;
 #[cfg(not(loom))]
 mod timer;
 pub mod trace;
+#[cfg(not(loom))]
+pub mod trust;
 
 pub use error::NetError;
 pub use frame::{Addr, Channel};

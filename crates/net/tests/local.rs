@@ -179,9 +179,10 @@ fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
     assert!(e.to_string().contains("another live process"), "{e}");
     drop(a);
     // A socket file left behind by a dead process is not trusted: it is replaced.
-    let dir = std::env::temp_dir().join(format!("gepsea-{ns}")).join("node-0");
+    let dir = gepsea_net::namespace_dir(&ns).join("node-0");
     assert!(!dir.exists(), "the last port to close removes the runtime directory");
-    std::fs::create_dir_all(&dir).unwrap();
+    // As a killed process leaves it: private directories with its socket inside.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&dir).unwrap();
     let stale = dir.join("port-3.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     assert!(stale.exists());

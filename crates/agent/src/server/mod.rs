@@ -344,7 +344,7 @@ impl Agent {
     pub fn start(cfg: AgentConfig, registry: Registry, engine: Engine, shutdown: Arc<Shutdown>) -> Result<Agent, AgentError> {
         let me = cfg.node;
         let runtime_dir = namespace_dir(&cfg.namespace).join(format!("node-{me}"));
-        std::fs::create_dir_all(&runtime_dir).map_err(io_err(format!("creating {}", runtime_dir.display())))?;
+        gepsea_net::trust::ensure_private_dir(&runtime_dir)?;
         let sock_path = runtime_dir.join("agent.sock");
         if sock_path.exists() {
             if std::os::unix::net::UnixStream::connect(&sock_path).is_ok() {

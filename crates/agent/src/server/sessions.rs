@@ -8,6 +8,10 @@ impl Agent {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, _)) => {
+                    if let Err(why) = gepsea_net::trust::peer_allowed(&stream) {
+                        warn!("refused a client: {why}");
+                        continue;
+                    }
                     let t = Token(self.next_session);
                     self.next_session += 1;
                     if self.poll.registry().register(&mut stream, t, Interest::READABLE).is_ok() {

@@ -10,7 +10,7 @@ impl Port {
     pub fn open(cfg: PortConfig) -> Result<Port, NetError> {
         let me = cfg.addr;
         let dir = cfg.runtime_dir();
-        std::fs::create_dir_all(&dir).map_err(|e| NetError::io(format!("creating runtime directory {}", dir.display()), e))?;
+        crate::trust::ensure_private_dir(&dir)?;
         let sock_path = dir.join(format!("port-{}.sock", me.port));
         let unix_listener = bind_unix(&sock_path, me)?;
         let tcp_listener = match cfg.listen {

@@ -8,6 +8,10 @@ impl State {
         loop {
             match self.unix_listener.accept() {
                 Ok((s, _)) => {
+                    if let Err(why) = crate::trust::peer_allowed(&s) {
+                        self.log_error(format!("refused a shared-memory connection: {why}"));
+                        continue;
+                    }
                     // SAFETY: converting an owned descriptor between wrapper types.
                     let std_sock = unsafe { std::os::unix::net::UnixStream::from_raw_fd(s.into_raw_fd()) };
                     let _ = std_sock.set_nonblocking(false);

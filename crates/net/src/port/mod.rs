@@ -70,7 +70,7 @@ pub struct PortConfig {
     /// Isolates unrelated runs on one machine: ports only find peers of the same
     /// namespace.
     pub namespace: String,
-    /// Where this node's Unix sockets live (default `$TMPDIR/gepsea-<namespace>/node-<n>`).
+    /// Where this node's Unix sockets live (default `$TMPDIR/gepsea-<uid>/<namespace>/node-<n>`, private to this user).
     pub runtime_dir: Option<PathBuf>,
     /// TCP address to listen on for peers on other nodes (none: no inter-node traffic
     /// towards this port, though it can still connect out).
@@ -287,11 +287,12 @@ pub struct Port {
     addr: Addr,
 }
 
-/// The default runtime directory of a namespace (`$TMPDIR/gepsea-<namespace>`). Ports
+/// The default runtime directory of a namespace (`$TMPDIR/gepsea-<uid>/<namespace>`, private
+/// to this user: see [`crate::trust`]). Ports
 /// remove it when the last of them closes; whoever owns a namespace whose processes may
 /// have been killed (their sockets stay behind) removes it when done.
 pub fn namespace_dir(namespace: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("gepsea-{namespace}"))
+    crate::trust::user_runtime_root().join(namespace)
 }
 
 /// Where a peer's TCP address is published in a shared directory.
