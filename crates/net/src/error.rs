@@ -29,6 +29,8 @@ pub enum NetError {
     Closed,
     #[error("{context}: {message}")]
     Io { context: String, message: String },
+    #[error("key file {path}: {problem}")]
+    BadKeyFile { path: String, problem: String },
     #[error("runtime directory {path} {problem}: refusing to use it (remove it, or set TMPDIR to a directory of your own)")]
     UntrustedDirectory { path: String, problem: String },
     #[error("malformed frame from {from}: {error}")]

@@ -109,6 +109,8 @@ pub enum Kind {
     Hello = 11,
     /// Answer to `Hello`, same fields.
     HelloAck = 12,
+    /// The initiator's proof that it holds the link key (see [`crate::auth`]).
+    Auth = 13,
 }
 
 impl Kind {
@@ -126,13 +128,14 @@ impl Kind {
             10 => Kind::Ack,
             11 => Kind::Hello,
             12 => Kind::HelloAck,
+            13 => Kind::Auth,
             _ => return None,
         })
     }
 
     /// Frames that take part in the per-link sequence (everything but link control).
     pub fn is_sequenced(self) -> bool {
-        !matches!(self, Kind::Ack | Kind::Hello | Kind::HelloAck)
+        !matches!(self, Kind::Ack | Kind::Hello | Kind::HelloAck | Kind::Auth)
     }
 }
 

@@ -18,6 +18,8 @@
 //!   node); `port`: the event loop that drives them.
 
 #[cfg(not(loom))]
+pub mod auth;
+#[cfg(not(loom))]
 pub mod cma;
 pub mod error;
 pub mod frame;

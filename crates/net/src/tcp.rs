@@ -19,6 +19,8 @@ pub enum ConnState {
     HelloSent,
     /// Accepted; waiting for the peer's `Hello`.
     Accepted,
+    /// Accepted, `HelloAck` with our proof sent; waiting for the peer's `Auth`.
+    AuthWait,
     /// Handshake done: sequenced frames may flow.
     Established,
 }
@@ -41,6 +43,11 @@ pub struct TcpConn {
     pub initiator: bool,
     pub state: ConnState,
     pub dec: FrameDecoder,
+    /// Authentication (keyed links): our nonce, the peer's, and the `Hello` that waits
+    /// for the peer's proof before it takes effect.
+    pub nonce_mine: Option<[u8; crate::auth::NONCE_LEN]>,
+    pub nonce_theirs: Option<[u8; crate::auth::NONCE_LEN]>,
+    pub pending_hello: Option<crate::frame::Header>,
     wq: VecDeque<Bytes>,
     wq_bytes: usize,
 }
@@ -55,6 +62,9 @@ impl TcpConn {
             initiator,
             state: if initiator { ConnState::Connecting } else { ConnState::Accepted },
             dec: FrameDecoder::new(max_payload),
+            nonce_mine: None,
+            nonce_theirs: None,
+            pending_hello: None,
             wq: VecDeque::new(),
             wq_bytes: 0,
         }

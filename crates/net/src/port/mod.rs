@@ -104,6 +104,9 @@ pub struct PortConfig {
     /// Write an event trace of the application's messages to this file (see
     /// [`crate::trace`]). Default: under `$GEPSEA_NET_TRACE` when that is set.
     pub trace: Option<PathBuf>,
+    /// The job's link key: TCP peers must prove they hold it before anything they send
+    /// is delivered (see [`crate::auth`]). `None`: links are not authenticated.
+    pub key: Option<crate::auth::Key>,
 }
 
 impl PortConfig {
@@ -127,6 +130,7 @@ impl PortConfig {
             linger: Duration::from_secs(5),
             trace: std::env::var_os("GEPSEA_NET_TRACE")
                 .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
+            key: None,
         }
     }
 
@@ -146,6 +150,9 @@ pub struct PortStats {
     pub connections_established: u64,
     /// Frames sent again after a reconnect.
     pub frames_replayed: u64,
+    /// TCP connections refused because the peer could not prove it holds the key (or
+    /// the two sides disagree on whether links are authenticated).
+    pub auth_failures: u64,
     /// Received frames discarded as already delivered.
     pub duplicates_dropped: u64,
     /// Doorbells rung towards sleeping shared-memory peers.

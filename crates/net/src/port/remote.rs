@@ -38,7 +38,20 @@ impl State {
         let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
         h.ack = link.recv.delivered();
         h.tag = self.incarnation;
-        c.queue(&Frame::control(h));
+        match &self.cfg.key {
+            Some(_) => {
+                let n = match crate::auth::nonce() {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.log_error(format!("no randomness for a handshake nonce: {e}"));
+                        return;
+                    }
+                };
+                c.nonce_mine = Some(n);
+                c.queue(&Frame { header: h, payload: Bytes::copy_from_slice(&n) });
+            }
+            None => c.queue(&Frame::control(h)),
+        }
         self.tcp.insert(id, c);
         // The connect may already be complete (loopback).
         self.tcp_writable(id);
@@ -158,7 +171,7 @@ impl State {
             let Some(c) = tcp.get_mut(&id) else { return false };
             let state = c.state;
             let conn_peer = c.peer;
-            let handshake: Header;
+            let handshake: (Header, Vec<u8>);
             match c.dec.next_frame() {
                 Ok(None) => return true,
                 Err(e) => {
@@ -170,8 +183,8 @@ impl State {
                     return false;
                 }
                 Ok(Some((h, payload))) => {
-                    if matches!(h.kind, Kind::Hello | Kind::HelloAck) {
-                        handshake = h;
+                    if matches!(h.kind, Kind::Hello | Kind::HelloAck | Kind::Auth) {
+                        handshake = (h, payload.to_vec());
                     } else {
                         let err = if state != ConnState::Established || conn_peer != Some(h.src) {
                             Some(format!("{:?} frame from {} before handshake", h.kind, h.src))
@@ -201,45 +214,84 @@ impl State {
                     }
                 }
             }
-            if !self.handshake(id, &handshake) {
+            if !self.handshake(id, &handshake.0, &handshake.1) {
                 return false;
             }
         }
     }
 
-    pub(super) fn handshake(&mut self, id: usize, h: &Header) -> bool {
+    pub(super) fn handshake(&mut self, id: usize, h: &Header, payload: &[u8]) -> bool {
+        use crate::auth::{Role, MAC_LEN, NONCE_LEN};
         let peer = h.src;
         if h.dst != self.me {
             self.log_error(format!("handshake from {peer} addressed to {}, not {}", h.dst, self.me));
             self.conn_lost(id, "misaddressed handshake");
             return false;
         }
+        let key = self.cfg.key.clone();
         let c = self.tcp.get(&id).unwrap();
+        // A peer that wants authentication when we have no key (or the reverse) is
+        // refused: neither side can check the other.
+        let refuse = |st: &mut State, why: String| {
+            st.stats.auth_failures += 1;
+            st.log_error(format!("connection from {peer} refused: {why}"));
+            st.conn_lost(id, &why);
+            false
+        };
         match (h.kind, c.state) {
-            (Kind::Hello, ConnState::Accepted) => {
-                self.check_incarnation(peer, h.tag);
-                let link = self.links.entry(peer).or_default();
-                if let Some(existing) = link.conn.filter(|&e| e != id) {
-                    let ours_pending = self.tcp.get(&existing).is_some_and(|e| e.initiator && e.state != ConnState::Established);
-                    if ours_pending && self.me < peer {
-                        // Simultaneous connect: the lower address's connection wins.
-                        self.close_tcp(id);
-                        return false;
-                    }
-                    self.close_tcp(existing);
+            (Kind::Hello, ConnState::Accepted) => match key {
+                None if !payload.is_empty() => refuse(self, "it authenticates its links, this port has no key".into()),
+                None => self.accept_hello(id, h, true),
+                Some(_) if payload.len() != NONCE_LEN => refuse(self, "it did not authenticate (no key, or another key setting)".into()),
+                Some(k) => {
+                    let nonce_a = match crate::auth::nonce() {
+                        Ok(n) => n,
+                        Err(e) => return refuse(self, format!("no randomness for a nonce: {e}")),
+                    };
+                    let mut nonce_i = [0u8; NONCE_LEN];
+                    nonce_i.copy_from_slice(payload);
+                    let proof = k.proof(Role::Acceptor, &nonce_i, &nonce_a, peer, self.me);
+                    let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+                    a.ack = self.links.get(&peer).map_or(0, |l| l.recv.delivered());
+                    a.tag = self.incarnation;
+                    let c = self.tcp.get_mut(&id).unwrap();
+                    c.queue(&Frame { header: a, payload: Bytes::from([&nonce_a[..], &proof[..]].concat()) });
+                    c.peer = Some(peer);
+                    c.state = ConnState::AuthWait;
+                    c.nonce_mine = Some(nonce_a);
+                    c.nonce_theirs = Some(nonce_i);
+                    c.pending_hello = Some(*h);
+                    self.tcp_writable(id);
+                    self.tcp.contains_key(&id)
                 }
-                let link = self.links.get_mut(&peer).unwrap();
-                link.conn = Some(id);
-                let c = self.tcp.get_mut(&id).unwrap();
-                c.peer = Some(peer);
-                c.state = ConnState::Established;
-                let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
-                a.ack = link.recv.delivered();
-                a.tag = self.incarnation;
-                c.queue(&Frame::control(a));
-                self.established(peer, id, h.ack)
+            },
+            (Kind::Auth, ConnState::AuthWait) if c.peer == Some(peer) => {
+                let (Some(k), Some(nonce_a), Some(nonce_i), Some(hello)) = (key, c.nonce_mine, c.nonce_theirs, c.pending_hello) else {
+                    return refuse(self, "authentication out of order".into());
+                };
+                if !k.verify(Role::Initiator, &nonce_i, &nonce_a, peer, self.me, payload) {
+                    return refuse(self, "authentication failed (another key?)".into());
+                }
+                self.accept_hello(id, &hello, false)
             }
             (Kind::HelloAck, ConnState::HelloSent) if c.peer == Some(peer) => {
+                match (&key, c.nonce_mine) {
+                    (None, _) if !payload.is_empty() => return refuse(self, "it authenticates its links, this port has no key".into()),
+                    (None, _) => {}
+                    (Some(k), Some(nonce_i)) => {
+                        if payload.len() != NONCE_LEN + MAC_LEN {
+                            return refuse(self, "it did not authenticate (no key, or another key setting)".into());
+                        }
+                        let (nonce_a, proof) = payload.split_at(NONCE_LEN);
+                        if !k.verify(Role::Acceptor, &nonce_i, nonce_a, self.me, peer, proof) {
+                            return refuse(self, "authentication failed (another key?)".into());
+                        }
+                        let mine = k.proof(Role::Initiator, &nonce_i, nonce_a, self.me, peer);
+                        let auth = Header::new(Kind::Auth, Channel::Control, self.me, peer);
+                        self.tcp.get_mut(&id).unwrap().queue(&Frame { header: auth, payload: Bytes::copy_from_slice(&mine) });
+                    }
+                    (Some(_), None) => return refuse(self, "authentication out of order".into()),
+                }
                 self.check_incarnation(peer, h.tag);
                 let c = self.tcp.get_mut(&id).unwrap();
                 c.state = ConnState::Established;
@@ -251,6 +303,36 @@ impl State {
                 false
             }
         }
+    }
+
+    /// A peer's `Hello` takes effect (at once, or once the peer proved it holds the
+    /// key): the connection becomes the peer's link. `send_ack`: answer with `HelloAck`
+    /// (an authenticated handshake sent it already).
+    fn accept_hello(&mut self, id: usize, h: &Header, send_ack: bool) -> bool {
+        let peer = h.src;
+        self.check_incarnation(peer, h.tag);
+        let link = self.links.entry(peer).or_default();
+        if let Some(existing) = link.conn.filter(|&e| e != id) {
+            let ours_pending = self.tcp.get(&existing).is_some_and(|e| e.initiator && e.state != ConnState::Established);
+            if ours_pending && self.me < peer {
+                // Simultaneous connect: the lower address's connection wins.
+                self.close_tcp(id);
+                return false;
+            }
+            self.close_tcp(existing);
+        }
+        let link = self.links.get_mut(&peer).unwrap();
+        link.conn = Some(id);
+        let c = self.tcp.get_mut(&id).unwrap();
+        c.peer = Some(peer);
+        c.state = ConnState::Established;
+        if send_ack {
+            let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+            a.ack = link.recv.delivered();
+            a.tag = self.incarnation;
+            c.queue(&Frame::control(a));
+        }
+        self.established(peer, id, h.ack)
     }
 
     /// A new incarnation of `peer` (it restarted): its old conversation is over.
