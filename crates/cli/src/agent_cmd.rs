@@ -75,6 +75,10 @@ pub struct RunArgs {
     /// Job threads for plug-ins and engines.
     #[arg(long)]
     jobs: Option<usize>,
+    /// A file with the job's secret (at least 16 bytes, mode 0600): agents on other
+    /// nodes must prove they hold the same one before anything they send is accepted.
+    #[arg(long, env = "GEPSEA_KEY_FILE")]
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Deserialize, Default)]
@@ -91,6 +95,7 @@ struct FileConfig {
     cache_bytes: Option<usize>,
     gma_bytes: Option<u64>,
     jobs: Option<usize>,
+    key_file: Option<PathBuf>,
 }
 
 fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
@@ -161,6 +166,9 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     if let Some(j) = a.jobs.or(f.jobs) {
         c.jobs = j;
     }
+    if let Some(k) = a.key_file.clone().or(f.key_file) {
+        c.key = Some(gepsea_net::auth::Key::from_file(&k)?);
+    }
     Ok((c, a.cpu.or(f.cpu)))
 }
 
@@ -200,6 +208,10 @@ fn status(a: &StatusArgs) -> Result<()> {
     println!("agent of node {} (pid {}), namespace {}", v["node"], v["pid"], v["namespace"]);
     println!("  listen        {}", v["listen"].as_str().unwrap_or("(none: this node only)"));
     println!("  rendezvous    {}", v["rendezvous"].as_str().unwrap_or("(none)"));
+    println!(
+        "  peer links    {}",
+        if v["authenticated"] == true { "authenticated (key file)" } else { "not authenticated (no --key-file)" }
+    );
     println!("  ready         {} (expected nodes: {})", v["ready"], v["expected_nodes"]);
     println!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
     println!("  peer timeout  {} ms", v["peer_timeout_ms"]);

@@ -130,3 +130,69 @@ fn another_user_cannot_reach_the_agent() {
     let mine = status();
     assert!(mine.status.success() && String::from_utf8_lossy(&mine.stdout).contains("node"), "{mine:?}");
 }
+
+/// Agents that share the job's key form the view; an agent with another key, in the
+/// same rendezvous directory, is refused at every handshake and never joins.
+#[test]
+fn an_agent_with_another_key_cannot_join() {
+    let d = scratch("key");
+    let key = |name: &str, byte: u8| -> PathBuf {
+        let p = d.0.join(name);
+        std::fs::write(&p, [byte; 32]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    };
+    let (k1, k2) = (key("k1", 1), key("k2", 2));
+    let ns = format!("trustkey{}", std::process::id());
+    let start = |node: u32, k: &Path| -> Running {
+        let log = std::fs::File::create(d.0.join(format!("agent{node}.log"))).unwrap();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gepsea"));
+        c.env_remove("RUST_LOG").args([
+            "agent",
+            "--namespace",
+            &ns,
+            "--node-id",
+            &node.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--nodes",
+            "2",
+        ]);
+        c.args(["--peer-timeout-ms", "1500", "--rendezvous"]).arg(d.0.join("rv")).arg("--key-file").arg(k);
+        Running(c.stdout(Stdio::null()).stderr(log).spawn().unwrap())
+    };
+    let _agents = [start(1, &k1), start(2, &k1), start(3, &k2)];
+    let status =
+        |node: u32| -> Option<serde_json::Value> { gepsea_client::status(&ns, node).ok().and_then(|j| serde_json::from_str(&j).ok()) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while ![1, 2].iter().all(|&n| status(n).is_some_and(|v| v["ready"] == true)) {
+        assert!(Instant::now() < deadline, "agents 1 and 2 did not become ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Give agent 3 time to find the others in the rendezvous directory and try.
+    let logs =
+        || (1..=3).map(|n| std::fs::read_to_string(d.0.join(format!("agent{n}.log"))).unwrap_or_default()).collect::<Vec<_>>().join("\n");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !logs().contains("authentication failed") {
+        assert!(Instant::now() < deadline, "no refused handshake logged: {}", logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for n in [1, 2] {
+        let v = status(n).unwrap();
+        assert_eq!(v["view"], serde_json::json!([1, 2]), "agent {n}'s view: {v}");
+        assert_eq!(v["authenticated"], true);
+    }
+    let v3 = status(3).unwrap();
+    assert_eq!((v3["view"].clone(), v3["ready"].clone()), (serde_json::json!([3]), serde_json::json!(false)), "{v3}");
+    // A key file others can read is refused in one line.
+    std::fs::set_permissions(&k2, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_gepsea"))
+        .args(["agent", "--namespace", &ns, "--node-id", "4", "--key-file"])
+        .arg(&k2)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr).trim().to_string();
+    assert!(!o.status.success() && e.lines().count() == 1 && e.contains("has mode 0644"), "{e}");
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+}

@@ -93,6 +93,9 @@ pub struct AgentConfig {
     /// Job threads (plug-ins, compression, cache misses) for this node's processes; as
     /// many again serve work that other agents ask of this one.
     pub jobs: usize,
+    /// The job's key: agents on other nodes must prove they hold it (see
+    /// `gepsea_net::auth`). `None`: links to other agents are not authenticated.
+    pub key: Option<gepsea_net::auth::Key>,
 }
 
 impl AgentConfig {
@@ -109,6 +112,7 @@ impl AgentConfig {
             cache_bytes: 1 << 30,
             gma_bytes: 1 << 30,
             jobs: 4,
+            key: None,
         }
     }
 }
@@ -379,6 +383,7 @@ impl Agent {
         pc.listen = cfg.listen;
         pc.directory = cfg.rendezvous.clone();
         pc.reconnect_timeout = cfg.peer_timeout;
+        pc.key = cfg.key.clone();
         pc.linger = Duration::from_millis(500);
         for (n, a) in &cfg.peers {
             if *n != me {

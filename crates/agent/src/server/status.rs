@@ -10,6 +10,8 @@ pub(super) struct Status {
     namespace: String,
     listen: Option<String>,
     rendezvous: Option<String>,
+    /// Whether links to other agents are authenticated with a key.
+    authenticated: bool,
     ready: bool,
     expected_nodes: Option<usize>,
     view: Vec<u32>,
@@ -65,6 +67,7 @@ impl Agent {
             namespace: self.cfg.namespace.clone(),
             listen: self.port.listen_addr().map(|a| a.to_string()),
             rendezvous: self.cfg.rendezvous.as_ref().map(|p| p.display().to_string()),
+            authenticated: self.cfg.key.is_some(),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             view: self.view.clone(),

@@ -186,6 +186,9 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
     let arrival =
         Arrival { rank: launch.rank, size: launch.size, host: &host, local_size: launch.local_size, nodes: c.nodes.or(launch.nodes) };
     let meeting = meet::meet(&dir, &arrival, MEET_TIMEOUT).map_err(|e| SearchError::Launch(e.to_string()))?;
+    // Every TCP link of the launch (agents, or master and workers) proves this key.
+    let key_file = dir.join("key");
+    let key = launch_key(&key_file)?;
     if opts.no_agent {
         // The mpiBLAST baseline: rank 0 merges and writes everything itself.
         let net = crate::search::ClusterNet {
@@ -193,6 +196,7 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
             ip: local_ip(c.agent_net.as_deref())?,
             directory: dir.join("net"),
             workers: launch.size - 1,
+            key: Some(key),
         };
         std::fs::create_dir_all(&net.directory).map_err(|e| SearchError::Io(format!("{}: {e}", net.directory.display())))?;
         return if launch.rank == 0 {
@@ -202,6 +206,33 @@ pub fn run(opts: &SearchOptions, launch: Launch, c: &ClusterOptions) -> Result<O
         };
     }
     run_with_agents(opts, &launch, c, &ns, &dir, &meeting)
+}
+
+/// The launch's key in its directory: the first process to get there creates it (32
+/// random bytes, mode 0600, linked into place whole), everyone reads it. The directory
+/// is the user's, on the shared file system the ranks already trust for the job.
+fn launch_key(path: &Path) -> Result<gepsea_net::auth::Key, SearchError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if !path.exists() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let key = gepsea_net::auth::Key::generate().map_err(|e| SearchError::Io(format!("generating the launch key: {e}")))?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
+        f.write_all(key.bytes()).map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
+        drop(f);
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(SearchError::Io(format!("{}: {e}", path.display()))),
+        }
+        let _ = std::fs::remove_file(&tmp);
+    }
+    gepsea_net::auth::Key::from_file(path).map_err(|e| SearchError::Launch(e.to_string()))
 }
 
 fn run_with_agents(
@@ -232,6 +263,8 @@ fn run_with_agents(
                 "--rendezvous",
             ])
             .arg(dir.join("agents"))
+            .arg("--key-file")
+            .arg(dir.join("key"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

@@ -162,6 +162,7 @@ pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u
     let mut pc = PortConfig::new(&net.namespace, Addr::new(node, rank));
     pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
     pc.directory = Some(net.directory.clone());
+    pc.key = net.key.clone();
     // The master may still be reading its input when workers start.
     pc.reconnect_timeout = Duration::from_secs(120);
     worker_on(Port::open(pc)?, &scratch, &opts.blast_args)
@@ -384,6 +385,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     if let Env::ClusterNoAgent(net) = &env {
         pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
         pc.directory = Some(net.directory.clone());
+        pc.key = net.key.clone();
     }
     let port = Port::open(pc)?;
     for w in 0..workers {

@@ -107,6 +107,8 @@ pub struct ClusterNet {
     pub directory: PathBuf,
     /// Worker processes (rank 0 only).
     pub workers: usize,
+    /// The launch's key: the master and workers authenticate their TCP links with it.
+    pub key: Option<gepsea_net::auth::Key>,
 }
 
 /// The hidden `gepsea worker` process: searches whatever the master sends.
