@@ -21,7 +21,6 @@
 //! dropped and logged; nothing it sent is delivered. Links are authenticated, not
 //! encrypted: frames travel in the clear (with their CRC32C).
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use hmac::{Hmac, Mac};
@@ -60,8 +59,7 @@ impl Key {
     /// A fresh random key.
     pub fn generate() -> std::io::Result<Key> {
         let mut k = [0u8; 32];
-        use std::io::Read;
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut k)?;
+        crate::port::getrandom(&mut k)?;
         Ok(Key(k))
     }
 
@@ -75,12 +73,8 @@ impl Key {
     pub fn from_file(path: &Path) -> Result<Key, NetError> {
         let bad = |problem: String| NetError::BadKeyFile { path: path.display().to_string(), problem };
         let m = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
-        let uid = crate::trust::my_uid();
-        if m.uid() != uid {
-            return Err(bad(format!("is owned by uid {}, not by this user (uid {uid})", m.uid())));
-        }
-        if m.mode() & 0o077 != 0 {
-            return Err(bad(format!("has mode {:04o}: others can read it (chmod 600)", m.mode() & 0o7777)));
+        if let Some(problem) = crate::trust::not_private_because(&m) {
+            return Err(bad(format!("{problem}: chmod 600 it")));
         }
         let secret = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
         if secret.len() < 16 {
@@ -119,8 +113,7 @@ impl Key {
 /// A fresh nonce.
 pub fn nonce() -> std::io::Result<[u8; NONCE_LEN]> {
     let mut n = [0u8; NONCE_LEN];
-    use std::io::Read;
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut n)?;
+    crate::port::getrandom(&mut n)?;
     Ok(n)
 }
 

@@ -28,20 +28,28 @@ pub fn user_runtime_root() -> PathBuf {
     std::env::temp_dir().join(format!("gepsea-{}", my_uid()))
 }
 
+/// Why a file or directory is not private to this user, if it is not: another owner,
+/// or any permission for group or others. Shared by runtime directories and key files.
+pub fn not_private_because(m: &std::fs::Metadata) -> Option<String> {
+    let uid = my_uid();
+    if m.uid() != uid {
+        Some(format!("is owned by uid {}, not by this user (uid {uid})", m.uid()))
+    } else if m.mode() & 0o077 != 0 {
+        Some(format!("has mode {:04o}: group or others have access (only its owner may)", m.mode() & 0o7777))
+    } else {
+        None
+    }
+}
+
 /// Why an existing directory cannot be trusted, if it cannot.
 pub fn untrusted_because(path: &Path) -> std::io::Result<Option<String>> {
     let m = std::fs::symlink_metadata(path)?;
-    let uid = my_uid();
     Ok(if m.file_type().is_symlink() {
         Some("is a symbolic link".to_string())
     } else if !m.is_dir() {
         Some("is not a directory".to_string())
-    } else if m.uid() != uid {
-        Some(format!("is owned by uid {}, not by this user (uid {uid})", m.uid()))
-    } else if m.mode() & 0o077 != 0 {
-        Some(format!("has mode {:04o}: group or others can enter it (it must be 0700)", m.mode() & 0o7777))
     } else {
-        None
+        not_private_because(&m)
     })
 }
 

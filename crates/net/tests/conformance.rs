@@ -14,7 +14,7 @@ mod common;
 use std::time::Duration;
 
 use common::unique;
-use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
+use gepsea_net::{Addr, Completion, NetError, Port, PortConfig, ProtoConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
@@ -81,7 +81,7 @@ fn received(r: Result<Completion, NetError>) -> gepsea_net::Message {
 
 fn messages_arrive_in_send_order_across_the_eager_rendezvous_boundary(t: Transport) {
     let p = Pair::new(t, |_| {});
-    let eager = PortConfig::new("x", Addr::new(0, 0)).proto.eager_threshold;
+    let eager = ProtoConfig::default().eager_threshold;
     let sizes = [0, 1, 100, eager - 1, eager, eager + 1, 100_000, 7];
     let n = 120;
     let (a, b) = (p.a(), &p.b);
@@ -120,7 +120,7 @@ fn receives_match_by_source_and_tag_and_wildcards_take_arrival_order(t: Transpor
 fn every_size_is_exact_and_short_buffers_are_reported(t: Transport) {
     let p = Pair::new(t, |_| {});
     let (a, b) = (p.a(), &p.b);
-    let cfg = PortConfig::new("x", Addr::new(0, 0)).proto;
+    let cfg = ProtoConfig::default();
     let (eager, chunk) = (cfg.eager_threshold, cfg.chunk);
     for (i, n) in [eager - 1, eager, eager + 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 5].into_iter().enumerate() {
         let s = a.isend(b.addr(), 10, pattern(n, i));

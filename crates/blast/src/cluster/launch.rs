@@ -5,7 +5,7 @@
 //! arithmetic (`--map-by node`, `srun --distribution=cyclic` and hostfiles with uneven
 //! slots all break it); the processes find that out among themselves through the
 //! rendezvous directory ([`super::meet`]). The per-node variables the launchers set
-//! (local rank and size, Slurm's task layout, the node count) are read only to check
+//! (processes per node, Slurm's task layout, the node count) are read only to check
 //! what the rendezvous found, so a misconfigured host identity fails with a clear
 //! message instead of a hang.
 
@@ -14,8 +14,6 @@
 pub struct Launch {
     pub rank: usize,
     pub size: usize,
-    /// This process's rank among the processes of its node, where the launcher says.
-    pub local_rank: Option<usize>,
     /// Processes of this job on this node, where the launcher says.
     pub local_size: Option<usize>,
     /// Nodes of this job (step), where the launcher says.
@@ -49,7 +47,6 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Option<Launch> {
     let num = |names: &[&str]| names.iter().find_map(|n| get(n)?.trim().parse::<usize>().ok());
     let rank = num(&["OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMI_RANK", "PMIX_RANK"])?;
     let size = num(&["OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "PMI_SIZE"])?;
-    let local_rank = num(&["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "PMI_LOCAL_RANK"]);
     let slurm_local = || {
         let layout = get("SLURM_STEP_TASKS_PER_NODE").or_else(|| get("SLURM_TASKS_PER_NODE"))?;
         slurm_tasks_on_node(&layout, num(&["SLURM_NODEID"])?)
@@ -61,7 +58,7 @@ pub fn detect_from(get: impl Fn(&str) -> Option<String>) -> Option<Launch> {
         let values: Option<Vec<String>> = parts.iter().map(|p| get(p).filter(|v| !v.trim().is_empty())).collect();
         values.map(|v| v.join("."))
     });
-    Some(Launch { rank, size, local_rank, local_size, nodes, job })
+    Some(Launch { rank, size, local_size, nodes, job })
 }
 
 /// Tasks on node `node` (0-based) of Slurm's compressed layout, e.g. `2(x3),1` for
@@ -101,7 +98,7 @@ mod tests {
             ("OMPI_MCA_ess_base_jobid", "1672413185"),
             ("PMIX_NAMESPACE", "1672413185"),
         ];
-        let want = Launch { rank: 5, size: 6, local_rank: Some(1), local_size: Some(2), nodes: None, job: Some("1672413185".into()) };
+        let want = Launch { rank: 5, size: 6, local_size: Some(2), nodes: None, job: Some("1672413185".into()) };
         assert_eq!(detect_from(env(&ompi)), Some(want));
         // srun with a block of 2 then a node with 1: the node's task count comes from
         // the compressed layout, the step id tells two steps of one allocation apart.
@@ -115,12 +112,12 @@ mod tests {
             ("SLURM_JOB_ID", "812"),
             ("SLURM_STEP_ID", "3"),
         ];
-        let want = Launch { rank: 4, size: 5, local_rank: Some(0), local_size: Some(1), nodes: Some(3), job: Some("812.3".into()) };
+        let want = Launch { rank: 4, size: 5, local_size: Some(1), nodes: Some(3), job: Some("812.3".into()) };
         assert_eq!(detect_from(env(&slurm)), Some(want));
         // MPICH's Hydra sets no launch id; the user's GEPSEA_JOB_ID is one.
         let hydra = [("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("MPI_LOCALRANKID", "0"), ("MPI_LOCALNRANKS", "2")];
         let l = detect_from(env(&hydra)).unwrap();
-        assert_eq!((l.rank, l.size, l.local_rank, l.local_size, l.nodes, l.job.clone()), (2, 4, Some(0), Some(2), None, None));
+        assert_eq!((l.rank, l.size, l.local_size, l.nodes, l.job.clone()), (2, 4, Some(2), None, None));
         assert!(l.job_id().unwrap_err().contains("GEPSEA_JOB_ID"));
         let with_id = [("PMI_RANK", "2"), ("PMI_SIZE", "4"), ("GEPSEA_JOB_ID", "run-7")];
         assert_eq!(detect_from(env(&with_id)).unwrap().job_id(), Ok("run-7"));

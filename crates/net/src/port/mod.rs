@@ -331,7 +331,8 @@ impl Drop for Port {
     }
 }
 
-pub(super) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
+/// Fills `buf` from the kernel's random source (incarnations, nonces, keys).
+pub(crate) fn getrandom(buf: &mut [u8]) -> io::Result<()> {
     use std::io::Read;
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
