@@ -99,3 +99,40 @@ pub(super) fn swap(s: &InProc, name: &str, me: u32, to: u32) -> Reply {
         Err(e) => Reply::err(ErrorKind::Failed, e.to_string()),
     }
 }
+
+/// Runs one job. A panic inside it (a plug-in's bug) becomes a `Failed` reply to the
+/// job's caller: otherwise the caller would wait for a reply that never comes, and the
+/// pool thread, gone with the panic, would swallow every job queued behind it.
+pub(super) fn run_job(work: impl FnOnce(&InProc) -> Reply, svc: &InProc) -> Reply {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(svc))) {
+        Ok(reply) => reply,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            warn!("a job of client {:?} panicked: {what}", svc.client);
+            Reply::err(ErrorKind::Failed, format!("the agent's job failed (a bug): {what}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_job_answers_failed_and_the_next_job_still_runs() {
+        let poll = Poll::new().unwrap();
+        let waker = Arc::new(Waker::new(poll.registry(), Token(0)).unwrap());
+        let (tx, _rx) = crossbeam_channel::unbounded();
+        let svc = InProc { tx, waker, client: Client::new(1, 2) };
+        let v: Vec<u32> = Vec::new();
+        let r = run_job(|_| Reply::Node(v[2]), &svc);
+        let Reply::Err(e) = r else { panic!("a panic must answer with an error, got {r:?}") };
+        assert_eq!(e.kind, ErrorKind::Failed);
+        assert!(e.message.contains("index out of bounds"), "{}", e.message);
+        assert_eq!(run_job(|_| Reply::Node(7), &svc), Reply::Node(7));
+    }
+}

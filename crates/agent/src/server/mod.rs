@@ -422,7 +422,7 @@ impl Agent {
                 .spawn(move || {
                     for job in rx {
                         let svc = InProc { client: job.client, ..inproc.clone() };
-                        let result = (job.work)(&svc);
+                        let result = run_job(job.work, &svc);
                         if done_tx.send(JobDone { reply: job.reply, result }).is_err() {
                             break;
                         }

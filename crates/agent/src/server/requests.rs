@@ -329,7 +329,7 @@ impl Agent {
             // so a thread each ends the chain.
             let (inproc, done_tx) = (InProc { client, ..self.nested.0.clone() }, self.nested.1.clone());
             let spawned = std::thread::Builder::new().name("gepsea-nested".into()).spawn(move || {
-                let result = work(&inproc);
+                let result = run_job(work, &inproc);
                 if done_tx.send(JobDone { reply, result }).is_ok() {
                     let _ = inproc.waker.wake();
                 }

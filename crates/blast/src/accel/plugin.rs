@@ -263,7 +263,8 @@ impl BlastPlugin {
             match &task {
                 TaskPayload::Fragment { fragment, .. } => {
                     // A re-run (its worker died after handing the result over) adds nothing.
-                    if *fragment < nfrag && st.fragments[*fragment].is_none() && !st.merged {
+                    // (After the merge `fragments` is empty: test `merged` first.)
+                    if !st.merged && st.fragments.get(*fragment).is_some_and(|f| f.is_none()) {
                         st.fragments[*fragment] = Some(text);
                         if st.fragments.iter().all(|f| f.is_some()) {
                             st.merged = true;
