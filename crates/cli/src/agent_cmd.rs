@@ -79,6 +79,9 @@ pub struct RunArgs {
     /// nodes must prove they hold the same one before anything they send is accepted.
     #[arg(long, env = "GEPSEA_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// Connections on the registration socket at once (default 1024); more are refused.
+    #[arg(long, env = "GEPSEA_MAX_SESSIONS")]
+    max_sessions: Option<usize>,
 }
 
 #[derive(Deserialize, Default)]
@@ -96,6 +99,7 @@ struct FileConfig {
     gma_bytes: Option<u64>,
     jobs: Option<usize>,
     key_file: Option<PathBuf>,
+    max_sessions: Option<usize>,
 }
 
 fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
@@ -162,6 +166,9 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     }
     if let Some(b) = a.gma_bytes.or(f.gma_bytes) {
         c.gma_bytes = b;
+    }
+    if let Some(m) = a.max_sessions.or(f.max_sessions) {
+        c.max_sessions = m.max(1);
     }
     if let Some(j) = a.jobs.or(f.jobs) {
         c.jobs = j;

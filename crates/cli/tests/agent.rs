@@ -42,6 +42,9 @@ struct Agents {
     others: Vec<Child>,
 }
 
+/// The test agents' limit on registration-socket connections (`--max-sessions`).
+const MAX_SESSIONS: usize = 64;
+
 impl Agents {
     fn new(n: usize, bridged: bool) -> Agents {
         let tag = format!("agt{}x{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
@@ -69,6 +72,7 @@ impl Agents {
             None => Command::new(exe),
         };
         c.env("GEPSEA_NAMESPACE", &self.ns).env("GEPSEA_NODE", (i + 1).to_string());
+        c.env("GEPSEA_MAX_SESSIONS", MAX_SESSIONS.to_string());
         c
     }
 
@@ -323,6 +327,33 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     s.write_all(&u32::MAX.to_le_bytes()).unwrap();
     let r: wire::LocalReply = wire::decode("reply", &wire::unix::read(&mut s).unwrap()).unwrap();
     assert!(matches!(&r, wire::LocalReply::Refused(m) if m.contains("exceeds")), "{r:?}");
+
+    // Connections past the limit are refused with a clear reply; closing some makes
+    // room again.
+    let mut open = Vec::new();
+    let refusal = loop {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        wire::unix::write(&mut s, &wire::encode(&wire::LocalRequest::Status)).unwrap();
+        match wire::decode::<wire::LocalReply>("reply", &wire::unix::read(&mut s).unwrap()).unwrap() {
+            wire::LocalReply::Refused(m) => break m,
+            _ => open.push(s),
+        }
+        assert!(open.len() <= MAX_SESSIONS, "more than {MAX_SESSIONS} connections were accepted");
+    };
+    assert!(refusal.contains(&format!("{MAX_SESSIONS} connections already open")) && refusal.contains("--max-sessions"), "{refusal}");
+    drop(open);
+    // The agent sees the closed connections when it next polls.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        wire::unix::write(&mut s, &wire::encode(&wire::LocalRequest::Status)).unwrap();
+        let r: wire::LocalReply = wire::decode("reply", &wire::unix::read(&mut s).unwrap()).unwrap();
+        if matches!(r, wire::LocalReply::Status(_)) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "closed connections never made room: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Registering twice on one connection, and a second registration of a process.
     let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();

@@ -346,3 +346,49 @@ fn direct_eager_only_when_nothing_is_queued_ahead_and_a_credit_is_free() {
     assert_eq!(got, [b"first".to_vec(), b"second".to_vec(), b"third".to_vec()], "order kept");
     assert_eq!(a.stats.eager_sent, 3);
 }
+
+/// The receiving side holds a peer to its credits: what one peer can park in a port's
+/// pools is bounded, and a peer that sends past its credits, sends an "eager" message
+/// larger than the eager limit, or grants back credits that never existed is refused
+/// (the transport then drops its connection).
+#[test]
+fn a_peer_past_its_credits_or_limits_is_refused() {
+    use gepsea_net::frame::{Channel, Kind};
+    let (_, mut b) = pair(4);
+    let eager = |channel, len: usize| {
+        let mut h = Header::new(Kind::Eager, channel, A, B);
+        h.len = len as u32;
+        h
+    };
+    for _ in 0..4 {
+        b.on_frame(&eager(Channel::System, 3), b"abc").unwrap();
+    }
+    let e = b.on_frame(&eager(Channel::System, 3), b"abc").unwrap_err();
+    assert!(e.to_string().contains("more than its 4 eager credits"), "{e}");
+    // Draining the pool returns the credits: the peer may send again.
+    while b.recv_system().is_some() {}
+    let (_, mut b) = pair(4);
+    for _ in 0..4 {
+        b.on_frame(&eager(Channel::System, 3), b"abc").unwrap();
+    }
+    for _ in 0..4 {
+        b.recv_system().unwrap();
+    }
+    b.on_frame(&eager(Channel::System, 3), b"abc").unwrap();
+    // The normal channel has its own credits, and the same limit.
+    for _ in 0..4 {
+        b.on_frame(&eager(Channel::Normal, 1), b"x").unwrap();
+    }
+    assert!(b.on_frame(&eager(Channel::Normal, 1), b"x").is_err());
+
+    let (_, mut b) = pair(4);
+    let big = vec![0u8; 101];
+    let e = b.on_frame(&eager(Channel::Normal, big.len()), &big).unwrap_err();
+    assert!(e.to_string().contains("eager message of 101 bytes (the eager limit is 100)"), "{e}");
+
+    let (_, mut b) = pair(4);
+    let mut credit = Header::new(Kind::Credit, Channel::Control, A, B);
+    credit.total = u32::MAX as u64;
+    let e = b.on_frame(&credit, &[]).unwrap_err();
+    assert!(e.to_string().contains("at most 4 exist"), "{e}");
+}

@@ -96,6 +96,10 @@ pub struct AgentConfig {
     /// The job's key: agents on other nodes must prove they hold it (see
     /// `gepsea_net::auth`). `None`: links to other agents are not authenticated.
     pub key: Option<gepsea_net::auth::Key>,
+    /// Connections on the registration socket at once (registered processes, status
+    /// queries): one more is refused with a clear reply and closed. Each may buffer up
+    /// to one registration frame (`wire::unix::MAX`), so this bounds that memory too.
+    pub max_sessions: usize,
 }
 
 impl AgentConfig {
@@ -113,6 +117,7 @@ impl AgentConfig {
             gma_bytes: 1 << 30,
             jobs: 4,
             key: None,
+            max_sessions: 1024,
         }
     }
 }

@@ -12,6 +12,16 @@ impl Agent {
                         warn!("refused a client: {why}");
                         continue;
                     }
+                    if self.sessions.len() >= self.cfg.max_sessions {
+                        let why = format!(
+                            "node {}: {} connections already open on the registration socket (the limit; raise --max-sessions)",
+                            self.me,
+                            self.sessions.len()
+                        );
+                        warn!("refused a client: {why}");
+                        let _ = unix::write(&mut stream, &encode(&LocalReply::Refused(why)));
+                        continue;
+                    }
                     let t = Token(self.next_session);
                     self.next_session += 1;
                     if self.poll.registry().register(&mut stream, t, Interest::READABLE).is_ok() {

@@ -248,6 +248,12 @@ struct Peer {
     /// while not draining its pool would deadlock.
     credits: [u32; 2],
     credits_owed: [u32; 2],
+    /// Eager messages received from this peer per lane and not yet credited back: the
+    /// credit contract, checked on the receiving side. A peer that sends past its
+    /// credits (or grants back more than it was given) breaks the protocol and is
+    /// dropped, so what one peer can park in this port's pools is bounded by
+    /// `credits × eager_threshold` per lane.
+    unreturned: [u32; 2],
     ctrl: VecDeque<OutFrame>,
     msgs: [VecDeque<OutFrame>; 2],
     bulk: VecDeque<OutFrame>,

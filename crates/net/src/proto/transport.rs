@@ -91,6 +91,9 @@ impl Proto {
         if h.dst != self.me {
             return Err(NetError::Protocol { peer: src, reason: format!("frame addressed to {} arrived at {}", h.dst, self.me) });
         }
+        if h.kind == Kind::Eager {
+            self.eager_arrived(src, h.channel, payload.len())?;
+        }
         match (h.kind, h.channel) {
             (Kind::Eager, Channel::System) => {
                 self.system_pool.push_back(Message { src, tag: h.tag, data: payload.to_vec() });
@@ -121,7 +124,17 @@ impl Proto {
             (Kind::GetReply, _) => self.on_get_reply(src, h, payload)?,
             (Kind::Credit, _) => {
                 let l = if h.tag == SYS as u64 { SYS } else { NORM };
-                self.peer(src).credits[l] += h.total as u32;
+                let max = self.cfg.credits;
+                let p = self.peer(src);
+                match u32::try_from(h.total).ok().and_then(|n| p.credits[l].checked_add(n)).filter(|&c| c <= max) {
+                    Some(c) => p.credits[l] = c,
+                    None => {
+                        return Err(NetError::Protocol {
+                            peer: src,
+                            reason: format!("granted {} credits on top of {} (at most {max} exist)", h.total, p.credits[l]),
+                        })
+                    }
+                }
                 self.dirty.insert(src);
             }
             (k, c) => {
@@ -173,10 +186,35 @@ impl Proto {
             let mut h = Header::new(Kind::Credit, Channel::Control, me, src);
             h.tag = l as u64;
             h.total = p.credits_owed[l] as u64;
+            p.unreturned[l] = p.unreturned[l].saturating_sub(p.credits_owed[l]);
             p.credits_owed[l] = 0;
             p.ctrl.push_back(OutFrame { frame: Frame::control(h), completes: None });
             self.dirty.insert(src);
         }
+    }
+
+    /// Counts an eager message against the credits `src` was given (see
+    /// `Peer::unreturned`); past them, or larger than an eager message can be, it is a
+    /// protocol error.
+    fn eager_arrived(&mut self, src: Addr, channel: Channel, len: usize) -> Result<(), NetError> {
+        let l = match channel {
+            Channel::System => SYS,
+            Channel::Normal => NORM,
+            c => return Err(NetError::Protocol { peer: src, reason: format!("eager message on the {c:?} channel") }),
+        };
+        if len > self.cfg.eager_threshold {
+            return Err(NetError::Protocol {
+                peer: src,
+                reason: format!("eager message of {len} bytes (the eager limit is {})", self.cfg.eager_threshold),
+            });
+        }
+        let max = self.cfg.credits;
+        let p = self.peer(src);
+        p.unreturned[l] += 1;
+        if p.unreturned[l] > max {
+            return Err(NetError::Protocol { peer: src, reason: format!("sent more than its {max} eager credits") });
+        }
+        Ok(())
     }
 
     pub(super) fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
@@ -289,7 +327,7 @@ impl Proto {
         };
         let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
         let off = h.offset as usize;
-        if off + payload.len() > *total {
+        if off.checked_add(payload.len()).is_none_or(|end| end > *total) {
             return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
         }
         // Pieces arrive in order on one connection: append (no zero-fill of the buffer).
@@ -333,8 +371,10 @@ impl Proto {
             }
             p.ctrl.push_back(OutFrame { frame: Frame::control(a), completes: None });
             self.dirty.insert(src);
-            if events && !failed {
-                let start = h.offset + payload.len() as u64 - h.total;
+            // The last piece ends the put that began `total` bytes before its end (a
+            // peer's inconsistent numbers just make no event).
+            let start = h.offset.checked_add(payload.len() as u64).and_then(|end| end.checked_sub(h.total));
+            if let (true, false, Some(start)) = (events, failed, start) {
                 self.events.push_back(Event::RemotePut { from: src, region: h.tag, offset: start, len: h.total });
             }
         }
