@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// BLAST+ threads per regeneration (default: this machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Largest object accepted, in bytes: an object is received whole into memory, so
+    /// a larger one is refused before anything is allocated for it.
+    #[arg(long, default_value_t = transfer::DEFAULT_MAX_OBJECT)]
+    max_object: u64,
 }
 
 #[derive(clap::Args)]
@@ -251,7 +255,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let threads = a.threads.unwrap_or_else(cores);
             let mut sink =
                 transfer::RegenerateInto { dir: a.out.clone(), plugins: move |name: &str| decoder(name, db.as_deref(), threads) };
-            transfer::serve(&port, &mut sink, a.count, key.as_ref(), |ack| match &ack.result {
+            transfer::serve(&port, &mut sink, a.count, key.as_ref(), a.max_object, |ack| match &ack.result {
                 Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
                 Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
             })?;

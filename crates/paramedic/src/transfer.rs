@@ -340,7 +340,7 @@ fn store_checked(sink: &mut dyn Sink, object: &Object, body: &[u8]) -> Result<u6
 /// One encrypted object from `from`, whose first handshake message is `first`: answers
 /// the handshake, takes the body, stores it and acknowledges, encrypted (a failed
 /// handshake is refused in clear: there are no session keys to answer with).
-fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, first: &[u8]) -> Result<Ack, TransferError> {
+fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, first: &[u8], max_object: u64) -> Result<Ack, TransferError> {
     let malformed = |e: snow::Error| TransferError::Malformed { from, reason: e.to_string() };
     let mut hs = key.handshake(false);
     let mut payload = vec![0u8; NOISE_MAX];
@@ -354,6 +354,12 @@ fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, firs
         port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
         return Ok(ack);
     };
+    if object.len > max_object {
+        // Refused in clear before the handshake completes: the sender sends no body.
+        let ack = Ack { result: Err(too_large(&object, max_object)), name: object.name, seconds: 0.0 };
+        port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
+        return Ok(ack);
+    }
     let mut answer = vec![0u8; NOISE_MAX];
     let n = hs.write_message(&[], &mut answer).map_err(malformed)?;
     answer.truncate(n);
@@ -374,14 +380,26 @@ fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, firs
     Ok(ack)
 }
 
+/// Largest object a storage site takes by default (`paramedic serve --max-object`): an
+/// object is received whole into memory before it is checked.
+pub const DEFAULT_MAX_OBJECT: u64 = 4 << 30;
+
+fn too_large(object: &Object, max_object: u64) -> String {
+    format!("object of {} bytes exceeds this storage site's limit of {max_object} bytes (paramedic serve --max-object)", object.len)
+}
+
 /// Serves objects until `count` have been handled (`None`: forever); calls `done` with
 /// every acknowledgement sent. With a `key`, only encrypted transfers under that key
-/// are accepted; without one, only unencrypted transfers.
+/// are accepted; without one, only unencrypted transfers. An object announced larger
+/// than `max_object` bytes is refused before anything is allocated for it; a header
+/// that does not decode is counted as refused (no answer: its sender is unknown) and
+/// the site serves on.
 pub fn serve(
     port: &Port,
     sink: &mut dyn Sink,
     count: Option<usize>,
     key: Option<&Key>,
+    max_object: u64,
     mut done: impl FnMut(&Ack),
 ) -> Result<(), TransferError> {
     let mut handled = 0;
@@ -389,12 +407,27 @@ pub fn serve(
     while count.is_none_or(|c| handled < c) {
         let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
         let from = h.src;
-        let header: Header = postcard::from_bytes(&h.data).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
+        let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
+        let header: Header = match postcard::from_bytes(&h.data) {
+            Ok(header) => header,
+            Err(e) => {
+                done(&refuse(String::new(), &format!("malformed header from {from}: {e}")));
+                handled += 1;
+                continue;
+            }
+        };
         if let Some(a) = header.reply_to {
             port.add_route(from, a);
         }
-        let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
         let ack = match (header.object, header.noise, key) {
+            (Some(object), None, _) if object.len > max_object => {
+                // Its body is taken into no buffer at all: the receive ends truncated,
+                // which also releases the sender.
+                let _ = port.recv(Some(from), Some(TAG_BODY), 0);
+                let ack = refuse(object.name.clone(), &too_large(&object, max_object));
+                plain_ack(from, &ack)?;
+                ack
+            }
             (Some(object), None, key) => {
                 let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
                 // From here: the storage site's time excludes the transfer.
@@ -413,7 +446,7 @@ pub fn serve(
                 plain_ack(from, &ack)?;
                 ack
             }
-            (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first)?,
+            (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first, max_object)?,
             _ => {
                 let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
                 plain_ack(from, &ack)?;
@@ -480,7 +513,7 @@ mod tests {
         let n = sends.len();
         let server = std::thread::spawn(move || {
             let mut sink = Collect::default();
-            serve(&storage, &mut sink, Some(n), site_key.as_ref(), |_| {}).unwrap();
+            serve(&storage, &mut sink, Some(n), site_key.as_ref(), DEFAULT_MAX_OBJECT, |_| {}).unwrap();
             sink.0
         });
         let port = compute_port(&ns_send, 1, "127.0.0.1:0".parse().unwrap(), at).unwrap();
@@ -497,6 +530,58 @@ mod tests {
             let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
         }
         (results, stored)
+    }
+
+    /// Objects over the site's limit, plain or encrypted, and a header that does not
+    /// decode are refused; the site serves on and stores the next good object. The
+    /// 1 TiB announcement would abort the process if the site allocated for it.
+    #[test]
+    fn oversized_objects_and_malformed_headers_are_refused_and_the_site_serves_on() {
+        let key = Key::generate().unwrap();
+        for site_key in [None, Some(key)] {
+            let tag = if site_key.is_some() { "lim-enc" } else { "lim" };
+            let ns_store = format!("pmt-s-{tag}-{}", std::process::id());
+            let ns_send = format!("pmt-c-{tag}-{}", std::process::id());
+            let storage = storage_port(&ns_store, "127.0.0.1:0".parse().unwrap()).unwrap();
+            let at = storage.listen_addr().unwrap();
+            let skey = site_key.clone();
+            let server = std::thread::spawn(move || {
+                let mut sink = Collect::default();
+                let mut acks = Vec::new();
+                serve(&storage, &mut sink, Some(4), skey.as_ref(), 1000, |a| acks.push(a.clone())).unwrap();
+                (sink.0, acks)
+            });
+            let port = compute_port(&ns_send, 1, "127.0.0.1:0".parse().unwrap(), at).unwrap();
+            let k = site_key.as_ref();
+            let big = container::seal(&RawPlugin, &[7u8; 2000]).unwrap();
+            let e = send(&port, STORAGE, "big", &big, port.listen_addr(), k).unwrap_err().to_string();
+            assert!(e.contains("exceeds this storage site's limit of 1000 bytes"), "{e}");
+            port.send(STORAGE, TAG_HEADER, vec![0xff, 0xff, 0xff]).unwrap();
+            if k.is_none() {
+                // A header announcing 1 TiB, with a small body behind it.
+                let object = Object { name: "huge".into(), len: 1 << 40, sha256: [0; 32] };
+                let header = Header { reply_to: port.listen_addr(), object: Some(object), noise: None };
+                let ack = port.irecv(Some(STORAGE), Some(TAG_ACK), 1 << 16);
+                port.send(STORAGE, TAG_HEADER, postcard::to_stdvec(&header).unwrap()).unwrap();
+                let _ = port.send(STORAGE, TAG_BODY, vec![1; 100]);
+                let m = received(STORAGE, port.wait(ack).unwrap()).unwrap();
+                let e = parse_ack(STORAGE, &m.data).unwrap_err().to_string();
+                assert!(e.contains("object of 1099511627776 bytes exceeds"), "{e}");
+            } else {
+                let e = send(&port, STORAGE, "big2", &big, port.listen_addr(), k).unwrap_err().to_string();
+                assert!(e.contains("exceeds this storage site's limit"), "{e}");
+            }
+            let small = container::seal(&RawPlugin, b"fits").unwrap();
+            assert_eq!(send(&port, STORAGE, "small", &small, port.listen_addr(), k).unwrap().result, Ok(4));
+            let (stored, acks) = server.join().unwrap();
+            assert_eq!(stored, vec![("small".to_string(), b"fits".to_vec())]);
+            assert_eq!(acks.iter().filter(|a| a.result.is_err()).count(), 3);
+            assert!(acks.iter().any(|a| a.result.as_ref().is_err_and(|e| e.starts_with("malformed header"))));
+            drop(port);
+            for ns in [ns_store, ns_send] {
+                let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+            }
+        }
     }
 
     #[test]
