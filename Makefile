@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build lint test test-unit test-loom bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
+.PHONY: all setup build lint test test-unit test-loom fuzz bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
 
 all: build
 
@@ -17,6 +17,7 @@ build: setup
 # Formatting (rustfmt.toml) and clippy, warnings as errors; CI runs it before the tests.
 lint: setup
 	$(CARGO) fmt --all --check
+	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Every test: unit, property, loom, multi-process and multi-namespace.
@@ -31,6 +32,12 @@ test-unit:
 # needs a different build of the whole crate).
 test-loom:
 	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p gepsea-net --lib --release ring_loom
+
+# Every fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS each, coverage-guided by
+# libFuzzer on the stable toolchain; regressions (fuzz/regressions) replayed first.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
 $(OUT)/mpi_pingpong: bench/mpi_pingpong.c | $(OUT)
 	mpicc -O2 -o $@ $<
