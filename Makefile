@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build lint test test-unit test-loom fuzz bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
+.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-paramedic demo clean
 
 all: build
 
@@ -38,6 +38,12 @@ test-loom:
 FUZZ_SECONDS ?= 60
 fuzz: setup
 	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# Chaos soak: SOAK_ROUNDS searches on 3 namespace nodes, each with one fault injected
+# (master, walltime, worker, agent, link cut); outputs compared, leaks checked (root).
+SOAK_ROUNDS ?= 50
+soak: build | $(OUT)
+	./target/release/gepsea-bench soak --rounds $(SOAK_ROUNDS) --json $(OUT)/soak.json
 
 $(OUT)/mpi_pingpong: bench/mpi_pingpong.c | $(OUT)
 	mpicc -O2 -o $@ $<

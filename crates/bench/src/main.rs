@@ -15,6 +15,7 @@ mod paramedic;
 mod plots;
 mod procstat;
 mod search;
+mod soak;
 mod testbed;
 
 #[derive(Parser)]
@@ -41,6 +42,9 @@ enum Cmd {
     /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
     /// output written directly vs shipped as metadata (needs root).
     Paramedic(paramedic::ParamedicBenchArgs),
+    /// Chaos soak: repeated searches on 3 namespace nodes under mpirun while faults are
+    /// injected at random moments (needs root; `make soak`).
+    Soak(soak::SoakArgs),
     /// Tools the wide-area benchmark runs inside its namespaces (link delay, RTT probe).
     #[command(subcommand)]
     Testbed(testbed::TestbedCmd),
@@ -54,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Agent(a) => agent::run(&a),
         Cmd::Cluster(a) => cluster::run(&a),
         Cmd::Paramedic(a) => paramedic::run(&a),
+        Cmd::Soak(a) => soak::run(&a),
         Cmd::Testbed(t) => testbed::run(&t),
     };
     match result {
