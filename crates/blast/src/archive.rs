@@ -114,7 +114,7 @@ impl Ord for Real {
         }
         // Compare orders of magnitude, then the mantissas padded to equal length.
         let (da, db) = (Self::digits(self.mantissa), Self::digits(o.mantissa));
-        let (ma, mb) = (da + self.exponent, db + o.exponent);
+        let (ma, mb) = (i64::from(da) + i64::from(self.exponent), i64::from(db) + i64::from(o.exponent));
         if ma != mb {
             return ma.cmp(&mb);
         }
@@ -150,7 +150,7 @@ fn parse_real(s: &str) -> Option<Real> {
         let (mut m, mut e) = (m, e);
         while m > u64::MAX as i128 {
             m /= 10;
-            e += 1;
+            e = e.checked_add(1)?;
         }
         Some(Real { mantissa: m as u64, exponent: e })
     } else if s.starts_with('0') {
@@ -187,7 +187,7 @@ fn parse_hsp(el: &str) -> Result<Hsp<'_>, ArchiveError> {
     // The subject id runs from after the query id's comma to the end of the ids block.
     let after_q = el[qend..].find(',').ok_or(ArchiveError::MissingField("subject id"))? + qend + 1;
     let ids_end = matching_brace(el, ids + "ids {".len())? - 1;
-    let subject = el[after_q..ids_end].trim();
+    let subject = el.get(after_q..ids_end).ok_or(ArchiveError::MissingField("subject id"))?.trim();
     let evalue = score_field(el, "e_value")
         .and_then(|v| v.strip_prefix("real"))
         .and_then(parse_real)
@@ -308,6 +308,17 @@ pub fn with_alignments(archive: &str, hsps: &[String], from_db: &str, database: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `blast_archive` fuzz target: a query id whose comma lies past the
+    /// end of the ids block sliced the text backwards. Now it is a missing subject id.
+    #[test]
+    fn fuzzed_archive_with_the_subject_outside_its_ids_block_is_an_error() {
+        let data = include_bytes!("../../../fuzz/regressions/blast_archive/crash-1183af2deea09d21f42a4fd293ee31bbe75f072d");
+        let text = String::from_utf8_lossy(data);
+        assert!(matches!(hsps(&text), Err(ArchiveError::MissingField("subject id"))), "{:?}", hsps(&text).err());
+        let huge = Real { mantissa: 1, exponent: i32::MAX };
+        assert_eq!(huge.cmp(&Real { mantissa: 99, exponent: i32::MIN }), Ordering::Greater);
+    }
 
     fn r(m: u64, e: i32) -> Real {
         Real { mantissa: m, exponent: e }
