@@ -53,7 +53,9 @@ fn finished_parts(out: &Path) -> usize {
 
 /// Starts a search and stops it with `signal` once at least one batch is finished;
 /// returns how many were.
-fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> usize {
+/// Stops a search once it has finished a batch; returns the batches finished and the
+/// search's pid.
+fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> (usize, u32) {
     let mut child = search_cmd(dir, out, mode, &[]).stderr(Stdio::null()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while finished_parts(out) == 0 && Instant::now() < deadline {
@@ -67,7 +69,7 @@ fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> usize {
     std::thread::sleep(Duration::from_millis(300));
     let n = finished_parts(out);
     assert!(n >= 1, "a batch should have been finished");
-    n
+    (n, child.id())
 }
 
 /// Runs the search to the end; returns the number of batches reused.
@@ -102,7 +104,7 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         let outdir = d.0.join(format!("out{i}"));
         std::fs::create_dir_all(&outdir).unwrap();
         let out = outdir.join("hits.tsv");
-        let done = stop_halfway(&d.0, &out, mode, *signal);
+        let (done, pid) = stop_halfway(&d.0, &out, mode, *signal);
         if *signal == libc::SIGTERM {
             // Stopped cleanly: only the work directory (for the rerun) is left.
             assert_eq!(entries(&outdir), vec![".hits.tsv.gepsea-work".to_string()], "{what}");
@@ -110,6 +112,9 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         let reused = rerun(&d.0, &out, mode, &[]);
         assert!(reused as usize >= done, "{what}: {done} batches were finished, {reused} reused");
         assert_identical(&out, &want, &format!("{what}, {mode:?}, then rerun"));
+        // The rerun swept what the stopped search's own runtime namespace left.
+        let ns = gepsea_net::namespace_dir(&format!("search{pid}"));
+        assert!(!ns.exists(), "{what}: {} left after the rerun", ns.display());
         assert_eq!(entries(&outdir), vec!["hits.tsv".to_string()], "{what}: nothing but the output after success");
     }
 }

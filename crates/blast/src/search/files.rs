@@ -22,8 +22,13 @@ pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
     let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
     let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     let tmp = std::env::temp_dir();
-    for (dir, prefixes) in [(out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]), (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"])]
-    {
+    // A local search's namespace (`search<pid>`) lives in the user's runtime root.
+    let runtime = gepsea_net::trust::user_runtime_root();
+    for (dir, prefixes) in [
+        (out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]),
+        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"]),
+        (runtime.as_path(), vec!["search"]),
+    ] {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
