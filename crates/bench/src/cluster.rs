@@ -55,6 +55,19 @@ impl Workload {
         )?;
         Ok(residues)
     }
+
+    /// Formats `dir/db.fasta` (written by [`Workload::prepare`]) with one makeblastdb
+    /// run as `dir/ref/DB`: the database serial BLAST+ searches for the reference.
+    pub fn reference_db(d: &Path) -> Result<PathBuf> {
+        let refdir = d.join("ref");
+        std::fs::create_dir_all(&refdir)?;
+        run_ok(
+            Command::new("makeblastdb")
+                .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
+                .current_dir(&refdir),
+        )?;
+        Ok(refdir)
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -263,14 +276,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     let gepsea = crate::net::sibling("gepsea")?;
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
     let d = &dir.0;
-    std::fs::create_dir_all(d.join("ref"))?;
     let residues = a.workload.prepare(&gepsea, d)?;
     let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
-    run_ok(
-        Command::new("makeblastdb")
-            .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
-            .current_dir(d.join("ref")),
-    )?;
+    Workload::reference_db(d)?;
     let serial_out = d.join("serial.out");
     let t = Instant::now();
     run_ok(

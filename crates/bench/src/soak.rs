@@ -23,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use gepsea_net::testbed::NetnsBridge;
 use serde::Serialize;
 
-use crate::cluster::{run_ok, same_output, Workload};
+use crate::cluster::{run_ok, same_output, TempDir, Workload};
 
 #[derive(clap::Args, Debug)]
 pub struct SoakArgs {
@@ -81,34 +81,22 @@ impl Rng {
     }
 }
 
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 pub fn run(a: &SoakArgs) -> Result<()> {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the soak builds network namespaces: run it as root");
     }
-    let gepsea = std::env::current_exe()?.with_file_name("gepsea");
-    let dir = Dir(std::env::temp_dir().join(format!("gepsea-soak-{}", std::process::id())));
+    let gepsea = crate::net::sibling("gepsea")?;
+    let dir = TempDir(std::env::temp_dir().join(format!("gepsea-soak-{}", std::process::id())));
     let d = &dir.0;
-    std::fs::create_dir_all(d.join("ref"))?;
+    std::fs::create_dir_all(d)?;
     eprintln!("soak: preparing {} queries, {} fragments", a.work.queries, a.work.fragments);
     a.work.prepare(&gepsea, d)?;
-    run_ok(
-        Command::new("makeblastdb")
-            .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
-            .current_dir(d.join("ref")),
-    )?;
+    let refdir = Workload::reference_db(d)?;
     let want = d.join("serial.6");
     run_ok(
         Command::new("blastp")
-            .env("BLASTDB", d.join("ref"))
+            .env("BLASTDB", &refdir)
             .args(["-db", "DB", "-outfmt", "6", "-query"])
             .arg(d.join("q.fasta"))
             .arg("-out")
@@ -264,9 +252,9 @@ fn one_round(
     r
 }
 
-/// Injects `fault`; false if its target was not found (the run ended meanwhile).
-fn inject(bed: &NetnsBridge, fault: &str, victim: u64) -> bool {
-    let procs: Vec<(usize, u32, String, Option<u32>)> = (0..3)
+/// Every process in the nodes' namespaces: (node, pid, command line, MPI rank).
+fn processes(bed: &NetnsBridge) -> Vec<(usize, u32, String, Option<u32>)> {
+    (0..bed.ns.len())
         .flat_map(|i| {
             let pids = Command::new("ip").args(["netns", "pids", &bed.ns[i]]).output().map(|o| o.stdout).unwrap_or_default();
             String::from_utf8_lossy(&pids)
@@ -283,7 +271,12 @@ fn inject(bed: &NetnsBridge, fault: &str, victim: u64) -> bool {
                 })
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+/// Injects `fault`; false if its target was not found (the run ended meanwhile).
+fn inject(bed: &NetnsBridge, fault: &str, victim: u64) -> bool {
+    let procs = processes(bed);
     let searches = |p: &&(usize, u32, String, Option<u32>)| p.2.contains(" search ") && p.3.is_some();
     let kill = |sig: &str, pid: u32| Command::new("kill").args([sig, &pid.to_string()]).status().is_ok_and(|s| s.success());
     match fault {
@@ -344,14 +337,8 @@ fn listening_port(bed: &NetnsBridge, listen: String) -> Option<String> {
 /// What a round left behind: processes in the nodes, files of its namespace in /tmp,
 /// /dev/shm and the runtime directories, anything but inputs and output next to it.
 fn leaks(bed: &NetnsBridge, d: &Path, out: &Path) -> Vec<String> {
-    let mut left = Vec::new();
-    for (i, ns) in bed.ns.iter().enumerate() {
-        let pids = Command::new("ip").args(["netns", "pids", ns]).output().map(|o| o.stdout).unwrap_or_default();
-        for pid in String::from_utf8_lossy(&pids).split_whitespace() {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            left.push(format!("node {i}: process {pid} {}", String::from_utf8_lossy(&cmd).replace('\0', " ").trim()));
-        }
-    }
+    let mut left: Vec<String> =
+        processes(bed).into_iter().map(|(i, pid, cmd, _)| format!("node {i}: process {pid} {}", cmd.trim())).collect();
     let ns = gepsea_blast::cluster::namespace(out);
     if gepsea_net::namespace_dir(&ns).exists() {
         left.push(format!("runtime directory {}", gepsea_net::namespace_dir(&ns).display()));

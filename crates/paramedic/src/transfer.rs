@@ -337,6 +337,12 @@ fn store_checked(sink: &mut dyn Sink, object: &Object, body: &[u8]) -> Result<u6
     }
 }
 
+/// Answers `to` with `ack` in clear: every answer of an unencrypted transfer, and the
+/// refusals of an encrypted one made before its session exists.
+fn plain_ack(port: &Port, to: Addr, ack: &Ack) -> Result<(), NetError> {
+    port.send(to, TAG_ACK, postcard::to_stdvec(ack).expect("serialisable"))
+}
+
 /// One encrypted object from `from`, whose first handshake message is `first`: answers
 /// the handshake, takes the body, stores it and acknowledges, encrypted (a failed
 /// handshake is refused in clear: there are no session keys to answer with).
@@ -351,13 +357,13 @@ fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, firs
             result: Err("handshake failed: the sender's key is not this storage site's key".into()),
             seconds: 0.0,
         };
-        port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
+        plain_ack(port, from, &ack)?;
         return Ok(ack);
     };
     if object.len > max_object {
         // Refused in clear before the handshake completes: the sender sends no body.
         let ack = Ack { result: Err(too_large(&object, max_object)), name: object.name, seconds: 0.0 };
-        port.send(from, TAG_ACK, postcard::to_stdvec(&ack).expect("serialisable"))?;
+        plain_ack(port, from, &ack)?;
         return Ok(ack);
     }
     let mut answer = vec![0u8; NOISE_MAX];
@@ -403,7 +409,6 @@ pub fn serve(
     mut done: impl FnMut(&Ack),
 ) -> Result<(), TransferError> {
     let mut handled = 0;
-    let plain_ack = |to: Addr, ack: &Ack| port.send(to, TAG_ACK, postcard::to_stdvec(ack).expect("serialisable"));
     while count.is_none_or(|c| handled < c) {
         let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
         let from = h.src;
@@ -425,7 +430,7 @@ pub fn serve(
                 // which also releases the sender.
                 let _ = port.recv(Some(from), Some(TAG_BODY), 0);
                 let ack = refuse(object.name.clone(), &too_large(&object, max_object));
-                plain_ack(from, &ack)?;
+                plain_ack(port, from, &ack)?;
                 ack
             }
             (Some(object), None, key) => {
@@ -438,18 +443,18 @@ pub fn serve(
                     let result = store_checked(sink, &object, &body.data);
                     Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() }
                 };
-                plain_ack(from, &ack)?;
+                plain_ack(port, from, &ack)?;
                 ack
             }
             (None, Some(_), None) => {
                 let ack = refuse(String::new(), "the sender encrypts, but this storage site has no key: start it with --key");
-                plain_ack(from, &ack)?;
+                plain_ack(port, from, &ack)?;
                 ack
             }
             (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first, max_object)?,
             _ => {
                 let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
-                plain_ack(from, &ack)?;
+                plain_ack(port, from, &ack)?;
                 ack
             }
         };
@@ -505,18 +510,34 @@ mod tests {
     /// the storage site stored.
     type Outcome = (Vec<Result<Ack, TransferError>>, Vec<(String, Vec<u8>)>);
 
+    /// A storage site's port and a compute site's port aimed at it, over the loopback;
+    /// their namespaces' runtime directories go when the guard does (declared first,
+    /// it is dropped after the ports), also when the test fails.
+    fn sites(tag: &str) -> (RemoveNamespaces, Port, Port) {
+        let guard = RemoveNamespaces([format!("pmt-s-{tag}-{}", std::process::id()), format!("pmt-c-{tag}-{}", std::process::id())]);
+        let storage = storage_port(&guard.0[0], "127.0.0.1:0".parse().unwrap()).unwrap();
+        let compute = compute_port(&guard.0[1], 1, "127.0.0.1:0".parse().unwrap(), storage.listen_addr().unwrap()).unwrap();
+        (guard, storage, compute)
+    }
+
+    struct RemoveNamespaces([String; 2]);
+
+    impl Drop for RemoveNamespaces {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
+            }
+        }
+    }
+
     fn transfers(tag: &str, site_key: Option<Key>, sends: Vec<(Option<Key>, Vec<u8>)>) -> Outcome {
-        let ns_store = format!("pmt-s-{tag}-{}", std::process::id());
-        let ns_send = format!("pmt-c-{tag}-{}", std::process::id());
-        let storage = storage_port(&ns_store, "127.0.0.1:0".parse().unwrap()).unwrap();
-        let at = storage.listen_addr().unwrap();
+        let (_guard, storage, port) = sites(tag);
         let n = sends.len();
         let server = std::thread::spawn(move || {
             let mut sink = Collect::default();
             serve(&storage, &mut sink, Some(n), site_key.as_ref(), DEFAULT_MAX_OBJECT, |_| {}).unwrap();
             sink.0
         });
-        let port = compute_port(&ns_send, 1, "127.0.0.1:0".parse().unwrap(), at).unwrap();
         let results = sends
             .iter()
             .enumerate()
@@ -525,10 +546,6 @@ mod tests {
             })
             .collect();
         let stored = server.join().unwrap();
-        drop(port);
-        for ns in [ns_store, ns_send] {
-            let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-        }
         (results, stored)
     }
 
@@ -539,11 +556,7 @@ mod tests {
     fn oversized_objects_and_malformed_headers_are_refused_and_the_site_serves_on() {
         let key = Key::generate().unwrap();
         for site_key in [None, Some(key)] {
-            let tag = if site_key.is_some() { "lim-enc" } else { "lim" };
-            let ns_store = format!("pmt-s-{tag}-{}", std::process::id());
-            let ns_send = format!("pmt-c-{tag}-{}", std::process::id());
-            let storage = storage_port(&ns_store, "127.0.0.1:0".parse().unwrap()).unwrap();
-            let at = storage.listen_addr().unwrap();
+            let (_guard, storage, port) = sites(if site_key.is_some() { "lim-enc" } else { "lim" });
             let skey = site_key.clone();
             let server = std::thread::spawn(move || {
                 let mut sink = Collect::default();
@@ -551,7 +564,6 @@ mod tests {
                 serve(&storage, &mut sink, Some(4), skey.as_ref(), 1000, |a| acks.push(a.clone())).unwrap();
                 (sink.0, acks)
             });
-            let port = compute_port(&ns_send, 1, "127.0.0.1:0".parse().unwrap(), at).unwrap();
             let k = site_key.as_ref();
             let big = container::seal(&RawPlugin, &[7u8; 2000]).unwrap();
             let e = send(&port, STORAGE, "big", &big, port.listen_addr(), k).unwrap_err().to_string();
@@ -577,10 +589,6 @@ mod tests {
             assert_eq!(stored, vec![("small".to_string(), b"fits".to_vec())]);
             assert_eq!(acks.iter().filter(|a| a.result.is_err()).count(), 3);
             assert!(acks.iter().any(|a| a.result.as_ref().is_err_and(|e| e.starts_with("malformed header"))));
-            drop(port);
-            for ns in [ns_store, ns_send] {
-                let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
-            }
         }
     }
 

@@ -197,11 +197,10 @@ impl Proto {
     /// `Peer::unreturned`); past them, or larger than an eager message can be, it is a
     /// protocol error.
     fn eager_arrived(&mut self, src: Addr, channel: Channel, len: usize) -> Result<(), NetError> {
-        let l = match channel {
-            Channel::System => SYS,
-            Channel::Normal => NORM,
-            c => return Err(NetError::Protocol { peer: src, reason: format!("eager message on the {c:?} channel") }),
-        };
+        if !matches!(channel, Channel::System | Channel::Normal) {
+            return Err(NetError::Protocol { peer: src, reason: format!("eager message on the {channel:?} channel") });
+        }
+        let l = lane(channel);
         if len > self.cfg.eager_threshold {
             return Err(NetError::Protocol {
                 peer: src,
