@@ -551,6 +551,47 @@ pub enum PeerMsg {
         op: u64,
         reply: Reply,
     },
+    /// When the view grew, old owner → new owner (and, empty, between every pair that
+    /// just met): the locks and merge streams the sender owned whose owner is now the
+    /// recipient. The recipient serves no owner-routed operation until every member of
+    /// its view has sent one (board entries travel before it as `BoardCopy`).
+    Handover {
+        locks: Vec<HandedLock>,
+        merges: Vec<(String, MergeState)>,
+    },
+    /// An owner-routed operation that reached an agent which no longer owns its key
+    /// (the origin's view was behind): executed by the recipient, which answers
+    /// `origin` directly.
+    Forwarded {
+        origin: u32,
+        op: u64,
+        client: Client,
+        body: Op,
+    },
+    /// To an origin: its operation `op` is now with agent `dest` (forwarded, or a lock
+    /// request handed over while waiting), so a cancel or that agent's death is
+    /// followed there.
+    Moved {
+        op: u64,
+        dest: u32,
+    },
+}
+
+/// A lock handed to its new owner: holders, and waiters in order with the operation
+/// each waits on (`origin` agent, its op id) so the grant can be answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandedLock {
+    pub name: String,
+    pub holders: Vec<(Client, LockMode)>,
+    pub waiting: Vec<(Client, LockMode, u32, u64)>,
+}
+
+/// A merge stream in flight: each run's buffered records and whether it finished, and
+/// the last record each run sent (to keep checking order).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeState {
+    pub runs: Vec<(Vec<Record>, bool)>,
+    pub last: Vec<Option<Record>>,
 }
 
 /// How a body travels (see the module docs).

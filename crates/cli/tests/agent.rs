@@ -615,6 +615,97 @@ fn killing_a_nodes_agent_releases_its_locks_and_reelects_the_scheduler() {
     assert_eq!(a.run(3, &["board-get", "survivor"]).trim().split(' ').nth(1), Some("3500"));
 }
 
+/// A node whose agent died and was started again (same node id, new incarnation) is
+/// let back in: every agent's view holds it again with its new pid, the keys, locks
+/// and merge streams it now owns are handed to it (a lock held and waited on across
+/// the move stays exclusive and its queue is served), and it takes tasks again.
+#[test]
+fn a_restarted_agent_rejoins_and_gets_its_keys_locks_and_tasks_back() {
+    if skip_netns() {
+        return;
+    }
+    use gepsea_agent::core::board::ranked;
+    use gepsea_agent::core::{lock_key, merge_key};
+    let mut a = Agents::new(3, true);
+    // Names whose owner is node 3 with it and node 1 or 2 without it.
+    let back_to_3 = |key: &dyn Fn(&str) -> String, stem: &str| {
+        (0..1000).map(|i| format!("{stem}{i}")).find(|n| ranked(&key(n), &[1, 2, 3])[0] == 3).unwrap()
+    };
+    let lock = back_to_3(&|n| lock_key(n), "L");
+    let key = back_to_3(&|n| n.to_string(), "K");
+    let stream = back_to_3(&|n| merge_key(n), "M");
+    for i in 0..3 {
+        a.run(i, &["cas-incr", "counter", "100"]);
+    }
+    a.kill_node(2);
+    wait_until(
+        Duration::from_secs(30),
+        || (0..2).all(|i| a.status(i)["view"] == serde_json::json!([1, 2])),
+        "nodes 1 and 2 to drop node 3",
+    );
+
+    // While node 3 is away: a key written, a lock held by node 1 and waited for by
+    // node 2, a merge stream half pushed, all owned by node 1 or 2.
+    a.run(0, &["cas-incr", &key, "50"]);
+    let holder = a.spawn(0, &["hold-lock", &lock]);
+    let holder_pid = a.others.last().unwrap().id();
+    assert_eq!(holder.next(Duration::from_secs(20)), "locked");
+    let waiter = a.spawn(1, &["lock-timeout", &lock, "60000"]);
+    wait_until(Duration::from_secs(20), || waiting_on(&a, &lock) == 1, "node 2 to queue for the lock");
+    let c = connect(&a, 1).unwrap();
+    let rec = |k: u32| Record { key: k.to_be_bytes().to_vec(), value: vec![] };
+    c.merge_open(&stream, 2).unwrap();
+    c.merge_push(&stream, 0, vec![rec(1), rec(4)], true).unwrap();
+
+    // Node 3's agent again, same node id.
+    a.agents[2] = Some(a.start_agent(2, 3));
+    a.wait_ready(2);
+    let me3 = a.status(2);
+    assert_eq!(me3["restarted"], true, "{me3}");
+    wait_until(
+        Duration::from_secs(30),
+        || (0..3).all(|i| a.status(i)["view"] == serde_json::json!([1, 2, 3]) && a.status(i)["deferred_ops"] == 0),
+        "every agent to see node 3 back",
+    );
+    for i in 0..2 {
+        let st = a.status(i);
+        assert_eq!(st["dead"], serde_json::json!([]), "{st}");
+        assert_eq!(st["rejoins"], 1, "{st}");
+        let peer3 = st["peers"].as_array().unwrap().iter().find(|p| p[0] == 3).cloned();
+        assert_eq!(peer3, Some(serde_json::json!([3, me3["pid"], me3["incarnation"]])), "node {} knows the new agent: {st}", i + 1);
+    }
+    // The lock moved to node 3 with its holder and its queue.
+    let on = |i: usize| a.status(i)["locks"].as_array().unwrap().iter().any(|l| l["name"] == lock.as_str());
+    wait_until(Duration::from_secs(10), || on(2), "the lock to move to node 3");
+    assert!(!on(0) && !on(1), "the old owner dropped it");
+    let l = a.status(2)["locks"].as_array().unwrap().iter().find(|l| l["name"] == lock.as_str()).cloned().unwrap();
+    assert_eq!((l["holders"].as_array().unwrap().len(), l["waiting"].as_array().unwrap().len()), (1, 1), "{l}");
+    let line = a.run(2, &["lock-timeout", &lock, "1500"]);
+    assert!(line.starts_with("not locked"), "node 1 still holds it across the move: {line}");
+    kill_tree(holder_pid);
+    let line = waiter.next(Duration::from_secs(30));
+    assert!(line.starts_with("locked after"), "the waiter handed over is served by the new owner: {line}");
+
+    // The board entry and the merge stream followed their key.
+    assert_eq!(a.run(2, &["board-get", &key]).trim().split(' ').nth(1), Some("50"));
+    assert_eq!(a.run(1, &["board-get", &key]).trim().split(' ').nth(1), Some("50"));
+    c.merge_push(&stream, 1, vec![rec(2), rec(3)], true).unwrap();
+    assert_eq!(c.merge_pull(&stream).unwrap(), (vec![rec(1), rec(2), rec(3), rec(4)], true));
+    assert_eq!(a.status(2)["merge_streams"], 0, "pulled to the end on its new owner");
+    for i in 0..3 {
+        a.run(i, &["cas-incr", "counter", "100"]);
+    }
+    assert_eq!(a.run(2, &["board-get", "counter"]).trim().split(' ').nth(1), Some("600"));
+
+    // It takes tasks again: 40 tasks, only node 3 works.
+    assert_eq!(a.run(2, &["scheduler"]).trim(), "scheduler 1");
+    a.run(0, &["submit", "40"]);
+    let log = a.dir.join("rejoin-tasks.log");
+    let w = a.spawn(2, &["work", log.to_str().unwrap(), "2"]);
+    assert_eq!(w.next(Duration::from_secs(20)), "working");
+    assert_eq!(w.next(Duration::from_secs(60)), "worked 40");
+}
+
 fn kill_tree(pid: u32) {
     // `ip netns exec` execs the program, so the child's pid is the probe itself.
     let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();

@@ -160,6 +160,39 @@ impl LockTable {
         }
     }
 
+    /// Removes and returns every lock whose name `moved` selects (its owner changed),
+    /// holders and waiters in order, for the new owner's [`LockTable::adopt`].
+    pub fn take(&mut self, moved: impl Fn(&str) -> bool) -> Vec<LockSnapshot> {
+        let names: Vec<String> = self.locks.keys().filter(|k| moved(k)).cloned().collect();
+        let mut v: Vec<LockSnapshot> =
+            names.into_iter().filter_map(|k| self.locks.remove(&k).map(|s| (k, s.holders, s.waiting.into_iter().collect()))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// A lock handed over by its previous owner: its holders hold it here too, its
+    /// waiters queue here in their order, ahead of anyone who asked this table since
+    /// (nobody should have: new owners serve no lock request before the hand-over).
+    /// Returns the grants this makes possible.
+    pub fn adopt(&mut self, lock: &str, holders: Vec<(Client, Mode)>, waiting: Vec<(Client, Mode)>) -> Vec<Grant> {
+        let st = self.locks.entry(lock.to_string()).or_default();
+        for h in holders {
+            if !st.holders.iter().any(|(c, _)| *c == h.0) {
+                st.waiting.retain(|(c, _)| *c != h.0);
+                st.holders.push(h);
+            }
+        }
+        for (i, w) in waiting.into_iter().enumerate() {
+            if !st.holders.iter().any(|(c, _)| *c == w.0) && !st.waiting.iter().any(|(c, _)| *c == w.0) {
+                st.waiting.insert(i.min(st.waiting.len()), w);
+            }
+        }
+        let mut out = Vec::new();
+        st.promote(lock, &mut out);
+        self.gc(lock);
+        out
+    }
+
     /// Every lock this table knows, with its holders and waiters (for status reports).
     pub fn snapshot(&self) -> Vec<LockSnapshot> {
         let mut v: Vec<_> = self.locks.iter().map(|(k, s)| (k.clone(), s.holders.clone(), s.waiting.iter().copied().collect())).collect();
@@ -187,6 +220,26 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handed_over_lock_keeps_its_holders_and_queue_order() {
+        let mut old = LockTable::new();
+        let (a, b, c) = (Client::new(1, 1), Client::new(2, 1), Client::new(3, 1));
+        assert_eq!(old.acquire("L", a, Mode::Exclusive).unwrap().len(), 1);
+        assert_eq!(old.acquire("L", b, Mode::Shared).unwrap(), vec![]);
+        assert_eq!(old.acquire("L", c, Mode::Shared).unwrap(), vec![]);
+        assert_eq!(old.acquire("M", b, Mode::Exclusive).unwrap().len(), 1);
+        let moved = old.take(|k| k == "L");
+        assert_eq!(old.snapshot().len(), 1, "M stays");
+        let mut new = LockTable::new();
+        for (name, holders, waiting) in moved {
+            assert_eq!(new.adopt(&name, holders, waiting), vec![]);
+        }
+        assert_eq!(new.holders("L"), vec![(a, Mode::Exclusive)]);
+        assert_eq!(new.waiting("L"), vec![(b, Mode::Shared), (c, Mode::Shared)]);
+        let g = new.release("L", a).unwrap();
+        assert_eq!(g.iter().map(|g| g.client).collect::<Vec<_>>(), vec![b, c]);
+    }
 
     #[test]
     fn reclaimed_holds_block_later_requests() {

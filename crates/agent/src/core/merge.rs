@@ -23,6 +23,10 @@ struct Run<T> {
     finished: bool,
 }
 
+/// A merger's state in parts (see [`Merger::into_parts`]): per run its buffered items
+/// and whether it finished; the last item each run sent.
+pub type MergerParts<T> = (Vec<(Vec<T>, bool)>, Vec<Option<T>>);
+
 /// Merges `k` runs.
 pub struct Merger<T: Ord> {
     runs: Vec<Run<T>>,
@@ -77,6 +81,19 @@ impl<T: Ord + Clone> Merger<T> {
         out
     }
 
+    /// The merger's whole state, to move it to another agent: per run its buffered
+    /// items and whether it finished, and the last item each run sent.
+    pub fn into_parts(self) -> MergerParts<T> {
+        (self.runs.into_iter().map(|r| (r.buf.into(), r.finished)).collect(), self.last)
+    }
+
+    /// A merger rebuilt from [`Merger::into_parts`]; `None` if the parts disagree on
+    /// the number of runs.
+    pub fn from_parts(runs: Vec<(Vec<T>, bool)>, last: Vec<Option<T>>) -> Option<Self> {
+        (runs.len() == last.len())
+            .then(|| Merger { runs: runs.into_iter().map(|(buf, finished)| Run { buf: buf.into(), finished }).collect(), last })
+    }
+
     /// All runs finished and everything emitted.
     pub fn is_done(&self) -> bool {
         self.runs.iter().all(|r| r.finished && r.buf.is_empty())
@@ -101,6 +118,24 @@ mod tests {
         m.finish(0).unwrap();
         assert!(m.is_done());
         assert_eq!(m.push(1, vec![9]), Err(MergeError::Finished(1)));
+    }
+
+    #[test]
+    fn a_merger_moved_in_parts_goes_on_where_it_was() {
+        let mut m = Merger::new(3);
+        m.push(0, vec![1, 5]).unwrap();
+        m.push(2, vec![2]).unwrap();
+        m.finish(2).unwrap();
+        let (runs, last) = m.into_parts();
+        assert!(Merger::from_parts(runs.clone(), vec![None]).is_none(), "parts of different run counts");
+        let mut m = Merger::from_parts(runs, last).unwrap();
+        assert_eq!(m.push(0, vec![4]), Err(MergeError::Unsorted(0)), "the order check came along");
+        assert_eq!(m.push(2, vec![9]), Err(MergeError::Finished(2)));
+        m.push(1, vec![3]).unwrap();
+        m.finish(1).unwrap();
+        m.finish(0).unwrap();
+        assert_eq!(m.pop_ready(), vec![1, 2, 3, 5]);
+        assert!(m.is_done());
     }
 
     proptest! {

@@ -4,9 +4,7 @@
 
 use super::*;
 
-pub(super) fn lock_key(name: &str) -> String {
-    format!("gepsea.lock/{name}")
-}
+pub(super) use crate::core::{lock_key, merge_key};
 
 pub(super) fn take_adverts(inbox: &mut Inbox, max: u32) -> Vec<AdvertMsg> {
     let mut v = Vec::new();

@@ -18,11 +18,26 @@ impl Agent {
                 self.send_peer(n, &PeerMsg::Hello { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
             }
         }
+        self.discovered = true;
+        self.check_ready();
     }
 
     pub(super) fn peer_alive(&mut self, node: u32, pid: u32, incarnation: u64) {
         if self.dead.contains(&node) {
-            return;
+            // Only a new incarnation comes back: a restarted agent of that node.
+            if incarnation == 0 || self.buried.get(&node) == Some(&incarnation) {
+                return;
+            }
+            info!("node {}: agent {node} restarted (pid {pid}); letting it back in", self.me);
+            self.dead.remove(&node);
+            self.buried.remove(&node);
+            self.rejoins += 1;
+        } else if let Some(Some((_, was))) = self.known.get(&node) {
+            if *was != 0 && incarnation != 0 && *was != incarnation {
+                // Restarted faster than we noticed it gone: its old self died first.
+                self.peer_failed(Addr::new(node, 0), "it restarted");
+                return self.peer_alive(node, pid, incarnation);
+            }
         }
         let was = self.known.insert(node, Some((pid, incarnation)));
         if !matches!(was, Some(Some(_))) {
@@ -31,7 +46,81 @@ impl Agent {
             self.view.push(node);
             self.view.sort_unstable();
             self.view_changed(&old);
+            self.hand_over(node, &old);
             self.publish_state();
+        } else if let Some(Some((p, inc))) = self.known.get_mut(&node) {
+            // A hello after a message told us it lives: keep its real identity.
+            if *inc == 0 {
+                (*p, *inc) = (pid, incarnation);
+            }
+        }
+    }
+
+    /// `joined` entered the view: locks and merge streams we owned whose owner is now
+    /// someone else go to their new owner, and every pair that just met swaps a
+    /// (usually empty) `Handover`; until ours from `joined` is in, we serve no
+    /// owner-routed operation, so nothing is granted or read twice across the move.
+    fn hand_over(&mut self, joined: u32, old: &[u32]) {
+        let me = self.me;
+        let view = self.view.clone();
+        let owner = |key: &str| ranked(key, &view).first().copied();
+        type Handed = (Vec<HandedLock>, Vec<(String, MergeState)>);
+        let mut out: BTreeMap<u32, Handed> = BTreeMap::new();
+        out.entry(joined).or_default();
+        for (name, holders, waiting) in self.locks.take(|name| owner(&lock_key(name)) != Some(me)) {
+            let Some(dest) = owner(&lock_key(&name)) else { continue };
+            let mut w = Vec::new();
+            for (c, m) in waiting {
+                if let Some((origin, op)) = self.lock_waiters.remove(&(name.clone(), c)) {
+                    self.moved_ops.insert((origin, op), dest);
+                    self.send_peer(origin, &PeerMsg::Moved { op, dest });
+                    w.push((c, m.into(), origin, op));
+                }
+            }
+            let holders = holders.into_iter().map(|(c, m)| (c, m.into())).collect();
+            out.entry(dest).or_default().0.push(HandedLock { name, holders, waiting: w });
+        }
+        let moving: Vec<String> = self.merges.keys().filter(|s| owner(&merge_key(s)) != Some(me)).cloned().collect();
+        for stream in moving {
+            let (Some(m), Some(dest)) = (self.merges.remove(&stream), owner(&merge_key(&stream))) else { continue };
+            let (runs, last) = m.into_parts();
+            out.entry(dest).or_default().1.push((stream, MergeState { runs, last }));
+        }
+        for (dest, (locks, merges)) in out {
+            if !locks.is_empty() || !merges.is_empty() {
+                info!("node {me}: handing {} locks and {} merge streams to agent {dest}", locks.len(), merges.len());
+            }
+            self.send_peer(dest, &PeerMsg::Handover { locks, merges });
+        }
+        if old.len() < self.view.len() && joined != me {
+            self.awaiting_handover.insert(joined);
+            self.handover_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
+        }
+    }
+
+    /// A `Handover` from `from`: adopt what it sends, and serve again once every
+    /// agent that joined has sent one.
+    pub(super) fn handover_in(&mut self, from: u32, locks: Vec<HandedLock>, merges: Vec<(String, MergeState)>) {
+        for l in locks {
+            let waiting = l.waiting.iter().map(|(c, m, _, _)| (*c, (*m).into())).collect();
+            for (c, _, origin, op) in &l.waiting {
+                self.lock_waiters.insert((l.name.clone(), *c), (*origin, *op));
+            }
+            let holders = l.holders.into_iter().map(|(c, m)| (c, m.into())).collect();
+            let grants = self.locks.adopt(&l.name, holders, waiting);
+            self.send_grants(grants);
+        }
+        for (stream, st) in merges {
+            match Merger::from_parts(st.runs, st.last) {
+                Some(m) => {
+                    self.merges.insert(stream, m);
+                }
+                None => warn!("node {}: merge stream {stream:?} from agent {from} is inconsistent; dropped", self.me),
+            }
+        }
+        self.awaiting_handover.remove(&from);
+        if self.awaiting_handover.is_empty() && self.handover_deadline.is_some() {
+            self.settled();
         }
     }
 
@@ -48,7 +137,12 @@ impl Agent {
         warn!("node {}: agent {} failed: {reason}", self.me, peer.node);
         let dead = peer.node;
         self.dead.insert(dead);
-        self.known.remove(&dead);
+        let incarnation = self.known.remove(&dead).flatten().map_or(0, |(_, inc)| inc);
+        self.buried.insert(dead, incarnation);
+        self.awaiting_handover.remove(&dead);
+        if self.awaiting_handover.is_empty() {
+            self.handover_deadline = None;
+        }
         let old = self.view.clone();
         self.view.retain(|&n| n != dead);
         self.ptable.remove(dead);
@@ -150,7 +244,16 @@ impl Agent {
                 self.loopback_from.push_back((from, m));
             }
         }
-        let ready = self.cfg.nodes.is_none_or(|n| self.view.len() >= n);
+        self.check_ready();
+    }
+
+    /// Ready (clients may start, owner-routed operations are served) once the view
+    /// holds the expected agents, or, for an agent restarted into a running job (its
+    /// node may be the only one that came back), once every agent its discovery found
+    /// has answered or been found dead.
+    pub(super) fn check_ready(&mut self) {
+        let complete = self.restarted && self.discovered && self.known.values().all(Option::is_some);
+        let ready = complete || self.cfg.nodes.is_none_or(|n| self.view.len() >= n);
         if ready && !self.ready {
             self.ready = true;
             info!("node {}: ready, view {:?}", self.me, self.view);
@@ -160,11 +263,23 @@ impl Agent {
                     let _ = unix::write(&mut s.stream, &frame);
                 }
             }
+            self.settled();
         }
     }
 
+    /// Runs the owner-routed operations held back while settling, once nothing is
+    /// awaited any more (neither lock re-registrations after a death nor hand-overs
+    /// after a join).
     pub(super) fn settled(&mut self) {
-        self.settle_deadline = None;
+        if self.awaiting_reclaim.is_empty() {
+            self.settle_deadline = None;
+        }
+        if self.awaiting_handover.is_empty() {
+            self.handover_deadline = None;
+        }
+        if self.settle_deadline.is_some() || self.handover_deadline.is_some() || !self.ready {
+            return;
+        }
         for (origin, op, client, body) in std::mem::take(&mut self.deferred) {
             self.exec_owned(origin, op, client, body);
         }

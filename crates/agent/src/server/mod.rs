@@ -335,6 +335,20 @@ pub struct Agent {
     sched_settle_deadline: Option<Instant>,
     settle_deadline: Option<Instant>,
     deferred: Vec<(u32, u64, Client, Op)>,
+    // joining: agents whose hand-over is awaited (nothing owner-routed is served until
+    // they are in), and where handed-over or forwarded operations went
+    awaiting_handover: BTreeSet<u32>,
+    handover_deadline: Option<Instant>,
+    moved_ops: HashMap<(u32, u64), u32>,
+    /// Our operations forwarded to an agent we know is dead: routed again at the time.
+    retry_routes: Vec<(Instant, u64)>,
+    /// Dead agents' incarnations: a hello from the same incarnation is not a rejoin.
+    buried: HashMap<u32, u64>,
+    rejoins: u64,
+    /// This agent replaced a dead one of its node (its rendezvous entry was stale).
+    restarted: bool,
+    /// The rendezvous directory has been read once.
+    discovered: bool,
     // jobs: the first half serves this node's processes, the second half other agents
     jobs: Vec<Sender<Job>>,
     /// Runs jobs that a job itself asked for (see [`Agent::job`]).
@@ -370,6 +384,7 @@ impl Agent {
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(&scratch).map_err(io_err(format!("creating {}", scratch.display())))?;
         let mut rendezvous_entry = None;
+        let mut restarted = false;
         if let Some(dir) = &cfg.rendezvous {
             std::fs::create_dir_all(dir).map_err(io_err(format!("creating rendezvous directory {}", dir.display())))?;
             let entry = dir.join(format!("agent-{me}.json"));
@@ -380,7 +395,8 @@ impl Agent {
                         return Err(AgentError::NodeTaken { node: me, addr: a.to_string(), path: entry });
                     }
                 }
-                warn!("replacing stale rendezvous entry {} ({})", entry.display(), addr.unwrap_or_default());
+                warn!("replacing stale rendezvous entry {} ({}): rejoining as node {me}", entry.display(), addr.unwrap_or_default());
+                restarted = true;
             }
             rendezvous_entry = Some(entry);
         }
@@ -495,6 +511,14 @@ impl Agent {
             sched_settle_deadline: None,
             settle_deadline: None,
             deferred: Vec::new(),
+            awaiting_handover: BTreeSet::new(),
+            handover_deadline: None,
+            moved_ops: HashMap::new(),
+            retry_routes: Vec::new(),
+            buried: HashMap::new(),
+            rejoins: 0,
+            restarted,
+            discovered: cfg.rendezvous.is_none(),
             jobs,
             nested: (template, done_tx.clone()),
             calls_rx,
@@ -601,7 +625,8 @@ impl Agent {
         for (_, _, d) in self.takes.values() {
             t = t.min(*d);
         }
-        for d in [self.settle_deadline, self.sched_settle_deadline].into_iter().flatten() {
+        let retry = self.retry_routes.iter().map(|(d, _)| *d).min();
+        for d in [self.settle_deadline, self.sched_settle_deadline, self.handover_deadline, retry].into_iter().flatten() {
             t = t.min(d);
         }
         t.saturating_duration_since(now)
@@ -649,6 +674,22 @@ impl Agent {
         if self.settle_deadline.is_some_and(|d| d <= now) {
             warn!("node {}: giving up waiting for lock re-registration from {:?}", self.me, self.awaiting_reclaim);
             self.awaiting_reclaim.clear();
+            self.settle_deadline = None;
+            self.settled();
+        }
+        if self.retry_routes.iter().any(|(d, _)| *d <= now) {
+            let (due, later) = std::mem::take(&mut self.retry_routes).into_iter().partition(|(d, _)| *d <= now);
+            self.retry_routes = later;
+            for (_, op) in due {
+                if let Some(r) = self.routed.remove(&op) {
+                    self.route(r.client, r.op, r.reply, Some(op));
+                }
+            }
+        }
+        if self.handover_deadline.is_some_and(|d| d <= now) {
+            warn!("node {}: giving up waiting for hand-overs from {:?}", self.me, self.awaiting_handover);
+            self.awaiting_handover.clear();
+            self.handover_deadline = None;
             self.settled();
         }
     }

@@ -189,6 +189,18 @@ impl Agent {
                     self.reply(to, reply);
                 }
             }
+            PeerMsg::Handover { locks, merges } => self.handover_in(from, locks, merges),
+            PeerMsg::Forwarded { origin, op, client, body } => self.exec_owned(origin, op, client, body),
+            PeerMsg::Moved { op, dest } => {
+                if let Some(r) = self.routed.get_mut(&op) {
+                    r.dest = dest;
+                    if self.dead.contains(&dest) {
+                        // Forwarded by an agent that has not seen `dest` die yet: ask
+                        // again a little later, when it may have.
+                        self.retry_routes.push((Instant::now() + self.cfg.heartbeat, op));
+                    }
+                }
+            }
         }
     }
 }

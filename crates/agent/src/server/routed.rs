@@ -3,15 +3,20 @@
 
 use super::*;
 
+/// The key that decides which agent executes an owner-routed operation.
+pub(super) fn routed_key(op: &Op) -> Option<String> {
+    Some(match op {
+        Op::BoardGet { key } | Op::BoardPut { key, .. } | Op::BoardCas { key, .. } => key.clone(),
+        Op::Lock { name, .. } | Op::Unlock { name } => lock_key(name),
+        Op::MergeOpen { stream, .. } | Op::MergePush { stream, .. } | Op::MergePull { stream } => merge_key(stream),
+        _ => return None,
+    })
+}
+
 impl Agent {
     /// Sends an owner-routed operation to its owner (ourselves included).
     pub(super) fn route(&mut self, client: Client, op: Op, reply: ReplyTo, reuse: Option<u64>) {
-        let key = match &op {
-            Op::BoardGet { key } | Op::BoardPut { key, .. } | Op::BoardCas { key, .. } => key.clone(),
-            Op::Lock { name, .. } | Op::Unlock { name } => lock_key(name),
-            Op::MergeOpen { stream, .. } | Op::MergePush { stream, .. } | Op::MergePull { stream } => format!("gepsea.merge/{stream}"),
-            _ => unreachable!("not an owner-routed operation"),
-        };
+        let key = routed_key(&op).expect("not an owner-routed operation");
         let Some(&dest) = ranked(&key, &self.view).first() else { return };
         let id = reuse.unwrap_or_else(|| self.new_op());
         if let (ReplyTo::Client { port, id: rid }, Op::Lock { .. }) = (&reply, &op) {
@@ -24,9 +29,21 @@ impl Agent {
 
     /// The owner's side of a routed operation.
     pub(super) fn exec_owned(&mut self, origin: u32, op: u64, client: Client, body: Op) {
-        if matches!(body, Op::Lock { .. }) && self.settle_deadline.is_some() {
+        // Held back: lock requests while holders re-register after a death; everything
+        // while a join's hand-overs are on their way or the view is still forming.
+        let reclaiming = matches!(body, Op::Lock { .. }) && self.settle_deadline.is_some();
+        if reclaiming || self.handover_deadline.is_some() || !self.ready {
             self.deferred.push((origin, op, client, body));
             return;
+        }
+        if let Some(owner) = routed_key(&body).and_then(|k| ranked(&k, &self.view).first().copied()) {
+            if owner != self.me {
+                // The origin's view is behind ours (an agent joined): the key moved.
+                self.moved_ops.insert((origin, op), owner);
+                self.send_peer(owner, &PeerMsg::Forwarded { origin, op, client, body });
+                self.send_peer(origin, &PeerMsg::Moved { op, dest: owner });
+                return;
+            }
         }
         let r = match body {
             Op::BoardGet { key } => Reply::Value(self.board.get(&key).map(|v| BoardValue { version: v.version, value: v.value.to_vec() })),
@@ -57,6 +74,9 @@ impl Agent {
                         self.send_peer(origin, &PeerMsg::RoutedReply { op: id, reply: Reply::err(ErrorKind::Cancelled, "cancelled") });
                         self.send_grants(grants);
                     }
+                } else if let Some(&dest) = self.moved_ops.get(&(origin, id)) {
+                    // The request went on to another agent; so does its cancel.
+                    self.send_peer(dest, &PeerMsg::Forwarded { origin, op, client, body: Op::Cancel { id } });
                 }
                 return;
             }

@@ -14,8 +14,18 @@ pub(super) struct Status {
     authenticated: bool,
     ready: bool,
     expected_nodes: Option<usize>,
+    /// This agent's incarnation (a restarted agent of a node has a new one).
+    incarnation: u64,
+    /// This agent replaced a dead agent of its node in a running job.
+    restarted: bool,
     view: Vec<u32>,
+    /// The other agents in the view: node, pid and incarnation (0 until its hello).
+    peers: Vec<(u32, u32, u64)>,
     dead: Vec<u32>,
+    /// Agents let back into the view after they had been declared dead.
+    rejoins: u64,
+    /// Owner-routed operations held back (a join's hand-overs or lock re-registration).
+    deferred_ops: usize,
     scheduler: Option<u32>,
     peer_timeout_ms: u64,
     cache_bytes_limit: usize,
@@ -70,8 +80,13 @@ impl Agent {
             authenticated: self.cfg.key.is_some(),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
+            incarnation: self.incarnation,
+            restarted: self.restarted,
             view: self.view.clone(),
+            peers: self.known.iter().filter_map(|(n, v)| v.map(|(pid, inc)| (*n, pid, inc))).collect(),
             dead: self.dead.iter().copied().collect(),
+            rejoins: self.rejoins,
+            deferred_ops: self.deferred.len(),
             scheduler: self.scheduler_node,
             peer_timeout_ms: self.cfg.peer_timeout.as_millis() as u64,
             cache_bytes_limit: self.cfg.cache_bytes,
