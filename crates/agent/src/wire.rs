@@ -130,6 +130,9 @@ pub struct NodeState {
     pub processes: Vec<(u32, Activity)>,
     /// Names of the data this node holds (its cache, plus what processes declared).
     pub holds: Vec<String>,
+    /// The node's agent's incarnation: a new one means the agent restarted, and
+    /// whatever its predecessor held is gone.
+    pub incarnation: u64,
     /// Bumped on every change, so readers can tell fresh from stale.
     pub version: u64,
 }

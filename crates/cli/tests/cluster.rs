@@ -227,7 +227,7 @@ fn mpirun_on_three_nodes_is_identical_to_serial_blastp() {
 }
 
 #[test]
-fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
+fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged() {
     if skip() {
         return;
     }
@@ -242,11 +242,18 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
         .spawn()
         .unwrap();
     // Once the first parts are written, kill the agent of the third node (rank 0, the
-    // master, is on the first).
+    // master, is on the first). The node's leader starts it again; it must rejoin:
+    // every agent's status lists it live with its new pid while the search goes on.
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut killed = false;
-    while Instant::now() < deadline && !killed {
+    let mut killed: Option<(String, u32, u32)> = None;
+    let mut rejoined = None;
+    let mut child = child;
+    while Instant::now() < deadline && rejoined.is_none() && matches!(child.try_wait(), Ok(None)) {
         std::thread::sleep(Duration::from_millis(100));
+        if let Some((ns, node, old_pid)) = &killed {
+            rejoined = rejoined_everywhere(ns, *node, *old_pid);
+            continue;
+        }
         // Finished parts go to the search's work directory next to the output (shared).
         let parts = std::fs::read_dir(c.dir.0.join(".kill.6.gepsea-work/parts"))
             .into_iter()
@@ -257,20 +264,47 @@ fn a_nodes_agent_killed_mid_run_does_not_change_the_output() {
         if parts >= 2 {
             let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[2]])).stdout).unwrap();
             for pid in pids.split_whitespace() {
-                let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default().replace('\0', " ");
-                if cmd.contains(" agent --namespace ") {
+                let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let args: Vec<&str> = cmd.split('\0').collect();
+                if args.get(1) == Some(&"agent") {
+                    let after = |flag: &str| args.iter().position(|a| *a == flag).map(|i| args[i + 1].to_string()).unwrap();
                     run_ok(Command::new("kill").args(["-9", pid]));
-                    killed = true;
+                    killed = Some((after("--namespace"), after("--node-id").parse().unwrap(), pid.parse().unwrap()));
                 }
             }
         }
     }
     let o = child.wait_with_output().unwrap();
     let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
-    assert!(killed, "never found node 3's agent to kill: {log}");
+    assert!(killed.is_some(), "never found node 3's agent to kill: {log}");
     assert!(o.status.success(), "mpirun failed after the agent was killed: {log}");
+    let view = rejoined.unwrap_or_else(|| panic!("node 3's restarted agent was never seen back in every view: {log}"));
+    assert_eq!(view.len(), 3, "{view:?}");
+    assert!(log.contains("started it again (1 of at most"), "the node's leader did not restart its agent: {log}");
     assert!(log.contains("is gone; searching its unfinished batches again"), "the master did not notice: {log}");
-    assert_same(&got, &want, "outfmt 6 with node 3's agent killed");
+    assert!(log.contains("rejoined with a restarted agent"), "the master did not see it come back: {log}");
+    assert_same(&got, &want, "outfmt 6 with node 3's agent killed and restarted");
+}
+
+/// Some(view) once the agent of `node` answers with a pid other than `old_pid` and
+/// every agent of its view lists the same view, no dead node, and that new agent (pid
+/// and incarnation) among its peers.
+fn rejoined_everywhere(ns: &str, node: u32, old_pid: u32) -> Option<Vec<u64>> {
+    let status = |n: u32| gepsea_client::status(ns, n).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+    let me = status(node)?;
+    if me["pid"] == old_pid || me["ready"] != true {
+        return None;
+    }
+    let view: Vec<u64> = me["view"].as_array()?.iter().filter_map(|v| v.as_u64()).collect();
+    let new_agent = serde_json::json!([node, me["pid"], me["incarnation"]]);
+    for &n in view.iter().filter(|&&n| n != node as u64) {
+        let st = status(n as u32)?;
+        let ok = st["view"] == me["view"] && st["dead"] == serde_json::json!([]) && st["peers"].as_array()?.iter().any(|p| *p == new_agent);
+        if !ok {
+            return None;
+        }
+    }
+    Some(view)
 }
 
 /// `examples/slurm.sbatch` and `examples/pbs.sh` run as shipped (paths from the

@@ -88,3 +88,30 @@ fn completions_after_authentication_are_the_usual_ones() {
     b.expose(9, 4096).unwrap();
     assert_eq!(a.wait(a.put(b.addr(), 9, 0, vec![1u8; 4096])).unwrap(), Completion::Put);
 }
+
+/// A keyed port that restarts (same address, new incarnation) is accepted on its first
+/// connection: the acceptor answers its hello as a new conversation, not with what the
+/// old incarnation had been acknowledged (which the newcomer would reject as frames
+/// it never sent), and the first message after the restart is delivered.
+#[test]
+fn a_restarted_keyed_peer_is_accepted_at_once() {
+    let k = Key::from_secret(b"the job's secret");
+    let (ns, a, b) = pair(Some(&k), Some(&k));
+    for i in 0..5u8 {
+        let s = b.isend(a.addr(), 4, vec![i; 1000]);
+        let r = a.irecv(Some(b.addr()), Some(4), 1000);
+        assert!(matches!(a.wait_timeout(r, Duration::from_secs(20)), Ok(Completion::Received(_))));
+        b.wait_timeout(s, Duration::from_secs(20)).unwrap();
+    }
+    drop(b);
+    let b = port(&ns.0, 2, Some(&k));
+    b.add_route(a.addr(), a.listen_addr().unwrap());
+    let s = b.isend(a.addr(), 4, b"again".to_vec());
+    let r = a.irecv(None, Some(4), 1000);
+    let got = a.wait_timeout(r, Duration::from_secs(20));
+    assert!(matches!(&got, Ok(Completion::Received(m)) if m.data == b"again"), "{got:?}");
+    b.wait_timeout(s, Duration::from_secs(20)).unwrap();
+    let errors = b.stats().recent_errors.join("\n");
+    assert!(!errors.contains("acknowledged"), "{errors}");
+    assert_eq!(b.stats().connections_established, 1, "{errors}");
+}

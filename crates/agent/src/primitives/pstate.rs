@@ -26,10 +26,11 @@ pub struct Table {
 }
 
 impl Table {
-    /// Keeps `s` unless a newer version of that node is already known.
+    /// Keeps `s` unless a newer version of that node is already known (a restarted
+    /// agent's versions start again from 1, so a later incarnation is newer).
     pub fn update(&mut self, s: NodeState) -> bool {
         match self.nodes.get(&s.node) {
-            Some(cur) if cur.version >= s.version => false,
+            Some(cur) if (cur.incarnation, cur.version) >= (s.incarnation, s.version) => false,
             _ => {
                 self.nodes.insert(s.node, s);
                 true
@@ -53,10 +54,13 @@ mod tests {
     #[test]
     fn stale_updates_are_ignored_and_activity_summarised() {
         let mut t = Table::default();
-        let s = |v, a| NodeState { node: 1, activity: a, processes: vec![], holds: vec![], version: v };
+        let s = |v, a| NodeState { node: 1, activity: a, processes: vec![], holds: vec![], incarnation: 7, version: v };
         assert!(t.update(s(2, Activity::Busy)));
         assert!(!t.update(s(1, Activity::Idle)));
         assert_eq!(t.all()[0].activity, Activity::Busy);
+        let restarted = NodeState { incarnation: 8, ..s(1, Activity::Idle) };
+        assert!(t.update(restarted), "a restarted agent's first state replaces its predecessor's last");
+        assert_eq!(t.all()[0].activity, Activity::Idle);
         assert_eq!(summarise(&[(1, Activity::Idle), (2, Activity::Waiting)]), Activity::Waiting);
         assert_eq!(summarise(&[(1, Activity::Busy), (2, Activity::Waiting)]), Activity::Busy);
         assert_eq!(summarise(&[]), Activity::Idle);

@@ -157,7 +157,14 @@ impl Agent {
         }
         holds.sort();
         holds.dedup();
-        let s = NodeState { node: self.me, activity: pstate::summarise(&processes), processes, holds, version: self.state_version };
+        let s = NodeState {
+            node: self.me,
+            activity: pstate::summarise(&processes),
+            processes,
+            holds,
+            incarnation: self.incarnation,
+            version: self.state_version,
+        };
         for n in self.view.clone() {
             self.send_peer(n, &PeerMsg::State(s.clone()));
         }

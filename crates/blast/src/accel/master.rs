@@ -2,7 +2,7 @@
 //! prefetch fragments, follows the parts the merger agents write, resubmits the work of
 //! a dead agent, and assembles the parts into the output.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,12 @@ pub fn master(
 ) -> Result<AccelStats, SearchError> {
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     client.subscribe(&topic(&spec.id)).map_err(api_err)?;
-    let mut nodes: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
+    // Each node's agent by incarnation: one that restarted lost what its predecessor held.
+    let agents_now = || -> Result<BTreeMap<u32, u64>, SearchError> {
+        Ok(client.global_state().map_err(api_err)?.iter().map(|s| (s.node, s.incarnation)).collect())
+    };
+    let mut agents = agents_now()?;
+    let mut nodes: BTreeSet<u32> = agents.keys().copied().collect();
     // Data streaming: every agent starts staging the fragments it will search first
     // (fragment f on the (f mod n)-th node) while the first tasks are handed out.
     let mut prefetches = Vec::new();
@@ -65,15 +70,20 @@ pub fn master(
         // An agent died: results it held (handed over by its workers, or being merged
         // there) are gone. Search every unfinished batch again; results that did
         // arrive make the repeats no-ops at the mergers.
-        let now: BTreeSet<u32> = client.global_state().map_err(api_err)?.iter().map(|s| s.node).collect();
-        let lost: Vec<u32> = nodes.difference(&now).copied().collect();
+        let now = agents_now()?;
+        let lost: Vec<u32> = agents.iter().filter(|(n, inc)| now.get(n) != Some(inc)).map(|(n, _)| *n).collect();
         if !lost.is_empty() {
+            let back: Vec<u32> = lost.iter().copied().filter(|n| now.contains_key(n)).collect();
             eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
+            if !back.is_empty() {
+                eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
+            }
             let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
             submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
             stats.resubmitted_after_failure += 1;
         }
-        nodes = now;
+        nodes = now.keys().copied().collect();
+        agents = now;
         for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
             let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
                 Notice::Failure(f) if f.retried => {

@@ -163,6 +163,26 @@ impl Drop for AgentChild {
     }
 }
 
+/// How many times a node's leader starts its agent again in one launch.
+const MAX_AGENT_RESTARTS: usize = 3;
+
+/// Waits until the node's agent answers again (restarted by the node's leader), the
+/// job ended (`done` flag or launch directory gone) or a minute passed.
+fn wait_for_restart(ns: &str, node: u32, done: &Path, dir: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && !done.exists() && dir.exists() {
+        let ready = gepsea_client::status(ns, node)
+            .ok()
+            .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+            .is_some_and(|v| v["ready"] == true);
+        if ready {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
 fn connect(ns: &str, node: u32, name: &str) -> Result<gepsea_client::Client, SearchError> {
     let mut co = gepsea_client::ConnectOptions::from_env(name).map_err(|e| SearchError::Io(e.to_string()))?;
     co.namespace = ns.to_string();
@@ -245,7 +265,7 @@ fn run_with_agents(
 ) -> Result<Option<Summary>, SearchError> {
     let node = meeting.node;
     let mut agent = AgentChild(None);
-    if meeting.leader && gepsea_client::status(ns, node).is_err() {
+    let start_agent = || -> Result<(Child, PathBuf), SearchError> {
         let ip = local_ip(c.agent_net.as_deref())?;
         let listen = SocketAddr::new(ip, c.agent_port);
         let nodes = meeting.nodes.unwrap_or(1);
@@ -269,7 +289,10 @@ fn run_with_agents(
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| SearchError::Io(format!("starting the agent: {e}")))?;
-        agent.0 = Some((child, gepsea_net::namespace_dir(ns).join(format!("node-{node}"))));
+        Ok((child, gepsea_net::namespace_dir(ns).join(format!("node-{node}"))))
+    };
+    if meeting.leader && gepsea_client::status(ns, node).is_err() {
+        agent.0 = Some(start_agent()?);
     }
     gepsea_client::wait_for_agent(ns, node, Duration::from_secs(60))
         .map_err(|e| SearchError::Io(format!("the agent of node {node} did not start: {e}")))?;
@@ -287,16 +310,39 @@ fn run_with_agents(
         }
         Some(result?)
     } else {
-        let client = connect(ns, node, "gepsea search (worker)")?;
-        match crate::accel::worker(&client) {
-            Ok(()) => {}
-            // The agent died under us: our tasks go to other nodes; leave quietly so
-            // the launcher does not abort the job.
-            Err(SearchError::Io(m)) if m.contains("lost contact") || m.contains("agent:") => {
-                eprintln!("gepsea search: rank {}: lost the agent of node {node} ({m}); leaving the work to the other nodes", launch.rank);
-                return Ok(None);
+        let mut restarts = 0;
+        loop {
+            let client = connect(ns, node, "gepsea search (worker)")?;
+            match crate::accel::worker(&client) {
+                Ok(()) => break,
+                // The agent died under us. Its tasks go to other nodes meanwhile; the
+                // node's leader starts it again (it rejoins the job's agents with a new
+                // incarnation) and every worker of the node goes on with it. If it
+                // does not come back, leave quietly so the launcher does not abort
+                // the job.
+                Err(SearchError::Io(m)) if m.contains("lost contact") || m.contains("agent:") => {
+                    drop(client);
+                    let rank = launch.rank;
+                    if restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
+                        eprintln!("gepsea search: rank {rank}: lost the agent of node {node} ({m}); leaving the work to the other nodes");
+                        return Ok(None);
+                    }
+                    restarts += 1;
+                    if let Some((old, _)) = &mut agent.0 {
+                        let _ = old.kill();
+                        let _ = old.wait();
+                        agent.0 = Some(start_agent()?);
+                        eprintln!("gepsea search: rank {rank}: the agent of node {node} died ({m}); started it again ({restarts} of at most {MAX_AGENT_RESTARTS})");
+                    }
+                    if !wait_for_restart(ns, node, &done, dir) {
+                        eprintln!(
+                            "gepsea search: rank {rank}: the agent of node {node} did not come back; leaving the work to the other nodes"
+                        );
+                        return Ok(None);
+                    }
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
         }
         None
     };

@@ -252,7 +252,10 @@ impl State {
                     nonce_i.copy_from_slice(payload);
                     let proof = k.proof(Role::Acceptor, &nonce_i, &nonce_a, peer, self.me);
                     let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
-                    a.ack = self.links.get(&peer).map_or(0, |l| l.recv.delivered());
+                    // A new incarnation starts from nothing (its link is reset once
+                    // it has authenticated, in `accept_hello`).
+                    let same = |l: &&Link| l.incarnation.is_none_or(|i| i == h.tag);
+                    a.ack = self.links.get(&peer).filter(same).map_or(0, |l| l.recv.delivered());
                     a.tag = self.incarnation;
                     let c = self.tcp.get_mut(&id).unwrap();
                     c.queue(&Frame { header: a, payload: Bytes::from([&nonce_a[..], &proof[..]].concat()) });
