@@ -299,7 +299,7 @@ fn rejoined_everywhere(ns: &str, node: u32, old_pid: u32) -> Option<Vec<u64>> {
     let new_agent = serde_json::json!([node, me["pid"], me["incarnation"]]);
     for &n in view.iter().filter(|&&n| n != node as u64) {
         let st = status(n as u32)?;
-        let ok = st["view"] == me["view"] && st["dead"] == serde_json::json!([]) && st["peers"].as_array()?.iter().any(|p| *p == new_agent);
+        let ok = st["view"] == me["view"] && st["dead"] == serde_json::json!([]) && st["peers"].as_array()?.contains(&new_agent);
         if !ok {
             return None;
         }
