@@ -13,7 +13,7 @@ const ME: Addr = Addr::new(2, 1);
 const PEER: Addr = Addr::new(1, 1);
 
 fuzz_target!(|data: &[u8]| {
-    let mut p = Proto::new(ME, ProtoConfig { eager_threshold: 64, credits: 4, chunk: 32 });
+    let mut p = Proto::new(ME, ProtoConfig { eager_threshold: 64, credits: 4, chunk: 32, max_unexpected_rts: 8 });
     p.enable_events();
     let _ = p.expose(7, 256);
     let posted = [p.irecv(Some(PEER), Some(1), 100), p.irecv(None, None, 16), p.irecv(None, Some(3), 1000)];

@@ -11,7 +11,7 @@ const A: Addr = Addr::new(1, 1);
 const B: Addr = Addr::new(2, 1);
 
 fn pair(credits: u32) -> (Proto, Proto) {
-    let cfg = ProtoConfig { eager_threshold: 100, credits, chunk: 64 };
+    let cfg = ProtoConfig { eager_threshold: 100, credits, chunk: 64, max_unexpected_rts: 16 };
     (Proto::new(A, cfg.clone()), Proto::new(B, cfg))
 }
 
@@ -211,7 +211,7 @@ fn peer_failure_fails_its_requests_and_refuses_new_ones() {
 
 /// Two ports on one node (single copy only applies there).
 fn local_pair() -> (Proto, Proto) {
-    let cfg = ProtoConfig { eager_threshold: 100, credits: 8, chunk: 64 };
+    let cfg = ProtoConfig { eager_threshold: 100, credits: 8, chunk: 64, max_unexpected_rts: 16 };
     let (x, y) = (Addr::new(3, 1), Addr::new(3, 2));
     (Proto::new(x, cfg.clone()), Proto::new(y, cfg))
 }
@@ -391,4 +391,26 @@ fn a_peer_past_its_credits_or_limits_is_refused() {
     credit.total = u32::MAX as u64;
     let e = b.on_frame(&credit, &[]).unwrap_err();
     assert!(e.to_string().contains("at most 4 exist"), "{e}");
+
+    // Rendezvous announcements nobody receives yet: 16 wait, the 17th is refused; a
+    // matching receive takes one off the count.
+    let (_, mut b) = pair(4);
+    let rts = |id: u64| {
+        let mut h = Header::new(Kind::Rts, Channel::Normal, A, B);
+        h.id = id;
+        h.total = 1000;
+        h.tag = 9;
+        h
+    };
+    for id in 0..16 {
+        b.on_frame(&rts(id), &[]).unwrap();
+    }
+    let e = b.on_frame(&rts(16), &[]).unwrap_err();
+    assert!(e.to_string().contains("more than 16 unmatched rendezvous messages"), "{e}");
+    let (_, mut b) = pair(4);
+    for id in 0..16 {
+        b.on_frame(&rts(id), &[]).unwrap();
+    }
+    b.irecv(Some(A), Some(9), 1000);
+    b.on_frame(&rts(16), &[]).unwrap();
 }

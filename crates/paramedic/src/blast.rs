@@ -351,7 +351,7 @@ impl MetadataPlugin for BlastPlugin {
     }
 
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
-        let raw = zstd::stream::decode_all(metadata).map_err(|e| bad(format!("BLAST metadata is not a zstd stream: {e}")))?;
+        let raw = crate::plugin::zstd_decode_bounded(metadata, crate::plugin::MAX_DECODED_METADATA, "BLAST metadata")?;
         let mut m: BlastMeta = postcard::from_bytes(&raw).map_err(|e| bad(format!("BLAST metadata does not decode: {e}")))?;
         m.subjects = undelta(&m.subjects);
         let manifest = db::open(&self.replica).map_err(failed)?;
@@ -431,7 +431,7 @@ fn undelta(v: &[Vec<u32>]) -> Vec<Vec<u32>> {
 
 /// Sizes of what the plug-in ships, for reports.
 pub fn metadata_summary(metadata: &[u8]) -> Option<BTreeMap<&'static str, u64>> {
-    let raw = zstd::stream::decode_all(metadata).ok()?;
+    let raw = crate::plugin::zstd_decode_bounded(metadata, crate::plugin::MAX_DECODED_METADATA, "BLAST metadata").ok()?;
     let m: BlastMeta = postcard::from_bytes(&raw).ok()?;
     let mut s = BTreeMap::new();
     s.insert("queries", m.subjects.len() as u64);

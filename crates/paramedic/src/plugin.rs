@@ -28,6 +28,27 @@ pub trait MetadataPlugin: Send + Sync {
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError>;
 }
 
+/// The most a zstd-compressed output may expand to at the storage site (16 GiB): a
+/// small object that would decompress past it is refused as it grows, not allocated.
+pub const MAX_DECODED_OUTPUT: u64 = 16 << 30;
+
+/// The most a plug-in's zstd-compressed metadata may expand to (1 GiB; real metadata
+/// is a few bytes per reported sequence).
+pub const MAX_DECODED_METADATA: u64 = 1 << 30;
+
+/// Decompresses a zstd stream, refusing one that expands past `limit` bytes; `what`
+/// names it in the error.
+pub fn zstd_decode_bounded(data: &[u8], limit: u64, what: &str) -> Result<Vec<u8>, PluginError> {
+    use std::io::Read;
+    let bad = |e: std::io::Error| PluginError::BadInput(format!("{what} is not a zstd stream: {e}"));
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::new(data).map_err(bad)?.take(limit.saturating_add(1)).read_to_end(&mut out).map_err(bad)?;
+    if out.len() as u64 > limit {
+        return Err(PluginError::BadInput(format!("{what} expands past {limit} bytes, the most this site accepts")));
+    }
+    Ok(out)
+}
+
 /// Byte-stream compression (zstd): works for any output, with no knowledge of it.
 #[derive(Clone, Copy, Debug)]
 pub struct ZstdPlugin {
@@ -48,7 +69,7 @@ impl MetadataPlugin for ZstdPlugin {
         zstd::bulk::compress(output, self.level).map_err(|e| PluginError::Failed(format!("zstd: {e}")))
     }
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
-        zstd::stream::decode_all(metadata).map_err(|e| PluginError::BadInput(format!("not a zstd stream: {e}")))
+        zstd_decode_bounded(metadata, MAX_DECODED_OUTPUT, "the compressed output")
     }
 }
 
@@ -66,5 +87,20 @@ impl MetadataPlugin for RawPlugin {
     }
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
         Ok(metadata.to_vec())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_expanding_past_the_limit_is_refused() {
+        let z = zstd::bulk::compress(&vec![0u8; 1 << 20], 3).unwrap();
+        assert!(z.len() < 1000, "a small object");
+        assert_eq!(zstd_decode_bounded(&z, 1 << 20, "x").unwrap().len(), 1 << 20);
+        let e = zstd_decode_bounded(&z, (1 << 20) - 1, "the test stream").unwrap_err().to_string();
+        assert_eq!(e, format!("the test stream expands past {} bytes, the most this site accepts", (1 << 20) - 1));
+        assert!(zstd_decode_bounded(b"not zstd", 100, "x").is_err());
     }
 }

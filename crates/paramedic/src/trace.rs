@@ -169,8 +169,7 @@ impl MetadataPlugin for TracePlugin {
     }
 
     fn decode(&self, metadata: &[u8]) -> Result<Vec<u8>, PluginError> {
-        let raw =
-            zstd::stream::decode_all(metadata).map_err(|e| PluginError::BadInput(format!("trace metadata is not a zstd stream: {e}")))?;
+        let raw = crate::plugin::zstd_decode_bounded(metadata, crate::plugin::MAX_DECODED_METADATA, "trace metadata")?;
         let m: TraceMeta = postcard::from_bytes(&raw).map_err(|e| PluginError::BadInput(format!("trace metadata does not decode: {e}")))?;
         let p = m.period as usize;
         if p == 0 && !m.later.is_empty() || m.first.len() > p.max(m.first.len().min(p)) {

@@ -57,11 +57,15 @@ pub struct ProtoConfig {
     pub credits: u32,
     /// Size of one piece of a rendezvous or RMA transfer.
     pub chunk: usize,
+    /// Rendezvous announcements (RTS) one peer may have waiting for a matching receive;
+    /// each is only metadata, but a peer announcing without end would grow the
+    /// unexpected queue without bound, so one past this is a protocol error.
+    pub max_unexpected_rts: u32,
 }
 
 impl Default for ProtoConfig {
     fn default() -> Self {
-        ProtoConfig { eager_threshold: 16 * 1024, credits: 64, chunk: 64 * 1024 }
+        ProtoConfig { eager_threshold: 16 * 1024, credits: 64, chunk: 64 * 1024, max_unexpected_rts: 4096 }
     }
 }
 
@@ -254,6 +258,8 @@ struct Peer {
     /// dropped, so what one peer can park in this port's pools is bounded by
     /// `credits × eager_threshold` per lane.
     unreturned: [u32; 2],
+    /// This peer's RTS waiting in the unexpected queue (bounded by `max_unexpected_rts`).
+    unexpected_rts: u32,
     ctrl: VecDeque<OutFrame>,
     msgs: [VecDeque<OutFrame>; 2],
     bulk: VecDeque<OutFrame>,
@@ -525,6 +531,8 @@ impl Proto {
                     return id;
                 }
                 Unexpected::Rts { src, tag, msg, total, remote } => {
+                    let p = self.peer(src);
+                    p.unexpected_rts = p.unexpected_rts.saturating_sub(1);
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
                     self.accept_rts(id, src, tag, msg, total, remote, buf);
                     return id;

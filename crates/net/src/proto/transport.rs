@@ -114,7 +114,7 @@ impl Proto {
                 } else {
                     None
                 };
-                self.on_rts(src, h.tag, h.id, h.total as usize, remote)
+                self.on_rts(src, h.tag, h.id, h.total as usize, remote)?
             }
             (Kind::Cts, _) => self.on_cts(src, h)?,
             (Kind::Data, _) => self.on_data(src, h, payload)?,
@@ -247,17 +247,27 @@ impl Proto {
         }
     }
 
-    pub(super) fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) {
+    pub(super) fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) -> Result<(), NetError> {
         match self.match_posted(src, tag) {
             Some(id) => {
                 let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
                 self.accept_rts(id, src, tag, msg, total, remote, buf);
             }
             None => {
+                let max = self.cfg.max_unexpected_rts;
+                let p = self.peer(src);
+                p.unexpected_rts += 1;
+                if p.unexpected_rts > max {
+                    return Err(NetError::Protocol {
+                        peer: src,
+                        reason: format!("announced more than {max} unmatched rendezvous messages"),
+                    });
+                }
                 self.stats.unexpected += 1;
                 self.unexpected.push_back(Unexpected::Rts { src, tag, msg, total, remote });
             }
         }
+        Ok(())
     }
 
     /// Receive `id` takes rendezvous message `msg`: queue the single copy it offers, or
