@@ -79,6 +79,10 @@ pub struct RunArgs {
     /// nodes must prove they hold the same one before anything they send is accepted.
     #[arg(long, env = "GEPSEA_KEY_FILE")]
     key_file: Option<PathBuf>,
+    /// Encrypt links to other agents (Noise, keyed by --key-file); every agent of the
+    /// job must agree.
+    #[arg(long, env = "GEPSEA_ENCRYPT")]
+    encrypt: bool,
     /// Connections on the registration socket at once (default 1024); more are refused.
     #[arg(long, env = "GEPSEA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
@@ -99,6 +103,7 @@ struct FileConfig {
     gma_bytes: Option<u64>,
     jobs: Option<usize>,
     key_file: Option<PathBuf>,
+    encrypt: Option<bool>,
     max_sessions: Option<usize>,
 }
 
@@ -176,6 +181,10 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     if let Some(k) = a.key_file.clone().or(f.key_file) {
         c.key = Some(gepsea_net::auth::Key::from_file(&k)?);
     }
+    c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
+    if c.encrypt && c.key.is_none() {
+        bail!("--encrypt needs the job's key: give --key-file FILE (the same secret on every agent)");
+    }
     Ok((c, a.cpu.or(f.cpu)))
 }
 
@@ -217,10 +226,21 @@ fn status(a: &StatusArgs) -> Result<()> {
     println!("  rendezvous    {}", v["rendezvous"].as_str().unwrap_or("(none)"));
     println!(
         "  peer links    {}",
-        if v["authenticated"] == true { "authenticated (key file)" } else { "not authenticated (no --key-file)" }
+        match (v["authenticated"] == true, v["encrypted"] == true) {
+            (true, true) => "authenticated and encrypted",
+            (true, false) => "authenticated (key file), not encrypted",
+            _ => "not authenticated (no --key-file)",
+        }
     );
     println!("  ready         {} (expected nodes: {})", v["ready"], v["expected_nodes"]);
     println!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
+    if v["restarted"] == true || v["rejoins"].as_u64().unwrap_or(0) > 0 {
+        println!(
+            "  restarts      {}; agents let back in: {}",
+            if v["restarted"] == true { "this agent replaced a dead one of its node" } else { "this agent is its node's first" },
+            v["rejoins"]
+        );
+    }
     println!("  peer timeout  {} ms", v["peer_timeout_ms"]);
     let clients = v["clients"].as_array().cloned().unwrap_or_default();
     println!("  processes     {}", clients.len());

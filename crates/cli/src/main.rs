@@ -173,6 +173,10 @@ struct SearchArgs {
     /// so several jobs can share nodes).
     #[arg(long, default_value_t = 0)]
     agent_port: u16,
+    /// Cluster mode: encrypt the links between agents (Noise, keyed by the launch's
+    /// key); they are always authenticated.
+    #[arg(long)]
+    encrypt_links: bool,
     /// Cluster mode: the number of nodes, checked against the hosts the processes
     /// report (never needed: nodes are found through the rendezvous).
     #[arg(long)]
@@ -367,6 +371,7 @@ fn run() -> Result<()> {
                         agent_net: a.agent_net.clone(),
                         agent_port: a.agent_port,
                         nodes: a.nodes,
+                        encrypt: a.encrypt_links,
                     };
                     let opts = search::SearchOptions { quiet: opts.quiet || l.rank != 0, ..opts };
                     match gepsea_blast::cluster::run(&opts, l, &c)? {

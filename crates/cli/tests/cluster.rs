@@ -236,7 +236,7 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
     let want = c.serial("6");
     let got = c.dir.0.join("kill.6");
     let child = c
-        .mpirun("slot", "6", &got, &["--batch-residues", "1500", "--merge-assign", "static"])
+        .mpirun("slot", "6", &got, &["--batch-residues", "1500", "--merge-assign", "static", "--encrypt-links"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -244,6 +244,7 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
     // Once the first parts are written, kill the agent of the third node (rank 0, the
     // master, is on the first). The node's leader starts it again; it must rejoin:
     // every agent's status lists it live with its new pid while the search goes on.
+    // The agents' links are encrypted (`--encrypt-links`), the restarted one's too.
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut killed: Option<(String, u32, u32)> = None;
     let mut rejoined = None;
@@ -288,11 +289,11 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
 
 /// Some(view) once the agent of `node` answers with a pid other than `old_pid` and
 /// every agent of its view lists the same view, no dead node, and that new agent (pid
-/// and incarnation) among its peers.
+/// and incarnation) among its peers, all over encrypted links.
 fn rejoined_everywhere(ns: &str, node: u32, old_pid: u32) -> Option<Vec<u64>> {
     let status = |n: u32| gepsea_client::status(ns, n).ok().and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
     let me = status(node)?;
-    if me["pid"] == old_pid || me["ready"] != true {
+    if me["pid"] == old_pid || me["ready"] != true || me["encrypted"] != true {
         return None;
     }
     let view: Vec<u64> = me["view"].as_array()?.iter().filter_map(|v| v.as_u64()).collect();

@@ -68,6 +68,14 @@ impl Key {
         &self.0
     }
 
+    /// A 32-byte key for another use (`label` names it), so the job's key itself is
+    /// never used twice: HMAC-SHA256(key, label).
+    pub fn derive(&self, label: &[u8]) -> [u8; 32] {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        m.update(label);
+        m.finalize().into_bytes().into()
+    }
+
     /// Reads a key file: any secret, at least 16 bytes, in a file only its owner (this
     /// user) can read.
     pub fn from_file(path: &Path) -> Result<Key, NetError> {

@@ -33,6 +33,10 @@ pub enum NetError {
     BadKeyFile { path: String, problem: String },
     #[error("runtime directory {path} {problem}: refusing to use it (remove it, or set TMPDIR to a directory of your own)")]
     UntrustedDirectory { path: String, problem: String },
+    #[error(
+        "link encryption needs the job's key (--key-file, or a launch key): encrypting with no key would not tell a peer from anyone else"
+    )]
+    EncryptWithoutKey,
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

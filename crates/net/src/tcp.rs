@@ -50,6 +50,8 @@ pub struct TcpConn {
     pub pending_hello: Option<crate::frame::Header>,
     wq: VecDeque<Bytes>,
     wq_bytes: usize,
+    /// Link encryption (`crate::seal`): frames go through it as plaintext.
+    sealer: Option<crate::seal::Sealer>,
 }
 
 impl TcpConn {
@@ -67,6 +69,22 @@ impl TcpConn {
             pending_hello: None,
             wq: VecDeque::new(),
             wq_bytes: 0,
+            sealer: None,
+        }
+    }
+
+    /// Encrypts this connection with a session keyed by `key` (see `crate::seal`); call
+    /// right after [`TcpConn::new`], before anything is queued.
+    pub fn encrypt(&mut self, key: &crate::auth::Key) {
+        let mut first = Vec::new();
+        self.sealer = Some(crate::seal::Sealer::new(key, self.initiator, &mut first));
+        self.push_raw(first);
+    }
+
+    fn push_raw(&mut self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            self.wq_bytes += bytes.len();
+            self.wq.push_back(Bytes::from(bytes));
         }
     }
 
@@ -74,6 +92,11 @@ impl TcpConn {
     pub fn queue(&mut self, f: &Frame) {
         let mut h = vec![0u8; HEADER_LEN];
         f.header.encode(&f.payload, &mut h);
+        if let Some(s) = &mut self.sealer {
+            s.push_plain(&h);
+            s.push_plain(&f.payload);
+            return;
+        }
         self.wq_bytes += HEADER_LEN + f.payload.len();
         self.wq.push_back(Bytes::from(h));
         if !f.payload.is_empty() {
@@ -83,19 +106,27 @@ impl TcpConn {
 
     /// Bytes queued and not yet accepted by the kernel.
     pub fn queued(&self) -> usize {
-        self.wq_bytes
+        self.wq_bytes + self.sealer.as_ref().map_or(0, |s| s.pending())
     }
 
     /// Discards unsent bytes (the connection is being abandoned; the link replays).
     pub fn clear_queue(&mut self) {
         self.wq.clear();
         self.wq_bytes = 0;
+        if let Some(s) = &mut self.sealer {
+            s.clear();
+        }
     }
 
     /// Writes as much of the queue as the socket takes. `Ok(())` also when it would block.
     pub fn write_out(&mut self) -> io::Result<()> {
         if self.state == ConnState::Connecting {
             return Ok(());
+        }
+        if let Some(s) = &mut self.sealer {
+            let mut records = Vec::new();
+            s.seal_into(&mut records);
+            self.push_raw(records);
         }
         while !self.wq.is_empty() {
             let slices: Vec<IoSlice<'_>> = self.wq.iter().take(64).map(|b| IoSlice::new(b)).collect();
@@ -124,6 +155,9 @@ impl TcpConn {
 
     /// Reads what the socket has into the decoder.
     pub fn read_in(&mut self) -> io::Result<ReadOutcome> {
+        if self.sealer.is_some() {
+            return self.read_in_sealed();
+        }
         loop {
             let spare = self.dec.spare();
             match self.stream.read(spare) {
@@ -141,6 +175,41 @@ impl TcpConn {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// [`TcpConn::read_in`] of an encrypted connection: records are opened into the
+    /// decoder; a handshake answer is written at once.
+    fn read_in_sealed(&mut self) -> io::Result<ReadOutcome> {
+        let mut raw = vec![0u8; 64 << 10];
+        let mut answer = Vec::new();
+        let outcome = loop {
+            let n = match self.stream.read(&mut raw) {
+                Ok(0) => break ReadOutcome::Eof,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break ReadOutcome::Drained,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            let (sealer, dec) = (self.sealer.as_mut().expect("sealed connection"), &mut self.dec);
+            let mut to_decoder = |mut plain: &[u8]| {
+                while !plain.is_empty() {
+                    let spare = dec.spare();
+                    let k = spare.len().min(plain.len());
+                    spare[..k].copy_from_slice(&plain[..k]);
+                    dec.filled(k);
+                    plain = &plain[k..];
+                }
+            };
+            sealer.open(&raw[..n], &mut to_decoder, &mut answer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            if self.dec.buffered() >= 4 << 20 {
+                break ReadOutcome::More;
+            }
+        };
+        if !answer.is_empty() {
+            self.push_raw(answer);
+            self.write_out()?;
+        }
+        Ok(outcome)
     }
 
     /// Completes a non-blocking connect. `Ok(true)` once connected.

@@ -24,24 +24,27 @@ pub struct Advert {
 #[derive(Default, Debug)]
 pub struct Outbox {
     me: u32,
-    next_seq: u64,
+    /// Per destination: a sequence that starts again at 1 when the destination died
+    /// and came back (a restarted agent's sequencer starts from 1).
+    next_seq: HashMap<u32, u64>,
     unacked: HashMap<u32, BTreeMap<u64, Advert>>,
 }
 
 impl Outbox {
     pub fn new(me: u32) -> Self {
-        Outbox { me, next_seq: 1, unacked: HashMap::new() }
+        Outbox { me, next_seq: HashMap::new(), unacked: HashMap::new() }
     }
 
     /// Publishes to `dests`; returns what to send to whom.
     pub fn publish(&mut self, topic: &str, body: Bytes, dests: &[u32]) -> Vec<(u32, Advert)> {
-        let a = Advert { publisher: self.me, seq: self.next_seq, topic: topic.to_string(), body };
-        self.next_seq += 1;
         dests
             .iter()
             .map(|&d| {
+                let next = self.next_seq.entry(d).or_insert(1);
+                let a = Advert { publisher: self.me, seq: *next, topic: topic.to_string(), body: body.clone() };
+                *next += 1;
                 self.unacked.entry(d).or_default().insert(a.seq, a.clone());
-                (d, a.clone())
+                (d, a)
             })
             .collect()
     }
@@ -58,9 +61,11 @@ impl Outbox {
         self.unacked.get(&dest).map(|m| m.values().cloned().collect()).unwrap_or_default()
     }
 
-    /// `dest` is gone for good: stop retaining adverts for it.
+    /// `dest` died: stop retaining adverts for it; if it comes back (restarted), its
+    /// sequence starts again.
     pub fn drop_dest(&mut self, dest: u32) {
         self.unacked.remove(&dest);
+        self.next_seq.remove(&dest);
     }
 }
 
@@ -92,9 +97,10 @@ impl Sequencer {
         (n - 1, out)
     }
 
-    /// A publisher is gone for good.
+    /// A publisher died: if it comes back (restarted), its sequence starts again at 1.
     pub fn forget(&mut self, publisher: u32) {
         self.early.remove(&publisher);
+        self.next.remove(&publisher);
     }
 }
 
@@ -153,6 +159,31 @@ impl Inbox {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_restarted_publisher_or_subscriber_starts_a_new_sequence() {
+        let (mut old, mut survivor) = (Outbox::new(1), Outbox::new(2));
+        let mut seq_at_2 = Sequencer::default();
+        let mut seq_at_1 = Sequencer::default();
+        for i in 0..3 {
+            let (_, a) = old.publish("t", Bytes::from(vec![i]), &[2]).remove(0);
+            assert_eq!(seq_at_2.admit(a).1.len(), 1);
+            let (_, a) = survivor.publish("t", Bytes::from(vec![i]), &[1]).remove(0);
+            assert_eq!(seq_at_1.admit(a).1.len(), 1);
+        }
+        // Node 1's agent dies and restarts: a new outbox and sequencer on node 1; node 2
+        // forgets it as publisher and as destination.
+        seq_at_2.forget(1);
+        survivor.drop_dest(1);
+        let (mut new, mut seq_at_1) = (Outbox::new(1), Sequencer::default());
+        let (_, a) = new.publish("t", Bytes::from_static(b"after"), &[2]).remove(0);
+        assert_eq!(seq_at_2.admit(a).1.len(), 1, "the restarted publisher's first advert is delivered");
+        let (_, a) = survivor.publish("t", Bytes::from_static(b"to the new one"), &[1]).remove(0);
+        assert_eq!(
+            seq_at_1.admit(a),
+            (1, vec![Advert { publisher: 2, seq: 1, topic: "t".into(), body: Bytes::from_static(b"to the new one") }])
+        );
+    }
 
     #[test]
     fn filters_topics_and_acks_cumulatively() {

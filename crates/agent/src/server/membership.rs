@@ -61,12 +61,33 @@ impl Agent {
     /// (usually empty) `Handover`; until ours from `joined` is in, we serve no
     /// owner-routed operation, so nothing is granted or read twice across the move.
     fn hand_over(&mut self, joined: u32, old: &[u32]) {
+        if old.len() < self.view.len() && joined != self.me {
+            self.awaiting_handover.insert(joined);
+            self.handover_deadline = Some(Instant::now() + self.cfg.peer_timeout * 4);
+        }
+        if self.settle_deadline.is_some() {
+            // Locks are still being re-registered with us after a death: what we hand
+            // over must include them.
+            self.handover_owed.push(joined);
+            return;
+        }
+        self.send_handovers(&[joined]);
+    }
+
+    /// Sends every agent in `to` its hand-over (possibly empty), and every other new
+    /// owner what moved to it: our locks and merge streams whose owner under the
+    /// current view is someone else.
+    pub(super) fn send_handovers(&mut self, to: &[u32]) {
         let me = self.me;
         let view = self.view.clone();
         let owner = |key: &str| ranked(key, &view).first().copied();
         type Handed = (Vec<HandedLock>, Vec<(String, MergeState)>);
         let mut out: BTreeMap<u32, Handed> = BTreeMap::new();
-        out.entry(joined).or_default();
+        for &n in to {
+            if view.contains(&n) {
+                out.entry(n).or_default();
+            }
+        }
         for (name, holders, waiting) in self.locks.take(|name| owner(&lock_key(name)) != Some(me)) {
             let Some(dest) = owner(&lock_key(&name)) else { continue };
             let mut w = Vec::new();
@@ -91,10 +112,6 @@ impl Agent {
                 info!("node {me}: handing {} locks and {} merge streams to agent {dest}", locks.len(), merges.len());
             }
             self.send_peer(dest, &PeerMsg::Handover { locks, merges });
-        }
-        if old.len() < self.view.len() && joined != me {
-            self.awaiting_handover.insert(joined);
-            self.handover_deadline = Some(Instant::now() + self.cfg.peer_timeout * 2);
         }
     }
 
@@ -168,6 +185,7 @@ impl Agent {
             }
         }
         self.awaiting_reclaim = self.view.iter().copied().collect();
+        self.reclaim_view = self.view.clone();
         for (v, from) in std::mem::take(&mut self.early_reclaims) {
             if v == self.view {
                 self.awaiting_reclaim.remove(&from);
@@ -273,6 +291,10 @@ impl Agent {
     pub(super) fn settled(&mut self) {
         if self.awaiting_reclaim.is_empty() {
             self.settle_deadline = None;
+            if !self.handover_owed.is_empty() {
+                let owed = std::mem::take(&mut self.handover_owed);
+                self.send_handovers(&owed);
+            }
         }
         if self.awaiting_handover.is_empty() {
             self.handover_deadline = None;

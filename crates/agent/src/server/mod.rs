@@ -96,6 +96,8 @@ pub struct AgentConfig {
     /// The job's key: agents on other nodes must prove they hold it (see
     /// `gepsea_net::auth`). `None`: links to other agents are not authenticated.
     pub key: Option<gepsea_net::auth::Key>,
+    /// Encrypt links to other agents with `key` (`gepsea_net::seal`).
+    pub encrypt: bool,
     /// Connections on the registration socket at once (registered processes, status
     /// queries): one more is refused with a clear reply and closed. Each may buffer up
     /// to one registration frame (`wire::unix::MAX`), so this bounds that memory too.
@@ -117,6 +119,7 @@ impl AgentConfig {
             gma_bytes: 1 << 30,
             jobs: 4,
             key: None,
+            encrypt: false,
             max_sessions: 1024,
         }
     }
@@ -328,6 +331,12 @@ pub struct Agent {
     takes: HashMap<u64, (Client, ReplyTo, Instant)>,
     // settling after a death: agents whose Reclaim is awaited, deferred lock requests
     awaiting_reclaim: BTreeSet<u32>,
+    /// The view those re-registrations are for (the view right after the death; agents
+    /// may join meanwhile).
+    reclaim_view: Vec<u32>,
+    /// Agents that joined while we were settling a death: their hand-over is sent once
+    /// every re-registration is in, so it holds the locks re-registered with us.
+    handover_owed: Vec<u32>,
     /// Reclaims that arrived before we saw the death they refer to: (their view, sender).
     early_reclaims: Vec<(Vec<u32>, u32)>,
     /// Load-balancing messages that reached us before we knew we were the scheduler.
@@ -405,6 +414,7 @@ impl Agent {
         pc.directory = cfg.rendezvous.clone();
         pc.reconnect_timeout = cfg.peer_timeout;
         pc.key = cfg.key.clone();
+        pc.encrypt = cfg.encrypt;
         pc.linger = Duration::from_millis(500);
         for (n, a) in &cfg.peers {
             if *n != me {
@@ -453,7 +463,7 @@ impl Agent {
                 .map_err(io_err("starting a job thread"))?;
             jobs.push(tx);
         }
-        let incarnation = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let incarnation = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1);
         let mut known = BTreeMap::new();
         for (n, _) in &cfg.peers {
             if *n != me {
@@ -497,15 +507,21 @@ impl Agent {
             state_version: 0,
             scheduler: None,
             scheduler_node: None,
-            next_op: 1,
+            // Operation ids start at the incarnation: a reply meant for this node's
+            // previous agent can never match an operation of this one.
+            next_op: incarnation,
             routed: HashMap::new(),
             peer_ops: HashMap::new(),
             cancellable: HashMap::new(),
             my_tasks: BTreeMap::new(),
-            next_task: 1,
+            // Task ids are (node << 40 | n): n starts from the clock (µs, 39 bits) so a
+            // restarted agent of the node never reuses its predecessor's ids.
+            next_task: (incarnation / 1000) & ((1 << 39) - 1),
             holding: HashMap::new(),
             takes: HashMap::new(),
             awaiting_reclaim: BTreeSet::new(),
+            reclaim_view: Vec::new(),
+            handover_owed: Vec::new(),
             early_reclaims: Vec::new(),
             early_sched: Vec::new(),
             sched_settle_deadline: None,

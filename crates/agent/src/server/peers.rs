@@ -61,10 +61,23 @@ impl Agent {
                     .adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
             }
             PeerMsg::Reclaim { view, locks } => {
+                // A lock whose owner changed again since (an agent joined) is
+                // re-registered with its owner now, in a reclaim that counts for nothing.
+                let mut onward: BTreeMap<u32, Vec<(String, Client, LockMode)>> = BTreeMap::new();
                 for (name, client, mode) in locks {
-                    self.locks.reclaim(&name, client, mode.into());
+                    match ranked(&lock_key(&name), &self.view).first() {
+                        Some(&o) if o != self.me && self.handover_owed.is_empty() => {
+                            onward.entry(o).or_default().push((name, client, mode))
+                        }
+                        _ => self.locks.reclaim(&name, client, mode.into()),
+                    }
                 }
-                if view == self.view {
+                for (o, locks) in onward {
+                    self.send_peer(o, &PeerMsg::Reclaim { view: Vec::new(), locks });
+                }
+                if view.is_empty() {
+                    // Forwarded (above): nobody waits for it.
+                } else if view == self.reclaim_view && self.settle_deadline.is_some() {
                     self.awaiting_reclaim.remove(&from);
                 } else {
                     self.early_reclaims.push((view, from));

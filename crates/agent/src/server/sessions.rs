@@ -105,6 +105,11 @@ impl Agent {
                         "process {pid} is already registered with this agent (port {p}); a process registers once"
                     ));
                 }
+                // Skip ports whose socket still exists: processes that registered with
+                // a dead predecessor of this agent may still hold them.
+                while self.runtime_dir.join(format!("port-{}.sock", self.next_port)).exists() {
+                    self.next_port += 1;
+                }
                 let port = self.next_port;
                 self.next_port += 1;
                 self.sessions.get_mut(&t).unwrap().port = Some(port);

@@ -12,6 +12,8 @@ pub(super) struct Status {
     rendezvous: Option<String>,
     /// Whether links to other agents are authenticated with a key.
     authenticated: bool,
+    /// Whether links to other agents are encrypted.
+    encrypted: bool,
     ready: bool,
     expected_nodes: Option<usize>,
     /// This agent's incarnation (a restarted agent of a node has a new one).
@@ -78,6 +80,7 @@ impl Agent {
             listen: self.port.listen_addr().map(|a| a.to_string()),
             rendezvous: self.cfg.rendezvous.as_ref().map(|p| p.display().to_string()),
             authenticated: self.cfg.key.is_some(),
+            encrypted: self.cfg.encrypt,
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             incarnation: self.incarnation,

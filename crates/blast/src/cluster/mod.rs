@@ -47,6 +47,8 @@ pub struct ClusterOptions {
     /// Nodes in the job, checked against what the rendezvous finds (default: the
     /// launcher's count where it gives one).
     pub nodes: Option<usize>,
+    /// Encrypt the links between agents (they are always authenticated).
+    pub encrypt: bool,
 }
 
 /// This host's address inside `cidr` (or its first non-loopback IPv4 address).
@@ -285,6 +287,7 @@ fn run_with_agents(
             .arg(dir.join("agents"))
             .arg("--key-file")
             .arg(dir.join("key"))
+            .args(c.encrypt.then_some("--encrypt"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()
@@ -323,7 +326,10 @@ fn run_with_agents(
                 Err(SearchError::Io(m)) if m.contains("lost contact") || m.contains("agent:") => {
                     drop(client);
                     let rank = launch.rank;
-                    if restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
+                    // Only a dead agent is restarted: one that answers but was slow to
+                    // reply is left to the job, as before restarts existed.
+                    let alive = gepsea_client::status(ns, node).is_ok();
+                    if alive || restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
                         eprintln!("gepsea search: rank {rank}: lost the agent of node {node} ({m}); leaving the work to the other nodes");
                         return Ok(None);
                     }

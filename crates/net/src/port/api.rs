@@ -8,6 +8,9 @@ impl Port {
     /// Opens the port: binds its Unix socket (and TCP listener), publishes its address,
     /// starts the event thread.
     pub fn open(cfg: PortConfig) -> Result<Port, NetError> {
+        if cfg.encrypt && cfg.key.is_none() {
+            return Err(NetError::EncryptWithoutKey);
+        }
         let me = cfg.addr;
         let dir = cfg.runtime_dir();
         crate::trust::ensure_private_dir(&dir)?;

@@ -107,6 +107,9 @@ pub struct PortConfig {
     /// The job's link key: TCP peers must prove they hold it before anything they send
     /// is delivered (see [`crate::auth`]). `None`: links are not authenticated.
     pub key: Option<crate::auth::Key>,
+    /// Encrypt TCP links with a Noise session keyed by `key` (see [`crate::seal`]);
+    /// every port of a job must agree. Needs `key`.
+    pub encrypt: bool,
 }
 
 impl PortConfig {
@@ -131,6 +134,7 @@ impl PortConfig {
             trace: std::env::var_os("GEPSEA_NET_TRACE")
                 .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
             key: None,
+            encrypt: false,
         }
     }
 

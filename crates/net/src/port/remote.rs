@@ -29,6 +29,9 @@ impl State {
         let id = self.next_id;
         self.next_id += 1;
         let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
+        if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
+            c.encrypt(k);
+        }
         if let Err(e) = self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE) {
             self.log_error(format!("register: {e}"));
             return;
@@ -65,6 +68,9 @@ impl State {
                     let id = self.next_id;
                     self.next_id += 1;
                     let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));
+                    if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
+                        c.encrypt(k);
+                    }
                     if self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE).is_ok() {
                         self.tcp.insert(id, c);
                         self.tcp_readable(id);
@@ -109,6 +115,15 @@ impl State {
             let Some(c) = self.tcp.get_mut(&id) else { return };
             let outcome = match c.read_in() {
                 Ok(o) => o,
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                    // Link encryption refused the peer (plain, another key, or records
+                    // that do not open): counted and logged like a failed authentication.
+                    self.stats.auth_failures += 1;
+                    let peer = c.peer.map_or_else(|| "a peer".to_string(), |p| p.to_string());
+                    self.log_error(format!("connection from {peer} refused: {e}"));
+                    self.conn_lost(id, &format!("read: {e}"));
+                    return;
+                }
                 Err(e) => {
                     self.conn_lost(id, &format!("read: {e}"));
                     return;
