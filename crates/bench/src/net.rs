@@ -150,9 +150,34 @@ enum Where<'a> {
     Veth(&'a Netns),
 }
 
+/// Link security of a TCP case: none, authenticated (`--key-file`), or authenticated
+/// and encrypted (`--encrypt`).
+#[derive(Clone, Copy, PartialEq)]
+enum Security {
+    Plain,
+    Keyed,
+    Encrypted,
+}
+
 fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    gepsea_case_with(netpeer, place, ns, quick, Security::Plain)
+}
+
+fn gepsea_case_with(
+    netpeer: &Path,
+    place: &Where,
+    ns: &str,
+    quick: bool,
+    security: Security,
+) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
     let dir = std::env::temp_dir().join(format!("{ns}-dir"));
     std::fs::create_dir_all(&dir)?;
+    let key = dir.join("key");
+    if security != Security::Plain {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&key, gepsea_net::auth::Key::generate()?.bytes())?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+    }
     let scale = if quick { "0.05" } else { "1" };
     let bytes = if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() };
     let base = |i: usize, node: u32| -> Command {
@@ -161,6 +186,12 @@ fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(
             _ => Command::new(netpeer),
         };
         c.args(["--ns", ns, "--node", &node.to_string(), "--port", &(i + 1).to_string()]);
+        if security != Security::Plain {
+            c.arg("--key-file").arg(&key);
+        }
+        if security == Security::Encrypted {
+            c.arg("--encrypt");
+        }
         match place {
             Where::Shm => {}
             Where::Loopback => {
@@ -370,6 +401,12 @@ pub fn run(args: &NetArgs) -> Result<()> {
         add("OpenMPI shm", median_series(&m_runs));
         eprintln!("measuring gepsea over TCP loopback ...");
         add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
+        // What links cost when authenticated (a handshake only) and encrypted (every
+        // byte sealed), against the plain case above.
+        eprintln!("measuring gepsea over TCP loopback, authenticated ...");
+        add("gepsea lo key", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}k"), quick, Security::Keyed)?);
+        eprintln!("measuring gepsea over TCP loopback, authenticated and encrypted ...");
+        add("gepsea lo enc", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}e"), quick, Security::Encrypted)?);
         eprintln!("measuring raw TCP loopback ...");
         add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
         eprintln!("measuring OpenMPI over TCP loopback ...");

@@ -1,11 +1,13 @@
 //! `gepsea-bench soak` (`make soak`): a bounded chaos soak. Round after round, one
 //! search runs under `mpirun` on 3 namespace nodes (6 processes, agents keyed, as in
-//! production), and at a random moment one fault is injected:
+//! production; in odd rounds their links also encrypted), and at a random moment one
+//! fault is injected:
 //!
 //! - `master`: SIGKILL of rank 0 (the launcher then aborts the job);
 //! - `walltime`: SIGTERM of rank 0, as a batch system's time limit sends it;
 //! - `worker`: SIGKILL of another rank;
-//! - `agent`: SIGKILL of the agent of a node without the master (the job goes on);
+//! - `agent`: SIGKILL of the agent of a node without the master (its node's leader
+//!   starts it again, it rejoins, the job goes on);
 //! - `link`: every TCP connection of the agents of one node cut (`ss -K`).
 //!
 //! A run that fails is run again, as a user would rerun the same command (resume reuses
@@ -108,7 +110,7 @@ pub fn run(a: &SoakArgs) -> Result<()> {
     // A clean run first: its time spreads the faults over a search's whole life.
     let out = d.join("out.6");
     let started = Instant::now();
-    let clean = launch(&bed, d, &gepsea, &out)?.wait_with_output()?;
+    let clean = launch(&bed, d, &gepsea, &out, false)?.wait_with_output()?;
     if !clean.status.success() || !same_output(&out, &want)? {
         bail!("the clean run failed or differs from serial BLAST+: {}", String::from_utf8_lossy(&clean.stderr));
     }
@@ -161,10 +163,12 @@ pub fn run(a: &SoakArgs) -> Result<()> {
     Ok(())
 }
 
-fn launch(bed: &NetnsBridge, d: &Path, gepsea: &Path, out: &Path) -> Result<Child> {
+/// One launch of the search; `encrypt`: the agents' links encrypted (odd rounds).
+fn launch(bed: &NetnsBridge, d: &Path, gepsea: &Path, out: &Path, encrypt: bool) -> Result<Child> {
     let mut c = bed.mpirun(d, &[2, 2, 2], 6)?;
     c.args(["--map-by", "slot"]).arg(gepsea).args(["-q", "search", "--outfmt", "6", "--batch-residues", "1500", "--db"]);
     c.arg(d.join("g")).arg("--query").arg(d.join("q.fasta")).arg("--out").arg(out).args(["--agent-net", &bed.subnet()]);
+    c.args(encrypt.then_some("--encrypt-links"));
     Ok(c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?)
 }
 
@@ -197,7 +201,7 @@ fn one_round(
     let mut ok = false;
     while r.runs <= a.reruns && !ok {
         r.runs += 1;
-        let child = match launch(bed, d, gepsea, &out) {
+        let child = match launch(bed, d, gepsea, &out, round % 2 == 1) {
             Ok(c) => c,
             Err(e) => {
                 r.error = Some(e.to_string());

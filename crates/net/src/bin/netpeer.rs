@@ -39,6 +39,12 @@ struct Cli {
     /// single copy).
     #[arg(long)]
     no_single_copy: bool,
+    /// Authenticate TCP links with the secret in this file (owner-only).
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// Also encrypt TCP links (needs --key-file).
+    #[arg(long)]
+    encrypt: bool,
     /// Fault injection: offer single copies as this process id.
     #[arg(long, hide = true)]
     claim_pid: Option<u32>,
@@ -168,6 +174,10 @@ fn main() -> Result<()> {
         cfg.progress = Progress::Inline;
     }
     cfg.single_copy = !cli.no_single_copy;
+    if let Some(k) = &cli.key_file {
+        cfg.key = Some(gepsea_net::auth::Key::from_file(k).context("--key-file")?);
+    }
+    cfg.encrypt = cli.encrypt;
     let port = Port::open(cfg).context("opening port")?;
     if let Some(pid) = cli.claim_pid {
         port.claim_pid_for_single_copy(pid);
