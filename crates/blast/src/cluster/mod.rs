@@ -165,14 +165,21 @@ impl Drop for AgentChild {
     }
 }
 
+/// The pid of the agent serving `node` now, if one answers.
+fn agent_pid(ns: &str, node: u32) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(&gepsea_client::status(ns, node).ok()?).ok()?;
+    v["pid"].as_u64()
+}
+
 /// How many times a node's leader starts its agent again in one launch.
 const MAX_AGENT_RESTARTS: usize = 3;
 
 /// Waits until the node's agent answers again (restarted by the node's leader), the
-/// job ended (`done` flag or launch directory gone) or a minute passed.
+/// job ended (`done` flag or launch directory gone), a signal asked us to stop, or a
+/// minute passed.
 fn wait_for_restart(ns: &str, node: u32, done: &Path, dir: &Path) -> bool {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && !done.exists() && dir.exists() {
+    while Instant::now() < deadline && !done.exists() && dir.exists() && crate::error::check_interrupted().is_ok() {
         let ready = gepsea_client::status(ns, node)
             .ok()
             .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
@@ -316,29 +323,30 @@ fn run_with_agents(
         let mut restarts = 0;
         loop {
             let client = connect(ns, node, "gepsea search (worker)")?;
+            let registered_with = agent_pid(ns, node);
             match crate::accel::worker(&client) {
                 Ok(()) => break,
                 // The agent died under us. Its tasks go to other nodes meanwhile; the
                 // node's leader starts it again (it rejoins the job's agents with a new
-                // incarnation) and every worker of the node goes on with it. If it
-                // does not come back, leave quietly so the launcher does not abort
-                // the job.
+                // incarnation) and every worker of the node goes on with it. An agent
+                // that is still the one we registered with only answered late: leave
+                // quietly, as when it does not come back, so the launcher does not
+                // abort the job.
                 Err(SearchError::Io(m)) if m.contains("lost contact") || m.contains("agent:") => {
                     drop(client);
                     let rank = launch.rank;
-                    // Only a dead agent is restarted: one that answers but was slow to
-                    // reply is left to the job, as before restarts existed.
-                    let alive = gepsea_client::status(ns, node).is_ok();
-                    if alive || restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
+                    let same_agent = registered_with.is_some() && agent_pid(ns, node) == registered_with;
+                    if same_agent || restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
                         eprintln!("gepsea search: rank {rank}: lost the agent of node {node} ({m}); leaving the work to the other nodes");
                         return Ok(None);
                     }
                     restarts += 1;
                     if let Some((old, _)) = &mut agent.0 {
-                        let _ = old.kill();
-                        let _ = old.wait();
-                        agent.0 = Some(start_agent()?);
-                        eprintln!("gepsea search: rank {rank}: the agent of node {node} died ({m}); started it again ({restarts} of at most {MAX_AGENT_RESTARTS})");
+                        if !matches!(old.try_wait(), Ok(None)) {
+                            let _ = old.wait();
+                            agent.0 = Some(start_agent()?);
+                            eprintln!("gepsea search: rank {rank}: the agent of node {node} died ({m}); started it again ({restarts} of at most {MAX_AGENT_RESTARTS})");
+                        }
                     }
                     if !wait_for_restart(ns, node, &done, dir) {
                         eprintln!(
@@ -354,9 +362,22 @@ fn run_with_agents(
     };
     if agent.0.is_some() && launch.rank != 0 {
         // Keep this node's agent until the master has the whole output (or gave up and
-        // removed the launch directory).
+        // removed the launch directory), and start it again if it dies meanwhile: the
+        // node's other workers may still be searching.
         let deadline = Instant::now() + Duration::from_secs(24 * 3600);
-        while Instant::now() < deadline && !done.exists() && dir.exists() {
+        let mut restarts = 0;
+        while Instant::now() < deadline && !done.exists() && dir.exists() && crate::error::check_interrupted().is_ok() {
+            if let Some((old, _)) = &mut agent.0 {
+                if !matches!(old.try_wait(), Ok(None)) && restarts < MAX_AGENT_RESTARTS {
+                    let _ = old.wait();
+                    restarts += 1;
+                    agent.0 = Some(start_agent()?);
+                    eprintln!(
+                        "gepsea search: rank {}: the agent of node {node} died; started it again ({restarts} of at most {MAX_AGENT_RESTARTS})",
+                        launch.rank
+                    );
+                }
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
