@@ -52,6 +52,8 @@ pub struct TcpConn {
     wq_bytes: usize,
     /// Link encryption (`crate::seal`): frames go through it as plaintext.
     sealer: Option<crate::seal::Sealer>,
+    /// The read buffer of an encrypted connection, kept between reads.
+    sealed_in: Vec<u8>,
 }
 
 impl TcpConn {
@@ -70,6 +72,7 @@ impl TcpConn {
             wq: VecDeque::new(),
             wq_bytes: 0,
             sealer: None,
+            sealed_in: Vec::new(),
         }
     }
 
@@ -180,7 +183,8 @@ impl TcpConn {
     /// [`TcpConn::read_in`] of an encrypted connection: records are opened into the
     /// decoder; a handshake answer is written at once.
     fn read_in_sealed(&mut self) -> io::Result<ReadOutcome> {
-        let mut raw = vec![0u8; 64 << 10];
+        let mut raw = std::mem::take(&mut self.sealed_in);
+        raw.resize(256 << 10, 0);
         let mut answer = Vec::new();
         let outcome = loop {
             let n = match self.stream.read(&mut raw) {
@@ -200,11 +204,14 @@ impl TcpConn {
                     plain = &plain[k..];
                 }
             };
-            sealer.open(&raw[..n], &mut to_decoder, &mut answer).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            if let Err(e) = sealer.open(&raw[..n], &mut to_decoder, &mut answer) {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
             if self.dec.buffered() >= 4 << 20 {
                 break ReadOutcome::More;
             }
         };
+        self.sealed_in = raw;
         if !answer.is_empty() {
             self.push_raw(answer);
             self.write_out()?;
