@@ -143,6 +143,15 @@ impl NetnsBridge {
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         c.arg("--hostfile").arg(&hosts).args(["-np", &np.to_string(), "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(&rsh);
         c.args(["--mca", "btl_tcp_if_include", &subnet, "--mca", "oob_tcp_if_include", &subnet]);
+        // OpenMPI's session directories in `dir`, one tree per launch, not the shared
+        // /tmp/ompi.<host>.<uid>: a launch whose rank was killed leaves its tree
+        // behind, and a later launch whose job family hashes the same refused to start
+        // ("mkdir ... File exists", exit 213). They go when `dir` goes.
+        static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = dir.join("ompi-session").join(format!("{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&session)?;
+        c.arg("--mca").arg("orte_tmpdir_base").arg(&session);
         Ok(c)
     }
 

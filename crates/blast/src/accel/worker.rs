@@ -17,8 +17,10 @@ use super::*;
 
 // ----- the worker ----------------------------------------------------------------------
 
-/// A worker registered with its node's agent: takes tasks, searches, hands results over.
-pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
+/// A worker registered with its node's agent: takes tasks, searches, hands results over,
+/// until a stop task arrives or, between tasks, `over()` says the job ended without one
+/// (the master failed or was stopped).
+pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result<(), SearchError> {
     let mut inflight: Vec<u64> = Vec::new();
     // Fragments this worker had staged, by (job, fragment): a staged copy stays for the
     // agent's lifetime, so only the first use asks the agent (whose job thread for this
@@ -26,7 +28,12 @@ pub fn worker(client: &gepsea_client::Client) -> Result<(), SearchError> {
     let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     loop {
-        let Some(t) = client.take(Duration::from_secs(3600)).map_err(api_err)? else { continue };
+        let Some(t) = client.take(Duration::from_secs(1)).map_err(api_err)? else {
+            if over() {
+                return Ok(());
+            }
+            continue;
+        };
         let payload: TaskPayload = postcard::from_bytes(&t.payload).map_err(|e| SearchError::Io(format!("bad task: {e}")))?;
         let job = match &payload {
             TaskPayload::Stop => {

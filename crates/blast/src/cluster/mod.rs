@@ -324,7 +324,9 @@ fn run_with_agents(
         loop {
             let client = connect(ns, node, "gepsea search (worker)")?;
             let registered_with = agent_pid(ns, node);
-            match crate::accel::worker(&client) {
+            // The master drops the done flag (or removes the launch directory) when it
+            // finished or failed; a failed master submits no stop tasks.
+            match crate::accel::worker(&client, &|| done.exists() || !dir.exists()) {
                 Ok(()) => break,
                 // The agent died under us. Its tasks go to other nodes meanwhile; the
                 // node's leader starts it again (it rejoins the job's agents with a new

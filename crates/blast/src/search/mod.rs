@@ -762,7 +762,7 @@ pub fn agent_worker(namespace: &str, node: u32) -> Result<(), SearchError> {
     co.namespace = namespace.to_string();
     co.node = node;
     let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
-    crate::accel::worker(&client)
+    crate::accel::worker(&client, &|| false)
 }
 
 fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
