@@ -29,6 +29,7 @@ pub mod proto;
 pub mod reliable;
 mod reqtable;
 pub mod ring;
+#[cfg(not(loom))]
 pub mod seal;
 #[cfg(not(loom))]
 pub mod shm;
