@@ -172,6 +172,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 assign: Default::default(),
                 hot_swap: true,
                 deliver: None,
+                replay: None,
             };
             let t = Instant::now();
             let s = search::run(&opts).context("gepsea search")?;

@@ -23,6 +23,8 @@ pub enum SearchError {
     Tool(#[from] ToolError),
     #[error(transparent)]
     Report(#[from] ReportError),
+    #[error(transparent)]
+    Replay(#[from] crate::replay::ReplayError),
     #[error("communication: {0}")]
     Net(#[from] NetError),
     #[error("{path} is complete, but delivering it failed: {reason}")]

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fasta;
 pub mod parts;
 pub mod plan;
+pub mod replay;
 pub mod report;
 pub mod schedule;
 pub mod search;

@@ -332,6 +332,9 @@ pub struct JobSpec {
     /// Where each batch's finished part goes: in the work directory, named by a hash of
     /// everything that decides its contents, so that a rerun finds it (resume).
     pub parts: Vec<PathBuf>,
+    /// Search runs are recorded or replayed ([`crate::replay`]).
+    #[serde(default)]
+    pub recording: Option<crate::replay::Recording>,
 }
 
 impl JobSpec {

@@ -13,6 +13,9 @@ pub enum ToolError {
     Failed { program: String, status: String, stderr: String },
     #[error("running {program}: {source}")]
     Io { program: String, source: std::io::Error },
+    /// A replayed run (`--replay`) the recording does not hold.
+    #[error("{message}")]
+    Replay { message: String },
 }
 
 /// Runs `program args...` with `BLASTDB` set to `blastdb` (if given: one directory, or a

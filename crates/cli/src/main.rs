@@ -201,6 +201,14 @@ struct SearchArgs {
     /// Also write the run's summary (times, counts, agent statistics) as JSON here.
     #[arg(long)]
     summary_json: Option<PathBuf>,
+    /// Benchmarks: record every BLAST+ search run (output and duration) into DIR.
+    #[arg(long, hide = true, value_name = "DIR", conflicts_with = "replay")]
+    record: Option<PathBuf>,
+    /// Benchmarks: instead of running BLAST+, each task waits its recorded duration and
+    /// delivers the recorded output (DIR made by --record for this very search);
+    /// everything else runs for real. See docs/benchmarks.md.
+    #[arg(long, hide = true, value_name = "DIR")]
+    replay: Option<PathBuf>,
     /// Options passed to BLAST+ unchanged, after `--` (e.g. -- -evalue 1e-5 -seg yes).
     #[arg(last = true, allow_hyphen_values = true)]
     blast_args: Vec<String>,
@@ -353,6 +361,11 @@ fn run() -> Result<()> {
                 compress: !a.no_compress,
                 hot_swap: !a.no_hot_swap,
                 deliver,
+                replay: match (a.record, a.replay) {
+                    (Some(dir), _) => Some(gepsea_blast::replay::ReplayRequest { mode: gepsea_blast::replay::ReplayMode::Record, dir }),
+                    (_, Some(dir)) => Some(gepsea_blast::replay::ReplayRequest { mode: gepsea_blast::replay::ReplayMode::Replay, dir }),
+                    _ => None,
+                },
                 assign: match a.merge_assign.as_str() {
                     "static" => gepsea_blast::accel::MergeAssign::Static,
                     "single" => gepsea_blast::accel::MergeAssign::Single,

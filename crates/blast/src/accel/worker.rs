@@ -111,7 +111,7 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         let started = Instant::now();
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| {
-            tools::run(&spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
+            crate::replay::run_search(spec.recording.as_ref(), &spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
                 ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
                 other => other.to_string(),
             })

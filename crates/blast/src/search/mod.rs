@@ -77,6 +77,9 @@ pub struct SearchOptions {
     pub hot_swap: bool,
     /// Where the finished output goes next (e.g. a distant storage site).
     pub deliver: Option<Deliver>,
+    /// Record every BLAST+ search run, or replay recorded ones instead of searching
+    /// (benchmarks: see [`crate::replay`]).
+    pub replay: Option<crate::replay::ReplayRequest>,
 }
 
 /// Hands the complete output on (e.g. ships it to a storage site), once it is in
@@ -261,6 +264,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         });
     }
     tools::version()?;
+    let recording = match &opts.replay {
+        Some(r) => Some(r.open(&manifest, &opts.db, &opts.query, &program, &opts.outfmt, &opts.blast_args)?),
+        None => None,
+    };
     let tmp_out = out_dir.join(format!(".{out_name}.gepsea-tmp{}", std::process::id()));
     std::fs::write(&tmp_out, b"").map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     // In a launched job, workers on other nodes read the batch files, so they go next
@@ -324,6 +331,15 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         batch_files.push(f);
         batch_texts.push(buf);
     }
+    if let Some(r) = &recording {
+        // A recording of other batches or fragments fails now, not task by task.
+        let databases: Vec<String> = match split {
+            SplitBy::Fragments => manifest.fragments.iter().map(|f| format!("{}.stats", f.name)).collect(),
+            SplitBy::Queries => vec![manifest.name.clone()],
+        };
+        let outfmt = if split == SplitBy::Fragments { "11" } else { opts.outfmt.as_str() };
+        r.check_holds(&program, &batch_files, &databases, outfmt, &opts.blast_args)?;
+    }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
     let parts: Vec<PathBuf> = part_keys(&manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts)
@@ -371,7 +387,21 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         let parts_for_cleanup = parts.clone();
         let s = run_accel(
             opts,
-            Accel { started, manifest, queries: &queries, program, db_dir, blastdb, batch_ranges, split, tmp_out, out_dir, ns, parts },
+            Accel {
+                started,
+                manifest,
+                queries: &queries,
+                program,
+                db_dir,
+                blastdb,
+                batch_ranges,
+                split,
+                tmp_out,
+                out_dir,
+                ns,
+                parts,
+                recording,
+            },
             &mut cleanup,
             env,
         )?;
@@ -462,9 +492,15 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                             (f, manifest.name.clone())
                         }
                     };
-                    let msg =
-                        serde_json::to_vec(&TaskMsg { task: t, query_file, database, blastdb: blastdb.clone(), program: program.clone() })
-                            .unwrap();
+                    let msg = serde_json::to_vec(&TaskMsg {
+                        task: t,
+                        query_file,
+                        database,
+                        blastdb: blastdb.clone(),
+                        program: program.clone(),
+                        recording: recording.clone(),
+                    })
+                    .unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
                     idle[w] = false;
                 }
@@ -615,6 +651,7 @@ struct Accel<'a> {
     out_dir: PathBuf,
     ns: String,
     parts: Vec<PathBuf>,
+    recording: Option<crate::replay::Recording>,
 }
 
 /// Agent mode on one machine: start the node's agent and W workers registered with it;
@@ -664,6 +701,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         assign: opts.assign,
         // A virtual fragment has no files to stage: it is a view of the database itself.
         hot_swap: opts.hot_swap && a.manifest.has_fragment_files(),
+        recording: a.recording.clone(),
         parts: a.parts.clone(),
         // Searching a fragment reads its BLAST files and its statistics alias, never
         // the FASTA it was made from.

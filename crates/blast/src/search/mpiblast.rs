@@ -37,6 +37,9 @@ pub(crate) struct TaskMsg {
     /// `BLASTDB` for the run (the master resolved the database; workers need not).
     pub(crate) blastdb: String,
     pub(crate) program: String,
+    /// Search runs are recorded or replayed ([`crate::replay`]).
+    #[serde(default)]
+    pub(crate) recording: Option<crate::replay::Recording>,
 }
 
 /// Each query's final hits (HSP texts numbered within the query's batch), held only
@@ -133,7 +136,7 @@ pub(crate) fn worker_on(port: Port, scratch: &Path, blast_args: &[String]) -> Re
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &t.database, "-outfmt", "11"];
         args.extend(blast_args.iter().map(|s| s.as_str()));
         let started = Instant::now();
-        match tools::run(&t.program, &args, Some(t.blastdb.as_ref()), Some(scratch)) {
+        match crate::replay::run_search(t.recording.as_ref(), &t.program, &args, Some(t.blastdb.as_ref()), Some(scratch)) {
             Ok(out) => {
                 let secs = started.elapsed().as_secs_f64();
                 let header = Ctrl::Result { task: t.task, len: out.stdout.len(), blast_seconds: secs };
