@@ -84,7 +84,9 @@ struct RunRecord {
 /// Why a recording cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    #[error("{dir}: not a recording (no recording.json); make one with `gepsea search --record {dir} ...` (or `gepsea-bench cluster --record`)")]
+    #[error(
+        "{dir}: not a recording (no recording.json); make one with `gepsea search --record {dir} ...` (or `gepsea-bench cluster --record`)"
+    )]
     NotARecording { dir: PathBuf },
     #[error("{dir} holds a recording of another {what} ({recorded}), not of this search's {now}: record this search again with --record")]
     Mismatch { dir: PathBuf, what: &'static str, recorded: String, now: String },

@@ -55,7 +55,11 @@ struct Cluster {
 
 impl Cluster {
     fn new(tag: &str) -> Cluster {
-        let bed = NetnsBridge::new(tag, 3).unwrap();
+        Cluster::with_nodes(tag, 3)
+    }
+
+    fn with_nodes(tag: &str, nodes: usize) -> Cluster {
+        let bed = NetnsBridge::new(tag, nodes).unwrap();
         let dir = Dir(std::env::temp_dir().join(format!("gepsea-cluster-{tag}-{}", std::process::id())));
         let d = &dir.0;
         std::fs::create_dir_all(d.join("ref")).unwrap();
@@ -149,7 +153,7 @@ fn output_of(o: &std::process::Output) -> String {
 }
 
 fn processes_left(c: &Cluster) {
-    for i in 0..3 {
+    for i in 0..c.bed.ns.len() {
         let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[i]])).stdout).unwrap();
         assert!(pids.trim().is_empty(), "processes left in node {i}: {pids}");
     }
@@ -285,6 +289,71 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
     assert!(log.contains("is gone; searching its unfinished batches again"), "the master did not notice: {log}");
     assert!(log.contains("rejoined with a restarted agent"), "the master did not see it come back: {log}");
     assert_same(&got, &want, "outfmt 6 with node 3's agent killed and restarted");
+}
+
+/// The replay used by the many-node benchmark (`gepsea-bench cluster --replay`): a
+/// search recorded once for real on this machine (`--record`), then replayed on 4
+/// namespace nodes under mpirun, where no worker runs BLAST+ but every merge, format,
+/// agent, link and write is real, with agents and without: both outputs identical to
+/// serial BLAST+, and the workers' time in (replayed) search is the recorded time.
+#[test]
+fn a_search_replayed_on_four_nodes_is_identical_to_serial_blastp() {
+    if skip() {
+        return;
+    }
+    let _one = one_cluster_at_a_time();
+    let c = Cluster::with_nodes("gr", 4);
+    let d = &c.dir.0;
+    let want = c.serial("0");
+    let recording = d.join("recording");
+    let recorded = d.join("recorded.0");
+    let layout = ["--split", "fragments", "--batch-residues", "2000"];
+    let summary = |p: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+    run_ok(
+        Command::new(env!("CARGO_BIN_EXE_gepsea"))
+            .args(["search", "--quiet", "--outfmt", "0", "--workers", "2", "--db"])
+            .arg(d.join("g"))
+            .arg("--query")
+            .arg(d.join("q.fasta"))
+            .arg("--out")
+            .arg(&recorded)
+            .arg("--record")
+            .arg(&recording)
+            .arg("--summary-json")
+            .arg(d.join("recorded.json"))
+            .args(layout),
+    );
+    assert_same(&recorded, &want, "the recorded run");
+    let runs = std::fs::read_dir(recording.join("runs")).unwrap().count();
+    let tasks = summary(&d.join("recorded.json"))["tasks"].as_u64().unwrap() as usize;
+    assert!(runs >= 2 * tasks, "{runs} files recorded for {tasks} tasks");
+    for (what, extra) in [("agents", &[][..]), ("no agent", &["--no-agent"][..])] {
+        let got = d.join(format!("replayed-{}.0", what.replace(' ', "-")));
+        let js = d.join("replayed.json");
+        let mut m = c.bed.mpirun(d, &[2, 1, 1, 1], 5).unwrap();
+        m.arg(env!("CARGO_BIN_EXE_gepsea"))
+            .args(["search", "--quiet", "--outfmt", "0", "--db"])
+            .arg(d.join("g"))
+            .arg("--query")
+            .arg(d.join("q.fasta"))
+            .arg("--out")
+            .arg(&got)
+            .args(["--agent-net", &c.subnet, "--nodes", "4"])
+            .arg("--replay")
+            .arg(&recording)
+            .arg("--summary-json")
+            .arg(&js)
+            .args(layout)
+            .args(extra);
+        let o = m.output().unwrap();
+        assert!(o.status.success(), "replay on 4 nodes ({what}) failed: {}", output_of(&o));
+        assert_same(&got, &want, &format!("replayed on 4 nodes, {what}"));
+        // The workers' time in search is the recorded time, spent asleep.
+        let s = summary(&js);
+        let (rec, rep) = (summary(&d.join("recorded.json"))["blast_seconds"].as_f64().unwrap(), s["blast_seconds"].as_f64().unwrap());
+        assert!(rep >= 0.95 * rec && rep <= 1.5 * rec + 1.0, "{what}: replayed search time {rep} s against {rec} s recorded");
+    }
+    processes_left(&c);
 }
 
 /// Some(view) once the agent of `node` answers with a pid other than `old_pid` and
