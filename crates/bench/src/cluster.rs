@@ -74,9 +74,28 @@ impl Workload {
 pub struct ClusterBenchArgs {
     #[command(flatten)]
     pub workload: Workload,
-    /// Node counts to run, comma-separated.
-    #[arg(long, default_value = "1,2,4", value_delimiter = ',')]
+    /// Node counts to run, comma-separated [default: 1,2,4; with --replay 1,4,8,16,36].
+    #[arg(long, value_delimiter = ',')]
     pub nodes: Vec<usize>,
+    /// Replay: workers do not run BLAST+ but wait each task's recorded duration and
+    /// deliver its recorded output (everything else is real), so the master's and the
+    /// agents' work shows as it would with the searches on other machines. DIR holds
+    /// the recording; if it holds none yet, the search is first recorded into it for
+    /// real on this machine (and checked against serial BLAST+).
+    #[arg(long, value_name = "DIR")]
+    pub replay: Option<PathBuf>,
+    /// Only record the workload's search (real BLAST+, 2 workers on this machine) into
+    /// DIR, check it against serial BLAST+, and stop.
+    #[arg(long, value_name = "DIR", conflicts_with = "replay")]
+    pub record: Option<PathBuf>,
+    /// Variants to run (comma-separated indices into: no agent, agents dynamic, static,
+    /// one merger, no compression) [default: all].
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<usize>,
+    /// Options passed to every BLAST+ search (serial reference included), e.g.
+    /// "-evalue 100 -num_alignments 1000" for more result data per query.
+    #[arg(long, allow_hyphen_values = true, default_value = "")]
+    pub blast_options: String,
     /// BLAST output format (0, pairwise, is the result-heavy one).
     #[arg(long, default_value = "0")]
     pub outfmt: String,
@@ -276,21 +295,73 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     let gepsea = crate::net::sibling("gepsea")?;
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-cluster-{}", std::process::id())));
     let d = &dir.0;
-    let residues = a.workload.prepare(&gepsea, d)?;
-    let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
-    Workload::reference_db(d)?;
-    let serial_out = d.join("serial.out");
-    let t = Instant::now();
-    run_ok(
-        Command::new("blastp")
-            .env("BLASTDB", d.join("ref"))
-            .args(["-db", "DB", "-outfmt", &a.outfmt, "-query"])
-            .arg(d.join("q.fasta"))
-            .arg("-out")
-            .arg(&serial_out),
-    )?;
-    let serial = t.elapsed().as_secs_f64();
+    std::fs::create_dir_all(d)?;
+    // The workload (inputs, formatted database, serial reference) lives in the
+    // recording's directory when there is one, so that later replays reuse exactly the
+    // database the recording was made against.
+    let keep = a.replay.as_ref().or(a.record.as_ref());
+    let wd = keep.cloned().unwrap_or_else(|| d.clone());
+    std::fs::create_dir_all(&wd)?;
+    let wd = std::fs::canonicalize(&wd)?;
+    let blast_opts: Vec<String> = a.blast_options.split_whitespace().map(str::to_string).collect();
+    let params = json!({"db": a.workload.db, "query": a.workload.query, "queries": a.workload.queries, "fragments": a.workload.fragments,
+        "batches": a.batches, "outfmt": a.outfmt, "blast_options": blast_opts});
+    let prepared: Option<serde_json::Value> = std::fs::read(wd.join("workload.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    let (serial, batch_residues) = match prepared {
+        Some(p) if p["params"] == params && wd.join("recording/recording.json").is_file() => {
+            eprintln!("bench cluster: reusing the workload and recording in {}", wd.display());
+            (p["serial_seconds"].as_f64().unwrap_or(0.0), p["batch_residues"].as_u64().unwrap_or(1).to_string())
+        }
+        Some(p) if keep.is_some() && p["params"] != params => {
+            bail!("{} holds a recording of another workload ({}); use another directory for this one", wd.display(), p["params"])
+        }
+        _ => {
+            let residues = a.workload.prepare(&gepsea, &wd)?;
+            let batch_residues = residues.div_ceil(a.batches.max(1)).to_string();
+            Workload::reference_db(&wd)?;
+            let t = Instant::now();
+            run_ok(
+                Command::new("blastp")
+                    .env("BLASTDB", wd.join("ref"))
+                    .args(["-db", "DB", "-outfmt", &a.outfmt, "-query"])
+                    .arg(wd.join("q.fasta"))
+                    .arg("-out")
+                    .arg(wd.join("serial.out"))
+                    .args(&blast_opts),
+            )?;
+            let serial = t.elapsed().as_secs_f64();
+            if keep.is_some() {
+                record(&gepsea, &wd, &a.outfmt, &batch_residues, &blast_opts)?;
+                let w = json!({"params": params, "serial_seconds": serial, "batch_residues": batch_residues.parse::<u64>()?});
+                std::fs::write(wd.join("workload.json"), serde_json::to_vec_pretty(&w)?)?;
+            }
+            (serial, batch_residues)
+        }
+    };
+    let serial_out = wd.join("serial.out");
     let out_bytes = std::fs::metadata(&serial_out)?.len();
+    if a.record.is_some() {
+        eprintln!(
+            "bench cluster: recorded {} in {} (serial blastp {serial:.2} s, {:.1} MB of output)",
+            recording_summary(&wd.join("recording"))?,
+            wd.display(),
+            out_bytes as f64 / 1e6
+        );
+        return Ok(());
+    }
+    let recording = a.replay.as_ref().map(|_| wd.join("recording"));
+    let node_counts = if !a.nodes.is_empty() {
+        a.nodes.clone()
+    } else if recording.is_some() {
+        vec![1, 4, 8, 16, 36]
+    } else {
+        vec![1, 2, 4]
+    };
+    let variants: Vec<(&str, &[&str])> =
+        VARIANTS.iter().enumerate().filter(|(i, _)| a.variants.is_empty() || a.variants.contains(i)).map(|(_, v)| *v).collect();
+    if let Some(r) = &recording {
+        eprintln!("bench cluster: replaying {}", recording_summary(r)?);
+    }
     eprintln!(
         "bench cluster: {} queries in {} batches, {} fragments, outfmt {} ({:.1} MB of output), output location {}; serial blastp {serial:.2} s",
         a.workload.queries,
@@ -303,7 +374,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
 
     let mut rows: Vec<Row> = Vec::new();
     let mut base = None;
-    for &nodes in &a.nodes {
+    for &nodes in &node_counts {
         // Nodes 0..n compute; node n holds the output location.
         let bed = NetnsBridge::new(&format!("bc{nodes}"), nodes + 1).context("building the testbed")?;
         let storage = if a.storage_mbit > 0 {
@@ -334,17 +405,20 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         let subnet = bed.subnet();
         // One worker per node; the master shares the first node.
         let slots: Vec<usize> = (0..nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
-        for (variant, flags) in VARIANTS {
+        for &(variant, flags) in &variants {
             let out = out_dir.join(format!("out-{nodes}"));
             let summary = d.join("summary.json");
             let _ = std::fs::remove_file(&summary);
             let rv = d.join(format!("rv-{nodes}-{}", rows.len()));
             let mut c = bed.mpirun(d, &slots, nodes + 1)?;
             c.arg(&gepsea)
-                .args(["search", "--quiet", "--outfmt", &a.outfmt, "--db"])
-                .arg(d.join("g"))
+                .args(["search", "--quiet", "--outfmt", &a.outfmt, "--split", "fragments", "--db"])
+                .arg(wd.join("g"))
                 .arg("--query")
-                .arg(d.join("q.fasta"));
+                .arg(wd.join("q.fasta"));
+            if let Some(r) = &recording {
+                c.arg("--replay").arg(r);
+            }
             c.arg("--out")
                 .arg(&out)
                 .arg("--rendezvous")
@@ -353,7 +427,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 .arg("--summary-json")
                 .arg(&summary)
                 .args(["--nodes", &nodes.to_string(), "--batch-residues", &batch_residues])
-                .args(flags);
+                .args(flags)
+                .arg("--")
+                .args(&blast_opts);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
             let stop = Arc::new(AtomicBool::new(false));
             let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
@@ -441,6 +517,51 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     )?;
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
+}
+
+/// Records the workload's search in `wd/recording`: a real local run (2 workers, the
+/// batch layout every replay uses), checked against the serial reference.
+fn record(gepsea: &Path, wd: &Path, outfmt: &str, batch_residues: &str, blast_opts: &[String]) -> Result<()> {
+    let out = wd.join("recorded.out");
+    let t = Instant::now();
+    run_ok(
+        Command::new(gepsea)
+            .args(["search", "--quiet", "--workers", "2", "--split", "fragments", "--outfmt", outfmt, "--batch-residues", batch_residues])
+            .arg("--db")
+            .arg(wd.join("g"))
+            .arg("--query")
+            .arg(wd.join("q.fasta"))
+            .arg("--out")
+            .arg(&out)
+            .arg("--record")
+            .arg(wd.join("recording"))
+            .arg("--")
+            .args(blast_opts),
+    )?;
+    if !same_output(&out, &wd.join("serial.out"))? {
+        bail!("the recorded run's output differs from serial blastp");
+    }
+    std::fs::remove_file(&out)?;
+    eprintln!("bench cluster: recorded the search in {:.1} s (2 workers, real BLAST+), identical to serial", t.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Every recorded run's duration, in seconds.
+pub(crate) fn recorded_durations(recording: &Path) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(recording.join("runs"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p)?)?;
+            out.push(v["seconds"].as_f64().unwrap_or(0.0));
+        }
+    }
+    Ok(out)
+}
+
+fn recording_summary(recording: &Path) -> Result<String> {
+    let d = recorded_durations(recording)?;
+    Ok(format!("{} BLAST+ runs, {:.1} s of search in all", d.len(), d.iter().sum::<f64>()))
 }
 
 fn series(rows: &[Row], y: impl Fn(&Row) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
