@@ -411,6 +411,10 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let _ = std::fs::remove_file(&summary);
             let rv = d.join(format!("rv-{nodes}-{}", rows.len()));
             let mut c = bed.mpirun(d, &slots, nodes + 1)?;
+            if std::env::var_os("RUST_LOG").is_some() {
+                // The ranks' and agents' log, for looking into a run.
+                c.args(["-x", "RUST_LOG"]);
+            }
             c.arg(&gepsea)
                 .args(["search", "--quiet", "--outfmt", &a.outfmt, "--split", "fragments", "--db"])
                 .arg(wd.join("g"))

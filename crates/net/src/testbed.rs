@@ -28,6 +28,31 @@ fn run(args: &[&str]) -> std::io::Result<()> {
     }
 }
 
+/// Runs `args` with `input` on its standard input.
+fn run_with_input(args: &[&str], input: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut c = Command::new(args[0])
+        .args(&args[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    c.stdin.take().map(|mut s| s.write_all(input.as_bytes())).transpose()?;
+    let out = c.wait_with_output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("{args:?} failed: {}", String::from_utf8_lossy(&out.stderr).trim())))
+    }
+}
+
+/// The hardware address of node `i`'s interface on a [`NetnsBridge`] (locally
+/// administered, unique per node; bridges live in separate namespaces, so two beds
+/// may reuse them).
+fn bridge_mac(i: usize) -> String {
+    format!("02:67:65:00:{:02x}:{:02x}", (i >> 8) & 0xff, i & 0xff)
+}
+
 impl NetnsPair {
     /// Creates the pair; `prefix` (a few letters) tags the names.
     pub fn new(prefix: &str) -> std::io::Result<NetnsPair> {
@@ -95,12 +120,26 @@ impl NetnsBridge {
             let ip = format!("{subnet}.{}", i + 1);
             b.ip.push(ip.clone());
             let port = format!("p{i}");
-            run(&["ip", "link", "add", "eth0", "netns", &ns, "type", "veth", "peer", "name", &port, "netns", &b.switch])?;
+            let mac = bridge_mac(i);
+            run(&["ip", "link", "add", "eth0", "netns", &ns, "address", &mac, "type", "veth", "peer", "name", &port, "netns", &b.switch])?;
             run(&["ip", "-n", &b.switch, "link", "set", &port, "master", "br0"])?;
             run(&["ip", "-n", &b.switch, "link", "set", &port, "up"])?;
             run(&["ip", "-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
             run(&["ip", "-n", &ns, "link", "set", "eth0", "up"])?;
             run(&["ip", "-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        // Every node knows every other's hardware address from the start. With tens of
+        // nodes whose agents all connect to each other at once, the ARP broadcasts
+        // (n² requests, each flooded to n ports through veths) overflow the kernel's
+        // per-CPU backlog on this 2-core machine; requests retried in step fail again,
+        // and connects end in "No route to host" after 3 s. A cluster's switch fabric
+        // would not drop them; static entries take ARP out of the emulation.
+        for (i, ns) in b.ns.iter().enumerate() {
+            let batch: String = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| format!("neigh replace {} lladdr {} dev eth0 nud permanent\n", b.ip[j], bridge_mac(j)))
+                .collect();
+            run_with_input(&["ip", "-n", ns, "-batch", "-"], &batch)?;
         }
         Ok(b)
     }
