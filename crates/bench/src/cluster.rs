@@ -357,8 +357,13 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     } else {
         vec![1, 2, 4]
     };
-    let variants: Vec<(&str, &[&str])> =
-        VARIANTS.iter().enumerate().filter(|(i, _)| a.variants.is_empty() || a.variants.contains(i)).map(|(_, v)| *v).collect();
+    let variants: Vec<(usize, &str, &[&str])> = VARIANTS
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| a.variants.is_empty() || a.variants.contains(i))
+        .map(|(i, (name, flags))| (i, *name, *flags))
+        .collect();
+    let mut measured: Vec<crate::cluster_model::Measured> = Vec::new();
     if let Some(r) = &recording {
         eprintln!("bench cluster: replaying {}", recording_summary(r)?);
     }
@@ -405,7 +410,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         let subnet = bed.subnet();
         // One worker per node; the master shares the first node.
         let slots: Vec<usize> = (0..nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
-        for &(variant, flags) in &variants {
+        for &(variant_index, variant, flags) in &variants {
             let out = out_dir.join(format!("out-{nodes}"));
             let summary = d.join("summary.json");
             let _ = std::fs::remove_file(&summary);
@@ -454,6 +459,14 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let wall = s["wall_seconds"].as_f64().unwrap_or(0.0);
             let frac = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
             let base_wall = *base.get_or_insert(wall);
+            measured.push(crate::cluster_model::Measured {
+                nodes,
+                variant: variant_index,
+                name: variant,
+                wall_seconds: wall,
+                search_fraction: frac,
+                trace: serde_json::from_value(s["trace"].clone()).context("the summary's trace")?,
+            });
             let agents = if flags.contains(&"--no-agent") { 0 } else { nodes };
             let row = Row {
                 nodes,
@@ -519,6 +532,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         "emulated nodes",
         &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>(),
     )?;
+    if let Some(r) = &recording {
+        crate::cluster_model::report(&measured, r, &out_dir)?;
+    }
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
 }

@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 
 mod agent;
 mod cluster;
+mod cluster_model;
 mod db;
+mod model;
 mod net;
 mod paramedic;
 mod plots;

@@ -18,3 +18,4 @@ pub mod report;
 pub mod schedule;
 pub mod search;
 pub mod tools;
+pub mod trace;

@@ -104,6 +104,13 @@ pub fn master(
                 stats.bytes_wire += d.bytes_wire;
                 stats.bytes_raw += d.bytes_raw;
                 *stats.mergers.entry(d.merger).or_default() += 1;
+                stats.trace.tasks.extend(d.tasks.iter().cloned());
+                stats.trace.batches.push(crate::trace::BatchTrace {
+                    batch: d.batch,
+                    merge_seconds: d.merge_seconds,
+                    write_seconds: d.write_seconds,
+                    part_bytes: d.part_bytes,
+                });
                 on_progress(queries_done);
             }
         }

@@ -171,6 +171,11 @@ pub struct PartDone {
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub error: Option<String>,
+    /// The batch's BLAST+ runs and its merge and write, for the many-node model.
+    pub tasks: Vec<crate::trace::TaskTrace>,
+    pub merge_seconds: f64,
+    pub write_seconds: f64,
+    pub part_bytes: u64,
 }
 
 // ----- the master ----------------------------------------------------------------------
@@ -194,6 +199,8 @@ pub struct AccelStats {
     pub resubmitted_after_failure: usize,
     /// Batches whose part an earlier, interrupted run had finished (resume).
     pub reused_parts: usize,
+    /// Task by task and batch by batch, from the mergers' notices.
+    pub trace: crate::trace::RunTrace,
 }
 
 /// A fragment's files from the shared database directory, as one cache object.

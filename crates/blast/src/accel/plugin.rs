@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gepsea_agent::api::{Api, ApiError, Cas};
 use gepsea_agent::plugin::{Context, Plugin, PluginError, Uses};
@@ -32,6 +32,9 @@ pub(crate) struct BatchState {
     work: WorkStats,
     bytes_wire: u64,
     bytes_raw: u64,
+    /// For the trace: the batch's BLAST+ runs and the time its merge took.
+    tasks: Vec<crate::trace::TaskTrace>,
+    merge_seconds: f64,
 }
 
 /// The BLAST plug-in every agent runs (see the module docs).
@@ -258,6 +261,15 @@ impl BlastPlugin {
                 ..Default::default()
             });
             st.work.add(&work);
+            st.tasks.push(crate::trace::TaskTrace {
+                batch,
+                fragment: match &task {
+                    TaskPayload::Fragment { fragment, .. } => Some(*fragment),
+                    _ => None,
+                },
+                seconds: work.blast_seconds,
+                bytes: text.len() as u64,
+            });
             st.bytes_wire += wire;
             st.bytes_raw += raw;
             match &task {
@@ -289,6 +301,7 @@ impl BlastPlugin {
             }
         }
         if let Some(frags) = ready {
+            let merge_started = Instant::now();
             // Merge outside the lock: parsing is the expensive part.
             let parsed: Vec<Vec<archive::Hsp>> =
                 frags.iter().map(|a| archive::hsps(a.as_deref().unwrap()).map_err(failed)).collect::<Result<_, _>>()?;
@@ -321,6 +334,7 @@ impl BlastPlugin {
                 }
                 st.pending_whole.extend(risky.iter().copied());
                 st.whole_searches += risky.len();
+                st.merge_seconds += merge_started.elapsed().as_secs_f64();
             }
             if !risky.is_empty() {
                 // Whole-database searches for the queries a fragment merge cannot settle,
@@ -372,6 +386,10 @@ impl BlastPlugin {
             bytes_wire: 0,
             bytes_raw: bytes,
             error: result.err(),
+            tasks: vec![crate::trace::TaskTrace { batch: *batch, fragment: None, seconds: work.blast_seconds, bytes }],
+            merge_seconds: 0.0,
+            write_seconds: 0.0,
+            part_bytes: bytes,
         };
         ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
         Ok(())
@@ -397,10 +415,16 @@ impl BlastPlugin {
                 bytes_wire: st.bytes_wire,
                 bytes_raw: st.bytes_raw,
                 error: None,
+                tasks: std::mem::take(&mut st.tasks),
+                merge_seconds: st.merge_seconds,
+                write_seconds: 0.0,
+                part_bytes: 0,
             };
             (hsps, done)
         };
         let scratch = job.join(format!("scratch-{batch}"));
+        let write_started = Instant::now();
+        let mut part_bytes = 0;
         let result = (|| -> Result<(), String> {
             std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
             let queries = batch_file(job, batch);
@@ -416,10 +440,11 @@ impl BlastPlugin {
             let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
             let tmp = part_tmp(part, "merged");
             report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
+            part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
             std::fs::rename(&tmp, part).map_err(|e| e.to_string())
         })();
         let _ = std::fs::remove_dir_all(&scratch);
-        let done = PartDone { error: result.err(), ..done };
+        let done = PartDone { error: result.err(), write_seconds: write_started.elapsed().as_secs_f64(), part_bytes, ..done };
         self.batches.lock().remove(&(job.to_path_buf(), batch));
         self.written.lock().insert((job.to_path_buf(), batch));
         ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;

@@ -125,6 +125,20 @@ pub struct Summary {
     pub delivery: Option<serde_json::Value>,
     /// Batches whose part an earlier, interrupted run of the same search had finished.
     pub reused_parts: usize,
+    /// Task by task and batch by batch (split by fragments), for the many-node model.
+    pub trace: crate::trace::RunTrace,
+}
+
+/// The trace entry of batch `b`, made on first use.
+pub(crate) fn batch_trace(trace: &mut crate::trace::RunTrace, b: usize) -> &mut crate::trace::BatchTrace {
+    let i = match trace.batches.iter().position(|t| t.batch == b) {
+        Some(i) => i,
+        None => {
+            trace.batches.push(crate::trace::BatchTrace { batch: b, ..Default::default() });
+            trace.batches.len() - 1
+        }
+    };
+    &mut trace.batches[i]
 }
 
 fn mol_name(t: MolType) -> &'static str {
@@ -446,8 +460,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
     }
     // Each batch's part of the report, written as soon as the batch is settled.
-    let write_parts = |results: &mut QueryResults| -> Result<(), SearchError> {
+    let mut trace = crate::trace::RunTrace::default();
+    let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
+            let started = Instant::now();
             let spec = report::Spec {
                 program: &program,
                 blastdb: blastdb.as_ref(),
@@ -459,7 +475,11 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             };
             let tmp = crate::accel::part_tmp(&parts[b], "master");
             report::write(&spec, &hsps, &tmp)?;
+            let part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
+            let bt = batch_trace(trace, b);
+            bt.write_seconds += started.elapsed().as_secs_f64();
+            bt.part_bytes = part_bytes;
         }
         Ok(())
     };
@@ -559,6 +579,15 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 sched.succeeded(w);
                 let text = String::from_utf8(data).map_err(|_| SearchError::Io(format!("task {task}: archive is not text")))?;
                 let t = sched.task(task).clone();
+                trace.tasks.push(crate::trace::TaskTrace {
+                    batch: t.batch,
+                    fragment: match t.target {
+                        Target::Fragment(f) => Some(f),
+                        Target::Whole => None,
+                    },
+                    seconds: secs,
+                    bytes: text.len() as u64,
+                });
                 match t.target {
                     Target::Whole => {
                         let hsps = archive::hsps(&text).map_err(|error| SearchError::BadArchive { task, error })?;
@@ -572,7 +601,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                         archives[t.batch][f] = Some(text);
                         if archives[t.batch].iter().all(|a| a.is_some()) {
                             let range = batch_ranges[t.batch].clone();
+                            let started = Instant::now();
                             let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, task)?;
+                            batch_trace(&mut trace, t.batch).merge_seconds += started.elapsed().as_secs_f64();
                             archives[t.batch] = vec![None; nfrag];
                             done_queries += range.len() - risky.len();
                             if !risky.is_empty() {
@@ -587,7 +618,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                         }
                     }
                 }
-                write_parts(&mut results)?;
+                write_parts(&mut results, &mut trace)?;
                 progress.set(done_queries);
             }
         }
@@ -635,6 +666,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         accel: None,
         delivery,
         reused_parts: reusable.len(),
+        trace,
     })
 }
 
@@ -714,7 +746,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
-    let (stats, agent, own_client, workers, cluster_client) = match env {
+    let (mut stats, agent, own_client, workers, cluster_client) = match env {
         Env::Cluster { client, workers, .. } => {
             (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers, Some(client))
         }
@@ -768,6 +800,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     }
     drop(own_client);
     drop(agent);
+    let trace = std::mem::take(&mut stats.trace);
     Ok(Summary {
         queries: a.queries.len(),
         hits: stats.hits,
@@ -784,6 +817,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         reused_parts: stats.reused_parts,
         accel: Some(stats),
         delivery,
+        trace,
     })
 }
 

@@ -1,0 +1,227 @@
+//! The many-node model ([`crate::model`]) fed by `gepsea-bench cluster --replay`:
+//! calibrated on the smallest replayed run of each variant, checked against every
+//! other replayed run, then extrapolated to node counts this machine cannot host.
+//!
+//! What is measured and what is modelled, kept apart:
+//! - every task's search time and archive size, every batch's merge and write time
+//!   and the fallbacks come from the trace of the smallest replayed run (the master's
+//!   or the agents' own timings, `Summary::trace`);
+//! - the compression rate and ratio are measured here on the recording's archives
+//!   (zstd -3, as the agents compress);
+//! - the launch's fixed cost (start-up, agents meeting, final assembly) is the part of
+//!   the smallest run's wall time the model does not play, and is held constant;
+//! - link rate and task round trip are set from `bench net` / `bench agent` figures.
+//!
+//! Validation plays the emulated cluster as it is: agents' work shares this machine's
+//! cores. Extrapolation plays a real cluster: every agent has its node's spare core,
+//! and the workload is repeated so that each worker has as much work as at the
+//! largest replayed size (weak scaling).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use gepsea_blast::trace::RunTrace;
+use serde::Serialize;
+
+use crate::model::{self, Arch, Assign, BatchWork, Costs};
+
+/// A replayed run, as `bench cluster` measured it.
+pub struct Measured {
+    pub nodes: usize,
+    /// Index into `cluster::VARIANTS`.
+    pub variant: usize,
+    pub name: &'static str,
+    pub wall_seconds: f64,
+    pub search_fraction: f64,
+    pub trace: RunTrace,
+}
+
+#[derive(Serialize)]
+struct Point {
+    nodes: usize,
+    variant: &'static str,
+    measured_wall: Option<f64>,
+    predicted_wall: f64,
+    error_percent: Option<f64>,
+    measured_search_fraction: Option<f64>,
+    predicted_search_fraction: f64,
+}
+
+/// The variant's architecture in the model.
+fn arch(variant: usize) -> Arch {
+    match variant {
+        0 => Arch::Mpiblast,
+        2 => Arch::Agents { assign: Assign::Static, compress: true },
+        3 => Arch::Agents { assign: Assign::Single, compress: true },
+        4 => Arch::Agents { assign: Assign::Dynamic, compress: false },
+        _ => Arch::Agents { assign: Assign::Dynamic, compress: true },
+    }
+}
+
+/// The workload as a run traced it: per batch, its fragments' searches (first result
+/// per fragment; a re-run adds nothing), its fallbacks, and its merge and write.
+pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
+    let nb = trace.batches.iter().map(|b| b.batch + 1).chain(trace.tasks.iter().map(|t| t.batch + 1)).max().unwrap_or(0);
+    let mut out = vec![BatchWork::default(); nb];
+    let mut seen = std::collections::BTreeSet::new();
+    for t in &trace.tasks {
+        match t.fragment {
+            Some(f) if seen.insert((t.batch, f)) => out[t.batch].fragments.push((t.seconds, t.bytes)),
+            Some(_) => {}
+            None => out[t.batch].whole.push((t.seconds, t.bytes)),
+        }
+    }
+    for b in &trace.batches {
+        out[b.batch].merge_seconds += b.merge_seconds;
+        out[b.batch].write_seconds += b.write_seconds;
+    }
+    out
+}
+
+/// zstd -3 over the recording's archives (up to 64 MB of them): bytes/s and ratio.
+pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
+    let mut raw = 0usize;
+    let mut packed = 0usize;
+    let mut seconds = 0.0;
+    for e in std::fs::read_dir(recording.join("runs"))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "out") && raw < 64 << 20 {
+            let data = std::fs::read(&p)?;
+            let t = Instant::now();
+            packed += zstd::bulk::compress(&data, 3)?.len();
+            seconds += t.elapsed().as_secs_f64();
+            raw += data.len();
+        }
+    }
+    if raw == 0 {
+        bail!("{}: no recorded archives to measure compression on", recording.display());
+    }
+    Ok((raw as f64 / seconds.max(1e-9), raw as f64 / packed.max(1) as f64))
+}
+
+/// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
+/// into `out_dir`. Returns the largest error of a validated point, in percent.
+pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64> {
+    let (compress_rate, compress_ratio) = measure_compression(recording)?;
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let base_costs = Costs {
+        // `bench net`: 1 MiB streaming across a veth pair, 1.55 GB/s.
+        link_bytes_per_second: 1.55e9,
+        compress_bytes_per_second: compress_rate,
+        compress_ratio,
+        // `bench agent`: an operation crossing nodes ≈ 0.5 ms; a take and its reply.
+        take_seconds: 0.001,
+        shared_cores: Some(cores),
+        fixed_seconds: 0.0,
+    };
+    eprintln!(
+        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated",
+        compress_rate / 1e6
+    );
+    let mut points = Vec::new();
+    let mut worst: f64 = 0.0;
+    let mut variants: Vec<usize> = runs.iter().map(|r| r.variant).collect();
+    variants.sort_unstable();
+    variants.dedup();
+    let mut calibrated = Vec::new();
+    println!("\nModel (calibrated on the smallest run of each variant) against the replayed runs:\n");
+    println!("| nodes | variant | measured s | model s | error | measured in search | model in search |");
+    println!("|---|---|---|---|---|---|---|");
+    for &v in &variants {
+        let mut mine: Vec<&Measured> = runs.iter().filter(|r| r.variant == v).collect();
+        mine.sort_by_key(|r| r.nodes);
+        let Some(cal) = mine.first() else { continue };
+        let work = workload(&cal.trace);
+        if work.is_empty() {
+            continue;
+        }
+        let played = model::simulate(&work, cal.nodes, arch(v), &base_costs);
+        let costs = Costs { fixed_seconds: (cal.wall_seconds - played.wall_seconds).max(0.0), ..base_costs.clone() };
+        for r in &mine {
+            let p = model::simulate(&work, r.nodes, arch(v), &costs);
+            let err = 100.0 * (p.wall_seconds - r.wall_seconds) / r.wall_seconds;
+            if r.nodes != cal.nodes {
+                worst = worst.max(err.abs());
+            }
+            println!(
+                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} % | {:.1} % |",
+                r.nodes,
+                r.name,
+                r.wall_seconds,
+                p.wall_seconds,
+                err,
+                if r.nodes == cal.nodes { " (calibration)" } else { "" },
+                100.0 * r.search_fraction,
+                100.0 * p.search_fraction
+            );
+            points.push(Point {
+                nodes: r.nodes,
+                variant: r.name,
+                measured_wall: Some(r.wall_seconds),
+                predicted_wall: p.wall_seconds,
+                error_percent: Some(err),
+                measured_search_fraction: Some(r.search_fraction),
+                predicted_search_fraction: p.search_fraction,
+            });
+        }
+        calibrated.push((v, cal.name, cal.nodes, work, costs));
+    }
+    // A real cluster: each agent on its node's spare core, the work grown with the
+    // nodes so that each worker keeps the share it had at the largest replayed size.
+    let largest = runs.iter().map(|r| r.nodes).max().unwrap_or(1);
+    let sizes = [largest, 128, 1000];
+    println!(
+        "\nModel, extrapolated (each agent on its own spare core; workload repeated to keep the work per worker of {largest} nodes):\n"
+    );
+    println!("| nodes | variant | model s | model in search | speed-up over mpiBLAST |");
+    println!("|---|---|---|---|---|");
+    let mut scale_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut share_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    let mut extrapolated = Vec::new();
+    for &n in &sizes {
+        let times = n.div_ceil(largest).max(1);
+        let mut base = None;
+        for (v, name, _, work, costs) in &calibrated {
+            let w = model::repeated(work, times);
+            let c = Costs { shared_cores: None, ..costs.clone() };
+            let p = model::simulate(&w, n, arch(*v), &c);
+            let b = *base.get_or_insert(p.wall_seconds);
+            println!("| {n} | {name} | {:.2} | {:.1} % | {:.2} |", p.wall_seconds, 100.0 * p.search_fraction, b / p.wall_seconds);
+            extrapolated.push(serde_json::json!({"nodes": n, "variant": name, "repeat": times, "wall_seconds": p.wall_seconds,
+                "search_fraction": p.search_fraction, "speedup_over_mpiblast": b / p.wall_seconds}));
+            match scale_series.iter_mut().find(|(s, _)| s == name) {
+                Some((_, pts)) => pts.push((n as f64, b / p.wall_seconds)),
+                None => scale_series.push((name.to_string(), vec![(n as f64, b / p.wall_seconds)])),
+            }
+            match share_series.iter_mut().find(|(s, _)| s == name) {
+                Some((_, pts)) => pts.push((n as f64, 100.0 * p.search_fraction)),
+                None => share_series.push((name.to_string(), vec![(n as f64, 100.0 * p.search_fraction)])),
+            }
+        }
+    }
+    println!("\nlargest model error on a validated point: {worst:.1} %");
+    std::fs::write(
+        out_dir.join("cluster_model.json"),
+        serde_json::to_string_pretty(&serde_json::json!({
+            "compress_bytes_per_second": compress_rate, "compress_ratio": compress_ratio, "shared_cores": cores,
+            "validation": points, "largest_error_percent": worst, "extrapolation": extrapolated,
+        }))?,
+    )?;
+    // Measured points against the model's line, per variant.
+    let mut fit: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for p in &points {
+        for (label, y) in
+            [(format!("{} (measured)", p.variant), p.measured_wall.unwrap_or(0.0)), (format!("{} (model)", p.variant), p.predicted_wall)]
+        {
+            match fit.iter_mut().find(|(s, _)| *s == label) {
+                Some((_, pts)) => pts.push((p.nodes as f64, y)),
+                None => fit.push((label, vec![(p.nodes as f64, y)])),
+            }
+        }
+    }
+    crate::plots::lines(&out_dir.join("cluster_model_fit.png"), "Wall time (s): replayed runs and the model", "emulated nodes", &fit)?;
+    crate::plots::lines(&out_dir.join("cluster_model_speedup.png"), "Model: speed-up over mpiBLAST", "nodes", &scale_series)?;
+    crate::plots::lines(&out_dir.join("cluster_model_search_share.png"), "Model: worker time in search (%)", "nodes", &share_series)?;
+    Ok(worst)
+}

@@ -1,0 +1,334 @@
+//! A discrete-event model of parallel BLAST with and without agents, for node counts
+//! this machine cannot host (`gepsea-bench cluster --replay` validates it against the
+//! replayed runs up to 36 nodes, then extrapolates to 128 and 1,000).
+//!
+//! The model is sans-IO and deterministic: it takes a workload (every task's search
+//! time and archive size, every batch's merge and write time, the whole-database
+//! fallbacks a merge asks for) and a few costs, and plays both architectures:
+//!
+//! - **mpiBLAST** (no agent): one master, a single server taking messages in arrival
+//!   order. A worker asks for a task, searches, sends its archive and waits for the
+//!   master to take it and hand out the next task. When a batch's last fragment
+//!   arrives the master merges it and writes its part before it reads the next
+//!   message: this is where workers wait as they grow in number (the paper's 92 % →
+//!   71 %).
+//! - **agents**: workers take tasks from the load balancer, search, hand the archive to
+//!   their node's agent and go on. The batch's merger (chosen dynamically: the agent
+//!   with the least merge work so far; statically: batch modulo nodes; or one agent
+//!   for all) receives the archives (compressed across nodes), merges and writes when
+//!   the batch is complete. Agents' work shares `shared_cores` cores when the nodes
+//!   are emulated on one machine, or runs on each node's own spare core.
+//!
+//! Both end with the workers released once every batch is written, then the master's
+//! assembly of the parts and the launch's own costs (`fixed_seconds`, measured).
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// One batch of the workload, as traced by a real (replayed) run.
+#[derive(Clone, Debug, Default)]
+pub struct BatchWork {
+    /// Search time and archive bytes of each fragment's task.
+    pub fragments: Vec<(f64, u64)>,
+    /// Whole-database searches the merge asks for (search time, archive bytes).
+    pub whole: Vec<(f64, u64)>,
+    pub merge_seconds: f64,
+    pub write_seconds: f64,
+}
+
+/// Who merges a batch in agent mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Assign {
+    Dynamic,
+    Static,
+    Single,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arch {
+    Mpiblast,
+    Agents { assign: Assign, compress: bool },
+}
+
+/// Costs the model is given (measured, never fitted to the runs it is checked on).
+#[derive(Clone, Debug)]
+pub struct Costs {
+    /// Rate between nodes, bytes/s.
+    pub link_bytes_per_second: f64,
+    /// Runtime compression (zstd -3) of archives, bytes/s, and the ratio it reaches.
+    pub compress_bytes_per_second: f64,
+    pub compress_ratio: f64,
+    /// A worker's round trip for a task (asking, getting it), seconds.
+    pub take_seconds: f64,
+    /// Cores the agents' work shares (`None`: every agent has its own).
+    pub shared_cores: Option<usize>,
+    /// Launch, start-up, final assembly: everything that does not depend on the tasks.
+    pub fixed_seconds: f64,
+}
+
+/// What the model predicts for one run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    pub wall_seconds: f64,
+    /// Workers' time in search over their time on the job.
+    pub search_fraction: f64,
+}
+
+/// A pool of `n` identical servers (cores), first come first served.
+struct Pool(Vec<f64>);
+impl Pool {
+    fn new(n: usize) -> Pool {
+        Pool(vec![0.0; n.max(1)])
+    }
+    /// Runs `work` seconds no earlier than `ready`; returns its end.
+    fn run(&mut self, ready: f64, work: f64) -> f64 {
+        let (i, _) = self.0.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap_or((0, &0.0));
+        let end = self.0[i].max(ready) + work;
+        self.0[i] = end;
+        end
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Ev {
+    t: f64,
+    seq: u64,
+    kind: Kind,
+}
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    /// A worker is free for a task.
+    WorkerFree(usize),
+    /// A task's archive reached its merger (or the master): (batch, worker).
+    Arrived(usize, usize),
+    /// A batch's merge ended (its fallbacks may now be searched).
+    Merged(usize),
+}
+impl Eq for Ev {}
+impl Ord for Ev {
+    fn cmp(&self, o: &Self) -> Ordering {
+        // Earliest first (BinaryHeap is a max-heap), then in submission order.
+        o.t.total_cmp(&self.t).then(o.seq.cmp(&self.seq))
+    }
+}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+struct Queue {
+    heap: BinaryHeap<Ev>,
+    seq: u64,
+}
+impl Queue {
+    fn push(&mut self, t: f64, kind: Kind) {
+        self.seq += 1;
+        self.heap.push(Ev { t, seq: self.seq, kind });
+    }
+}
+
+/// A task waiting to be searched: (batch, search seconds, archive bytes).
+type Task = (usize, f64, u64);
+
+/// Plays `workload` on `workers` nodes (one worker each) under `arch`.
+pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Costs) -> Outcome {
+    let workers = workers.max(1);
+    let nb = workload.len();
+    // Fragment-major, as the master submits them: consecutive tasks share a fragment.
+    let nfrag = workload.iter().map(|b| b.fragments.len()).max().unwrap_or(0);
+    let mut queue: VecDeque<Task> = VecDeque::new();
+    for f in 0..nfrag {
+        for (b, w) in workload.iter().enumerate() {
+            if let Some(&(s, bytes)) = w.fragments.get(f) {
+                queue.push_back((b, s, bytes));
+            }
+        }
+    }
+    let mut ev = Queue { heap: BinaryHeap::new(), seq: 0 };
+    for w in 0..workers {
+        ev.push(0.0, Kind::WorkerFree(w));
+    }
+    let mut arrived = vec![0usize; nb];
+    let mut whole_arrived = vec![0usize; nb];
+    let mut written = 0usize;
+    let mut searched = 0.0;
+    let mut idle: Vec<usize> = Vec::new();
+    // The master (mpiBLAST) is one server; in agent mode each agent is one, sharing a
+    // pool of cores.
+    let mut master_free = 0.0f64;
+    let mut agent_free = vec![0.0f64; workers];
+    let mut agent_load = vec![0.0f64; workers];
+    let mut merger: Vec<Option<usize>> = vec![None; nb];
+    let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers));
+    let mut end = 0.0f64;
+    let mpiblast = arch == Arch::Mpiblast;
+
+    while let Some(Ev { t, kind, .. }) = ev.heap.pop() {
+        match kind {
+            Kind::WorkerFree(w) => match queue.pop_front() {
+                Some(task) => {
+                    // mpiBLAST: the hand-out is the master's reply, already counted.
+                    let start = t + if mpiblast { 0.0 } else { costs.take_seconds };
+                    searched += task.1;
+                    let done = start + task.1;
+                    let (b, _, bytes) = task;
+                    let at = if mpiblast {
+                        done + bytes as f64 / costs.link_bytes_per_second
+                    } else {
+                        let m = *merger[b].get_or_insert_with(|| pick_merger(arch, b, workers, &agent_load));
+                        agent_load[m] += workload[b].merge_seconds + workload[b].write_seconds;
+                        if m == w {
+                            done
+                        } else {
+                            let (compress, ratio) = match arch {
+                                Arch::Agents { compress: true, .. } => {
+                                    (bytes as f64 / costs.compress_bytes_per_second, costs.compress_ratio.max(1.0))
+                                }
+                                _ => (0.0, 1.0),
+                            };
+                            let c = if compress > 0.0 { cores.run(done, compress) } else { done };
+                            c + bytes as f64 / ratio / costs.link_bytes_per_second
+                        }
+                    };
+                    ev.push(at, Kind::Arrived(b, w));
+                    if !mpiblast {
+                        ev.push(done, Kind::WorkerFree(w));
+                    }
+                }
+                None => idle.push(w),
+            },
+            Kind::Arrived(b, w) => {
+                // Fallbacks are queued only once every fragment's archive is in.
+                let w_frag = arrived[b] < workload[b].fragments.len();
+                if w_frag {
+                    arrived[b] += 1;
+                } else {
+                    whole_arrived[b] += 1;
+                }
+                let merges_now = w_frag && arrived[b] == workload[b].fragments.len();
+                let writes_now = (merges_now && workload[b].whole.is_empty()) || (!w_frag && whole_arrived[b] == workload[b].whole.len());
+                let merge = if merges_now { workload[b].merge_seconds } else { 0.0 };
+                let write = if writes_now { workload[b].write_seconds } else { 0.0 };
+                let finished;
+                if mpiblast {
+                    let start = master_free.max(t);
+                    let merged = start + merge;
+                    finished = merged + write;
+                    master_free = finished;
+                    if merges_now {
+                        ev.push(merged, Kind::Merged(b));
+                    }
+                    // The worker gets its next task once the master is done with this.
+                    ev.push(finished + costs.take_seconds, Kind::WorkerFree(w));
+                } else {
+                    let m = merger[b].unwrap_or(0);
+                    if merges_now || writes_now {
+                        let start = agent_free[m].max(t);
+                        let merged = cores.run(start, merge);
+                        finished = cores.run(merged, write);
+                        agent_free[m] = finished;
+                        if merges_now {
+                            ev.push(merged, Kind::Merged(b));
+                        }
+                    } else {
+                        finished = t;
+                    }
+                }
+                if writes_now {
+                    written += 1;
+                    end = end.max(finished);
+                }
+            }
+            Kind::Merged(b) => {
+                for &(s, bytes) in &workload[b].whole {
+                    queue.push_back((b, s, bytes));
+                }
+                if !workload[b].whole.is_empty() {
+                    for w in idle.drain(..) {
+                        let at = if mpiblast { master_free.max(t) } else { t };
+                        ev.push(at, Kind::WorkerFree(w));
+                    }
+                }
+            }
+        }
+    }
+    debug_assert_eq!(written, nb);
+    let span = end.max(1e-9);
+    Outcome { wall_seconds: end + costs.fixed_seconds, search_fraction: searched / (workers as f64 * span) }
+}
+
+fn pick_merger(arch: Arch, batch: usize, nodes: usize, load: &[f64]) -> usize {
+    match arch {
+        Arch::Agents { assign: Assign::Static, .. } => batch % nodes,
+        Arch::Agents { assign: Assign::Single, .. } => 0,
+        _ => load.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i),
+    }
+}
+
+/// `workload` repeated `times` times (weak scaling: the same work per worker at more
+/// nodes).
+pub fn repeated(workload: &[BatchWork], times: usize) -> Vec<BatchWork> {
+    (0..times.max(1)).flat_map(|_| workload.iter().cloned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs() -> Costs {
+        Costs {
+            link_bytes_per_second: 1e9,
+            compress_bytes_per_second: 1e9,
+            compress_ratio: 10.0,
+            take_seconds: 0.0,
+            shared_cores: None,
+            fixed_seconds: 0.0,
+        }
+    }
+
+    fn batch(frag: &[f64], merge: f64, write: f64) -> BatchWork {
+        BatchWork { fragments: frag.iter().map(|&s| (s, 0)).collect(), whole: vec![], merge_seconds: merge, write_seconds: write }
+    }
+
+    #[test]
+    fn one_worker_without_merge_costs_is_the_sum_of_its_searches() {
+        let w = vec![batch(&[1.0, 2.0], 0.0, 0.0), batch(&[3.0, 4.0], 0.0, 0.0)];
+        for arch in [Arch::Mpiblast, Arch::Agents { assign: Assign::Dynamic, compress: true }] {
+            let o = simulate(&w, 1, arch, &costs());
+            assert!((o.wall_seconds - 10.0).abs() < 1e-9, "{arch:?}: {o:?}");
+            assert!((o.search_fraction - 1.0).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn the_master_s_merges_hold_workers_back_and_agents_merge_in_parallel() {
+        // 8 batches of 2 one-second fragments, 1 s to merge and 1 s to write each, on
+        // 8 workers. mpiBLAST: the master does 16 s of merging and writing in a row.
+        let w: Vec<BatchWork> = (0..8).map(|_| batch(&[1.0, 1.0], 1.0, 1.0)).collect();
+        let mpi = simulate(&w, 8, Arch::Mpiblast, &costs());
+        assert!(mpi.wall_seconds >= 16.0, "{mpi:?}");
+        let agents = simulate(&w, 8, Arch::Agents { assign: Assign::Dynamic, compress: false }, &costs());
+        // Two rounds of searching, then at most a few merges in parallel.
+        assert!(agents.wall_seconds <= 6.0, "{agents:?}");
+        assert!(agents.search_fraction > mpi.search_fraction);
+        // One merger for all is the master again, but off the workers' path.
+        let single = simulate(&w, 8, Arch::Agents { assign: Assign::Single, compress: false }, &costs());
+        assert!(single.wall_seconds >= 16.0 && single.wall_seconds < mpi.wall_seconds + 2.0, "{single:?}");
+        // Agents sharing one core are no better than one merger.
+        let shared =
+            simulate(&w, 8, Arch::Agents { assign: Assign::Dynamic, compress: false }, &Costs { shared_cores: Some(1), ..costs() });
+        assert!(shared.wall_seconds >= 16.0, "{shared:?}");
+    }
+
+    #[test]
+    fn fallbacks_are_searched_after_the_merge_and_before_the_write() {
+        let mut b = batch(&[1.0], 1.0, 1.0);
+        b.whole = vec![(5.0, 0)];
+        for arch in [Arch::Mpiblast, Arch::Agents { assign: Assign::Dynamic, compress: false }] {
+            let o = simulate(std::slice::from_ref(&b), 2, arch, &costs());
+            // search 1 + merge 1 + fallback 5 + write 1.
+            assert!((o.wall_seconds - 8.0).abs() < 1e-9, "{arch:?}: {o:?}");
+        }
+    }
+}
