@@ -38,6 +38,11 @@ pub struct Workload {
     pub queries: usize,
     #[arg(long, default_value_t = 4)]
     pub fragments: usize,
+    /// More queries: this many database sequences, taken evenly across the database,
+    /// after the query file's (a search with more result data than 500 example
+    /// queries give).
+    #[arg(long, default_value_t = 0)]
+    pub queries_from_db: usize,
 }
 
 impl Workload {
@@ -45,7 +50,7 @@ impl Workload {
     /// `dir/q.fasta` (either input may be gzipped), and formats the database into
     /// `dir/g` with `gepsea`; returns the queries' residues.
     pub fn prepare(&self, gepsea: &Path, d: &Path) -> Result<usize> {
-        let residues = prepare_inputs(&self.db, &self.query, self.queries, d)?;
+        let residues = prepare_inputs(&self.db, &self.query, self.queries, self.queries_from_db, d)?;
         run_ok(
             Command::new(gepsea)
                 .args(["db", "format", "--fragments", &self.fragments.to_string(), "--title", "T", "--name", "DB", "--input"])
@@ -120,6 +125,8 @@ struct Row {
     wall_seconds: f64,
     speedup: f64,
     search_fraction: f64,
+    /// The same over workers' active time (first task to last result handed over).
+    active_search_fraction: f64,
     agent_cpu_percent: f64,
     bytes_wire: u64,
     bytes_raw: u64,
@@ -261,7 +268,7 @@ pub(crate) fn same_output(got: &Path, want: &Path) -> Result<bool> {
     Ok(strip(got)? == strip(want)?)
 }
 
-fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usize> {
+fn prepare_inputs(db: &Path, query: &Path, count: usize, from_db: usize, d: &Path) -> Result<usize> {
     let unzip = |p: &Path| -> Result<Vec<u8>> {
         if p.extension().is_some_and(|e| e == "gz") {
             Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
@@ -269,10 +276,11 @@ fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usi
             Ok(std::fs::read(p)?)
         }
     };
-    std::fs::write(d.join("db.fasta"), unzip(db)?)?;
+    let db_text = String::from_utf8(unzip(db)?)?;
+    std::fs::write(d.join("db.fasta"), &db_text)?;
     let q = String::from_utf8(unzip(query)?)?;
     let mut n = 0;
-    let queries: String = q
+    let mut queries: String = q
         .lines()
         .filter(|l| {
             if l.starts_with('>') {
@@ -282,6 +290,23 @@ fn prepare_inputs(db: &Path, query: &Path, count: usize, d: &Path) -> Result<usi
         })
         .map(|l| format!("{l}\n"))
         .collect();
+    if from_db > 0 {
+        // Every stride-th sequence, the first `from_db` of them.
+        let total = db_text.lines().filter(|l| l.starts_with('>')).count();
+        let stride = (total / from_db).max(1);
+        let (mut seq, mut taken, mut keep) = (0usize, 0usize, false);
+        for l in db_text.lines() {
+            if l.starts_with('>') {
+                seq += 1;
+                keep = seq % stride == 0 && taken < from_db;
+                taken += keep as usize;
+            }
+            if keep {
+                queries.push_str(l);
+                queries.push('\n');
+            }
+        }
+    }
     let residues: usize = queries.lines().filter(|l| !l.starts_with('>')).map(|l| l.trim().len()).sum();
     std::fs::write(d.join("q.fasta"), queries)?;
     Ok(residues)
@@ -304,7 +329,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&wd)?;
     let wd = std::fs::canonicalize(&wd)?;
     let blast_opts: Vec<String> = a.blast_options.split_whitespace().map(str::to_string).collect();
-    let params = json!({"db": a.workload.db, "query": a.workload.query, "queries": a.workload.queries, "fragments": a.workload.fragments,
+    let params = json!({"db": a.workload.db, "query": a.workload.query, "queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "fragments": a.workload.fragments,
         "batches": a.batches, "outfmt": a.outfmt, "blast_options": blast_opts});
     let prepared: Option<serde_json::Value> = std::fs::read(wd.join("workload.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
     let (serial, batch_residues) = match prepared {
@@ -458,6 +483,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
             let wall = s["wall_seconds"].as_f64().unwrap_or(0.0);
             let frac = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
+            let active = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_active_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
             let base_wall = *base.get_or_insert(wall);
             measured.push(crate::cluster_model::Measured {
                 nodes,
@@ -465,6 +491,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 name: variant,
                 wall_seconds: wall,
                 search_fraction: frac,
+                active_search_fraction: active,
                 trace: serde_json::from_value(s["trace"].clone()).context("the summary's trace")?,
             });
             let agents = if flags.contains(&"--no-agent") { 0 } else { nodes };
@@ -474,15 +501,17 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 wall_seconds: wall,
                 speedup: base_wall / wall,
                 search_fraction: frac,
+                active_search_fraction: active,
                 agent_cpu_percent: if agents == 0 { 0.0 } else { 100.0 * agent_cpu / (wall * agents as f64) },
                 bytes_wire: s["accel"]["bytes_wire"].as_u64().unwrap_or(0),
                 bytes_raw: s["accel"]["bytes_raw"].as_u64().unwrap_or(0),
                 mergers: s["accel"]["mergers"].as_object().map_or(1, |m| m.len()),
             };
             eprintln!(
-                "  {nodes} node(s), {variant:<24} {wall:7.2} s  speed-up {:.2}  in BLAST+ {:5.1} %  agent CPU {:4.1} %  results across nodes {:.2} MB ({:.2} MB raw), {} merger(s); identical to serial",
+                "  {nodes} node(s), {variant:<24} {wall:7.2} s  speed-up {:.2}  in BLAST+ {:5.1} % (active {:5.1} %)  agent CPU {:4.1} %  results across nodes {:.2} MB ({:.2} MB raw), {} merger(s); identical to serial",
                 row.speedup,
                 100.0 * frac,
+                100.0 * active,
                 row.agent_cpu_percent,
                 row.bytes_wire as f64 / 1e6,
                 row.bytes_raw as f64 / 1e6,
@@ -495,17 +524,18 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         drop(bed);
     }
     println!("\nserial blastp (reference): {serial:.2} s\n");
-    println!("| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | agent CPU | MB across nodes (raw) |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | in BLAST+, active | agent CPU | MB across nodes (raw) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.2} ({:.2}) |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.2} ({:.2}) |",
             r.nodes,
             r.variant,
             r.wall_seconds,
             r.wall_seconds / serial,
             r.speedup,
             100.0 * r.search_fraction,
+            100.0 * r.active_search_fraction,
             r.agent_cpu_percent,
             r.bytes_wire as f64 / 1e6,
             r.bytes_raw as f64 / 1e6
@@ -516,7 +546,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::write(
         &a.json,
         serde_json::to_string_pretty(
-            &json!({"queries": a.workload.queries, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}),
+            &json!({"queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}),
         )?,
     )?;
     crate::plots::lines(&out_dir.join("cluster_wall.png"), "Wall time (s)", "emulated nodes", &series(&rows, |r| r.wall_seconds))?;
@@ -525,6 +555,12 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         "Worker time inside BLAST+ (%)",
         "emulated nodes",
         &series(&rows, |r| 100.0 * r.search_fraction),
+    )?;
+    crate::plots::lines(
+        &out_dir.join("cluster_search_fraction_active.png"),
+        "Worker time inside BLAST+, over active time (%)",
+        "emulated nodes",
+        &series(&rows, |r| 100.0 * r.active_search_fraction),
     )?;
     crate::plots::lines(
         &out_dir.join("cluster_agent_cpu.png"),

@@ -34,6 +34,7 @@ pub struct Measured {
     pub name: &'static str,
     pub wall_seconds: f64,
     pub search_fraction: f64,
+    pub active_search_fraction: f64,
     pub trace: RunTrace,
 }
 
@@ -46,6 +47,8 @@ struct Point {
     error_percent: Option<f64>,
     measured_search_fraction: Option<f64>,
     predicted_search_fraction: f64,
+    measured_active_search_fraction: Option<f64>,
+    predicted_active_search_fraction: f64,
 }
 
 /// The variant's architecture in the model.
@@ -126,7 +129,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
     variants.dedup();
     let mut calibrated = Vec::new();
     println!("\nModel (calibrated on the smallest run of each variant) against the replayed runs:\n");
-    println!("| nodes | variant | measured s | model s | error | measured in search | model in search |");
+    println!("| nodes | variant | measured s | model s | error | in search: measured, model | active: measured, model |");
     println!("|---|---|---|---|---|---|---|");
     for &v in &variants {
         let mut mine: Vec<&Measured> = runs.iter().filter(|r| r.variant == v).collect();
@@ -145,7 +148,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
                 worst = worst.max(err.abs());
             }
             println!(
-                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} % | {:.1} % |",
+                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} %, {:.1} % | {:.1} %, {:.1} % |",
                 r.nodes,
                 r.name,
                 r.wall_seconds,
@@ -153,7 +156,9 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
                 err,
                 if r.nodes == cal.nodes { " (calibration)" } else { "" },
                 100.0 * r.search_fraction,
-                100.0 * p.search_fraction
+                100.0 * p.search_fraction,
+                100.0 * r.active_search_fraction,
+                100.0 * p.active_search_fraction
             );
             points.push(Point {
                 nodes: r.nodes,
@@ -163,6 +168,8 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
                 error_percent: Some(err),
                 measured_search_fraction: Some(r.search_fraction),
                 predicted_search_fraction: p.search_fraction,
+                measured_active_search_fraction: Some(r.active_search_fraction),
+                predicted_active_search_fraction: p.active_search_fraction,
             });
         }
         calibrated.push((v, cal.name, cal.nodes, work, costs));
@@ -174,8 +181,8 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
     println!(
         "\nModel, extrapolated (each agent on its own spare core; workload repeated to keep the work per worker of {largest} nodes):\n"
     );
-    println!("| nodes | variant | model s | model in search | speed-up over mpiBLAST |");
-    println!("|---|---|---|---|---|");
+    println!("| nodes | variant | model s | in search | active | speed-up over mpiBLAST |");
+    println!("|---|---|---|---|---|---|");
     let mut scale_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut share_series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     let mut extrapolated = Vec::new();
@@ -187,9 +194,15 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
             let c = Costs { shared_cores: None, ..costs.clone() };
             let p = model::simulate(&w, n, arch(*v), &c);
             let b = *base.get_or_insert(p.wall_seconds);
-            println!("| {n} | {name} | {:.2} | {:.1} % | {:.2} |", p.wall_seconds, 100.0 * p.search_fraction, b / p.wall_seconds);
+            println!(
+                "| {n} | {name} | {:.2} | {:.1} % | {:.1} % | {:.2} |",
+                p.wall_seconds,
+                100.0 * p.search_fraction,
+                100.0 * p.active_search_fraction,
+                b / p.wall_seconds
+            );
             extrapolated.push(serde_json::json!({"nodes": n, "variant": name, "repeat": times, "wall_seconds": p.wall_seconds,
-                "search_fraction": p.search_fraction, "speedup_over_mpiblast": b / p.wall_seconds}));
+                "search_fraction": p.search_fraction, "active_search_fraction": p.active_search_fraction, "speedup_over_mpiblast": b / p.wall_seconds}));
             match scale_series.iter_mut().find(|(s, _)| s == name) {
                 Some((_, pts)) => pts.push((n as f64, b / p.wall_seconds)),
                 None => scale_series.push((name.to_string(), vec![(n as f64, b / p.wall_seconds)])),

@@ -70,8 +70,11 @@ pub struct Costs {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Outcome {
     pub wall_seconds: f64,
-    /// Workers' time in search over their time on the job.
+    /// Workers' time in search over their time on the job (to the release).
     pub search_fraction: f64,
+    /// Workers' time in search over their active time (first task taken to last
+    /// result handed over).
+    pub active_search_fraction: f64,
 }
 
 /// A pool of `n` identical servers (cores), first come first served.
@@ -163,6 +166,8 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers));
     let mut end = 0.0f64;
     let mpiblast = arch == Arch::Mpiblast;
+    // Per worker: first task taken, last result handed over.
+    let mut active: Vec<Option<(f64, f64)>> = vec![None; workers];
 
     while let Some(Ev { t, kind, .. }) = ev.heap.pop() {
         match kind {
@@ -171,6 +176,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     // mpiBLAST: the hand-out is the master's reply, already counted.
                     let start = t + if mpiblast { 0.0 } else { costs.take_seconds };
                     searched += task.1;
+                    active[w].get_or_insert((start, start)).1 = start;
                     let done = start + task.1;
                     let (b, _, bytes) = task;
                     let at = if mpiblast {
@@ -194,6 +200,9 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     ev.push(at, Kind::Arrived(b, w));
                     if !mpiblast {
                         ev.push(done, Kind::WorkerFree(w));
+                        if let Some(a) = &mut active[w] {
+                            a.1 = done;
+                        }
                     }
                 }
                 None => idle.push(w),
@@ -213,6 +222,10 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                 let finished;
                 if mpiblast {
                     let start = master_free.max(t);
+                    // The master takes the result when it gets to the message.
+                    if let Some(a) = &mut active[w] {
+                        a.1 = start;
+                    }
                     let merged = start + merge;
                     finished = merged + write;
                     master_free = finished;
@@ -255,7 +268,12 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     }
     debug_assert_eq!(written, nb);
     let span = end.max(1e-9);
-    Outcome { wall_seconds: end + costs.fixed_seconds, search_fraction: searched / (workers as f64 * span) }
+    let active_total: f64 = active.iter().flatten().map(|(a, b)| b - a).sum();
+    Outcome {
+        wall_seconds: end + costs.fixed_seconds,
+        search_fraction: searched / (workers as f64 * span),
+        active_search_fraction: searched / active_total.max(1e-9),
+    }
 }
 
 fn pick_merger(arch: Arch, batch: usize, nodes: usize, load: &[f64]) -> usize {

@@ -15,6 +15,32 @@ pub struct TaskTrace {
     pub seconds: f64,
     /// Its archive, uncompressed.
     pub bytes: u64,
+    /// The worker that ran it (pid; 0 unknown), when it took the task and when the
+    /// result was handed over (to its agent, or taken by the master), in seconds since
+    /// the Unix epoch: a worker's active time is from its first take to its last
+    /// hand-over.
+    pub worker: u32,
+    pub taken_unix: f64,
+    pub handed_unix: f64,
+}
+
+/// Unix time now, in seconds.
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl RunTrace {
+    /// Sum over workers of their active time: from their first take to their last
+    /// hand-over (what the workers' share of time in search is taken over).
+    pub fn worker_active_seconds(&self) -> f64 {
+        let mut by: std::collections::BTreeMap<u32, (f64, f64)> = std::collections::BTreeMap::new();
+        for t in self.tasks.iter().filter(|t| t.worker != 0 && t.taken_unix > 0.0) {
+            let e = by.entry(t.worker).or_insert((t.taken_unix, t.handed_unix));
+            e.0 = e.0.min(t.taken_unix);
+            e.1 = e.1.max(t.handed_unix);
+        }
+        by.values().map(|(a, b)| (b - a).max(0.0)).sum()
+    }
 }
 
 /// One batch's merge and write, by whoever did them (the master or an agent).

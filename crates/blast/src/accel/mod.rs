@@ -74,6 +74,11 @@ pub struct WorkStats {
     pub input_seconds: f64,
     /// Stagings by source ([`StageSource`] order).
     pub staged: [u32; 4],
+    /// For the trace (one task's, not added up): the worker (its pid), when it took
+    /// the task and when it handed the result over (seconds since the Unix epoch).
+    pub worker: u32,
+    pub taken_unix: f64,
+    pub handed_unix: f64,
 }
 
 impl WorkStats {

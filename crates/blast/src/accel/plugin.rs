@@ -269,6 +269,9 @@ impl BlastPlugin {
                 },
                 seconds: work.blast_seconds,
                 bytes: text.len() as u64,
+                worker: work.worker,
+                taken_unix: work.taken_unix,
+                handed_unix: work.handed_unix,
             });
             st.bytes_wire += wire;
             st.bytes_raw += raw;
@@ -386,7 +389,15 @@ impl BlastPlugin {
             bytes_wire: 0,
             bytes_raw: bytes,
             error: result.err(),
-            tasks: vec![crate::trace::TaskTrace { batch: *batch, fragment: None, seconds: work.blast_seconds, bytes }],
+            tasks: vec![crate::trace::TaskTrace {
+                batch: *batch,
+                fragment: None,
+                seconds: work.blast_seconds,
+                bytes,
+                worker: work.worker,
+                taken_unix: work.taken_unix,
+                handed_unix: work.handed_unix,
+            }],
             merge_seconds: 0.0,
             write_seconds: 0.0,
             part_bytes: bytes,

@@ -62,7 +62,7 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         // A batch on the whole database is printed in the report's format; everything
         // else is merged from archives, the only output with full-precision e-values.
         let outfmt = if matches!(payload, TaskPayload::Batch { .. }) { spec.outfmt.as_str() } else { "11" };
-        let mut work = WorkStats::default();
+        let mut work = WorkStats { worker: std::process::id(), taken_unix: crate::trace::unix_now(), ..Default::default() };
         // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
         let blastdb = match &payload {
             TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
@@ -145,6 +145,7 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
             }
         };
         work.blast_seconds = started.elapsed().as_secs_f64();
+        work.handed_unix = crate::trace::unix_now();
         let request = match part_file {
             Some(path) => BlastRequest::ResultFile { task: payload, path, work },
             None => BlastRequest::Result { task: payload, archive: out.stdout, work },

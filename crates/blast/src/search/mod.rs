@@ -125,6 +125,9 @@ pub struct Summary {
     pub delivery: Option<serde_json::Value>,
     /// Batches whose part an earlier, interrupted run of the same search had finished.
     pub reused_parts: usize,
+    /// Sum over workers of their active time, from their first task to their last
+    /// result handed over (the idle end of a job whose tasks ran out is not in it).
+    pub worker_active_seconds: f64,
     /// Task by task and batch by batch (split by fragments), for the many-node model.
     pub trace: crate::trace::RunTrace,
 }
@@ -488,6 +491,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // Per worker: when it reported ready, and when it stopped (for time accounting).
     let mut hello_at: Vec<Option<Instant>> = vec![None; workers];
     let mut gone_at: Vec<Option<Instant>> = vec![None; workers];
+    // When each worker was last given a task (for the trace).
+    let mut task_given: Vec<f64> = vec![0.0; workers];
     let mut done_queries: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
     let mut fallbacks = 0usize;
     let mut blast_seconds = 0.0;
@@ -522,6 +527,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     })
                     .unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
+                    task_given[w] = crate::trace::unix_now();
                     idle[w] = false;
                 }
             }
@@ -587,6 +593,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     },
                     seconds: secs,
                     bytes: text.len() as u64,
+                    worker: w as u32 + 1,
+                    taken_unix: task_given[w],
+                    handed_unix: crate::trace::unix_now(),
                 });
                 match t.target {
                     Target::Whole => {
@@ -666,6 +675,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         accel: None,
         delivery,
         reused_parts: reusable.len(),
+        worker_active_seconds: trace.worker_active_seconds(),
         trace,
     })
 }
@@ -801,6 +811,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     drop(own_client);
     drop(agent);
     let trace = std::mem::take(&mut stats.trace);
+    let worker_active_seconds = trace.worker_active_seconds();
     Ok(Summary {
         queries: a.queries.len(),
         hits: stats.hits,
@@ -817,6 +828,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         reused_parts: stats.reused_parts,
         accel: Some(stats),
         delivery,
+        worker_active_seconds,
         trace,
     })
 }
