@@ -394,7 +394,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     }
     eprintln!(
         "bench cluster: {} queries in {} batches, {} fragments, outfmt {} ({:.1} MB of output), output location {}; serial blastp {serial:.2} s",
-        a.workload.queries,
+        a.workload.queries + a.workload.queries_from_db,
         a.batches,
         a.workload.fragments,
         a.outfmt,

@@ -60,3 +60,22 @@ pub struct RunTrace {
     pub tasks: Vec<TaskTrace>,
     pub batches: Vec<BatchTrace>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(worker: u32, taken: f64, handed: f64) -> TaskTrace {
+        TaskTrace { batch: 0, fragment: Some(0), seconds: handed - taken, bytes: 1, worker, taken_unix: taken, handed_unix: handed }
+    }
+
+    #[test]
+    fn a_worker_is_active_from_its_first_take_to_its_last_hand_over() {
+        let t = RunTrace {
+            // Worker 7: 10..12 and 13..15 (1 s between tasks counts); worker 8: 11..20.
+            tasks: vec![task(7, 13.0, 15.0), task(8, 11.0, 20.0), task(7, 10.0, 12.0), task(0, 1.0, 100.0)],
+            batches: vec![],
+        };
+        assert_eq!(t.worker_active_seconds(), 5.0 + 9.0);
+    }
+}
