@@ -493,3 +493,11 @@ mod tests {
         assert_eq!(blast_batch_letters("blastn", &args(&["-evalue", "1", "-task", "dc-megablast"])), 500_000);
     }
 }
+
+/// How a batch's queries that need a whole-database search are cut into tasks: in at
+/// most 4 pieces, whatever the number of workers (they are the heaviest queries: one
+/// task would be a serial tail), and the same in both architectures and every run, so
+/// that a recording of one run holds the searches of any other ([`crate::replay`]).
+pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
+    risky.chunks(risky.len().div_ceil(4).max(1))
+}

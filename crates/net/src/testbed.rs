@@ -182,6 +182,10 @@ impl NetnsBridge {
         c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
         c.arg("--hostfile").arg(&hosts).args(["-np", &np.to_string(), "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(&rsh);
         c.args(["--mca", "btl_tcp_if_include", &subnet, "--mca", "oob_tcp_if_include", &subnet]);
+        // Every daemon talks to mpirun directly: with 37 namespace nodes the default
+        // routing tree failed now and then ("ORTE does not know how to route a message
+        // to the specified daemon", daemons unable to connect to each other).
+        c.args(["--mca", "routed", "direct"]);
         // OpenMPI's session directories in `dir`, one tree per launch, not the shared
         // /tmp/ompi.<host>.<uid>: a launch whose rank was killed leaves its tree
         // behind, and a later launch whose job family hashes the same refused to start

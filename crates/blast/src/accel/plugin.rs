@@ -343,8 +343,7 @@ impl BlastPlugin {
                 // Whole-database searches for the queries a fragment merge cannot settle,
                 // spread over the workers as separate tasks.
                 let queries = crate::fasta::read(&batch_file(&job, batch)).map_err(failed)?;
-                let per = risky.len().div_ceil(4).max(1);
-                for chunk in risky.chunks(per) {
+                for chunk in crate::plan::fallback_chunks(&risky) {
                     let mut buf = Vec::new();
                     for &g in chunk {
                         queries[g - start].write_to(&mut buf);

@@ -619,8 +619,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                                 // Spread the re-searches over the workers: they are the
                                 // heaviest queries and otherwise form a serial tail.
                                 fallbacks += risky.len();
-                                let per = risky.len().div_ceil(workers);
-                                for chunk in risky.chunks(per) {
+                                for chunk in crate::plan::fallback_chunks(&risky) {
                                     sched.add(t.batch, Target::Whole, chunk.to_vec());
                                 }
                             }
