@@ -290,10 +290,9 @@ fn prepare_inputs(db: &Path, query: &Path, count: usize, from_db: usize, d: &Pat
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    if from_db > 0 {
-        // Every stride-th sequence, the first `from_db` of them.
-        let total = db_text.lines().filter(|l| l.starts_with('>')).count();
-        let stride = (total / from_db).max(1);
+    let total = db_text.lines().filter(|l| l.starts_with('>')).count();
+    // Every stride-th sequence, the first `from_db` of them.
+    if let Some(stride) = total.checked_div(from_db).map(|s| s.max(1)) {
         let (mut seq, mut taken, mut keep) = (0usize, 0usize, false);
         for l in db_text.lines() {
             if l.starts_with('>') {

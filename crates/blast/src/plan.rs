@@ -404,9 +404,25 @@ pub(crate) fn whole_file(job: &Path, batch: usize, first: usize) -> PathBuf {
     job.join(format!("whole-{batch}-{first}.fasta"))
 }
 
+/// How a batch's queries that need a whole-database search are cut into tasks: in at
+/// most 4 pieces, whatever the number of workers (they are the heaviest queries: one
+/// task would be a serial tail), and the same in both architectures and every run, so
+/// that a recording of one run holds the searches of any other ([`crate::replay`]).
+pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
+    risky.chunks(risky.len().div_ceil(4).max(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fallbacks_are_cut_into_at_most_four_tasks_whatever_the_workers() {
+        let sizes = |n: usize| fallback_chunks(&(0..n).collect::<Vec<_>>()).map(|c| c.len()).collect::<Vec<_>>();
+        assert_eq!(sizes(10), [3, 3, 3, 1]);
+        assert_eq!(sizes(3), [1, 1, 1]);
+        assert_eq!(sizes(0), Vec::<usize>::new());
+    }
 
     fn recs(lengths: &[usize]) -> Vec<Record> {
         lengths
@@ -492,12 +508,4 @@ mod tests {
         assert_eq!(blast_batch_letters("blastn", &args(&["-task", "blastn"])), 100_000);
         assert_eq!(blast_batch_letters("blastn", &args(&["-evalue", "1", "-task", "dc-megablast"])), 500_000);
     }
-}
-
-/// How a batch's queries that need a whole-database search are cut into tasks: in at
-/// most 4 pieces, whatever the number of workers (they are the heaviest queries: one
-/// task would be a serial tail), and the same in both architectures and every run, so
-/// that a recording of one run holds the searches of any other ([`crate::replay`]).
-pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
-    risky.chunks(risky.len().div_ceil(4).max(1))
 }
