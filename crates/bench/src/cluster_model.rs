@@ -203,14 +203,8 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
             );
             extrapolated.push(serde_json::json!({"nodes": n, "variant": name, "repeat": times, "wall_seconds": p.wall_seconds,
                 "search_fraction": p.search_fraction, "active_search_fraction": p.active_search_fraction, "speedup_over_mpiblast": b / p.wall_seconds}));
-            match scale_series.iter_mut().find(|(s, _)| s == name) {
-                Some((_, pts)) => pts.push((n as f64, b / p.wall_seconds)),
-                None => scale_series.push((name.to_string(), vec![(n as f64, b / p.wall_seconds)])),
-            }
-            match share_series.iter_mut().find(|(s, _)| s == name) {
-                Some((_, pts)) => pts.push((n as f64, 100.0 * p.search_fraction)),
-                None => share_series.push((name.to_string(), vec![(n as f64, 100.0 * p.search_fraction)])),
-            }
+            add_point(&mut scale_series, name, (n as f64, b / p.wall_seconds));
+            add_point(&mut share_series, name, (n as f64, 100.0 * p.search_fraction));
         }
     }
     println!("\nlargest model error on a validated point: {worst:.1} %");
@@ -227,14 +221,19 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
         for (label, y) in
             [(format!("{} (measured)", p.variant), p.measured_wall.unwrap_or(0.0)), (format!("{} (model)", p.variant), p.predicted_wall)]
         {
-            match fit.iter_mut().find(|(s, _)| *s == label) {
-                Some((_, pts)) => pts.push((p.nodes as f64, y)),
-                None => fit.push((label, vec![(p.nodes as f64, y)])),
-            }
+            add_point(&mut fit, &label, (p.nodes as f64, y));
         }
     }
     crate::plots::lines(&out_dir.join("cluster_model_fit.png"), "Wall time (s): replayed runs and the model", "emulated nodes", &fit)?;
     crate::plots::lines(&out_dir.join("cluster_model_speedup.png"), "Model: speed-up over mpiBLAST", "nodes", &scale_series)?;
     crate::plots::lines(&out_dir.join("cluster_model_search_share.png"), "Model: worker time in search (%)", "nodes", &share_series)?;
     Ok(worst)
+}
+
+/// Adds `point` to the series called `name`, starting it if it is new.
+fn add_point(series: &mut Vec<(String, Vec<(f64, f64)>)>, name: &str, point: (f64, f64)) {
+    match series.iter_mut().find(|(s, _)| s == name) {
+        Some((_, points)) => points.push(point),
+        None => series.push((name.to_string(), vec![point])),
+    }
 }
