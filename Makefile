@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-paramedic demo clean
+.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic demo clean
 
 all: build
 
@@ -83,11 +83,15 @@ REPLAY_ARGS ?= --queries 500 --queries-from-db 1100 --fragments 8 --batches 32 -
 bench-replay: build | $(OUT)
 	./target/release/gepsea-bench cluster --replay $(OUT)/replay $(REPLAY_ARGS) --json $(OUT)/cluster-replay.json
 
+# The paper's spare-core experiments on real cores (1 worker + a pinned agent vs 2 workers).
+bench-spare-core: build | $(OUT)
+	./target/release/gepsea-bench spare-core --json $(OUT)/spare-core.json
+
 # The ParaMEDIC experiments: two namespace sites behind an emulated wide-area link (root).
 bench-paramedic: build | $(OUT)
 	./target/release/gepsea-bench paramedic --json $(OUT)/paramedic.json
 
-bench: bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-paramedic
+bench: bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data

@@ -142,16 +142,31 @@ pub trait Api: Services {
         expect!(self.call(Op::GlobalState), "global-state", Reply::States(s) => s)
     }
     fn submit(&self, payload: &[u8]) -> Result<u64, ApiError> {
-        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: None }), "submit", Reply::TaskId(t) => t)
+        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: None, urgent: false }), "submit", Reply::TaskId(t) => t)
     }
     /// Submits a task that reads the data object `data`: the scheduler prefers workers
     /// on a node that holds it.
     fn submit_near(&self, payload: &[u8], data: &str) -> Result<u64, ApiError> {
-        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: Some(data.into()) }), "submit", Reply::TaskId(t) => t)
+        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: Some(data.into()), urgent: false }), "submit", Reply::TaskId(t) => t)
+    }
+    /// Submits a task that finishes work already under way (the searches a merge waits
+    /// for): the scheduler hands it out before every task that is not urgent.
+    fn submit_urgent(&self, payload: &[u8]) -> Result<u64, ApiError> {
+        expect!(self.call(Op::Submit { payload: payload.to_vec(), affinity: None, urgent: true }), "submit", Reply::TaskId(t) => t)
     }
     /// The next task, waiting up to `wait` (None: nothing came).
     fn take(&self, wait: Duration) -> Result<Option<Task>, ApiError> {
         expect!(self.call(Op::Take { wait_ms: wait.as_millis() as u64 }), "take", Reply::Task(t) => t)
+    }
+    /// The agent that takes on `key` (e.g. merging one batch of results): the one with
+    /// the least outstanding weight, as the load balancer sees it; the same agent while
+    /// `key` is not released.
+    fn place(&self, key: &str, weight: u64) -> Result<u32, ApiError> {
+        expect!(self.call(Op::Place { key: key.into(), weight }), "place", Reply::Node(n) => n)
+    }
+    /// `key`'s work is done.
+    fn release(&self, key: &str) -> Result<(), ApiError> {
+        expect!(self.call(Op::Release { key: key.into() }), "release", Reply::Ok => ())
     }
     fn done(&self, task: u64) -> Result<(), ApiError> {
         expect!(self.call(Op::Done { task }), "done", Reply::Ok => ())

@@ -19,7 +19,7 @@ use crate::core::compress::Engine;
 use crate::core::Client;
 
 /// The components and primitives a plug-in may use (declared, shown by `status`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Uses {
     Advertising,
     BulletinBoard,
@@ -42,6 +42,10 @@ pub struct Context<'a> {
     pub node: u32,
     /// The agents' API (components and primitives).
     pub services: &'a dyn Services,
+    /// The same API, owned: for work the plug-in hands to its own threads and that
+    /// outlives the request (e.g. writing results in the background, so that the job
+    /// thread is free for the next request).
+    pub background: Arc<dyn Services>,
     /// The compression engine (with any registered application codecs).
     pub engine: &'a Engine,
     /// A node-local directory for the plug-in's files (e.g. data staged from shared
@@ -110,6 +114,15 @@ impl Registry {
 
     pub fn describe(&self) -> Vec<(String, Vec<Uses>)> {
         self.plugins.iter().map(|(n, p)| (n.clone(), p.uses().to_vec())).collect()
+    }
+
+    /// The components and primitives the registered plug-ins use, each once, in
+    /// layer order (what `gepsea agent status` lists as in use).
+    pub fn components_in_use(&self) -> Vec<Uses> {
+        let mut all: Vec<Uses> = self.plugins.values().flat_map(|p| p.uses().to_vec()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Arc<dyn Plugin>> {

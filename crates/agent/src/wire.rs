@@ -119,6 +119,9 @@ pub struct Task {
     /// The data object the task reads: the scheduler prefers a taker whose node holds
     /// it (see `primitives::balance`).
     pub affinity: Option<String>,
+    /// Finishes work already under way (e.g. the searches a merge waits for): handed
+    /// out before every task that is not.
+    pub urgent: bool,
 }
 
 /// A node's entry in the global process state.
@@ -251,9 +254,21 @@ pub enum Op {
         #[serde(with = "serde_bytes")]
         payload: Vec<u8>,
         affinity: Option<String>,
+        /// See [`Task::urgent`].
+        urgent: bool,
     },
     Take {
         wait_ms: u64,
+    },
+    /// Which agent takes on `key` (e.g. merging one batch): the scheduler's
+    /// [`crate::primitives::balance::Placement`]. Replies `Node`.
+    Place {
+        key: String,
+        weight: u64,
+    },
+    /// `key`'s work is done (its weight stops counting).
+    Release {
+        key: String,
     },
     Done {
         task: u64,
@@ -334,6 +349,8 @@ impl Op {
             Op::SetState { .. } => "set-state",
             Op::GlobalState => "global-state",
             Op::Submit { .. } => "submit",
+            Op::Place { .. } => "place",
+            Op::Release { .. } => "release",
             Op::Take { .. } => "take",
             Op::Done { .. } => "done",
             Op::Scheduler => "scheduler",
@@ -498,6 +515,14 @@ pub enum PeerMsg {
     },
     CancelTake {
         op: u64,
+    },
+    Place {
+        op: u64,
+        key: String,
+        weight: u64,
+    },
+    Release {
+        key: String,
     },
     Done {
         task: u64,

@@ -21,8 +21,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use gepsea_blast::trace::RunTrace;
 use gepsea_net::testbed::NetnsBridge;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 /// What the cluster and ParaMEDIC benchmarks search.
@@ -115,22 +116,31 @@ pub struct ClusterBenchArgs {
     /// Write results as JSON here; the plots go to the same directory.
     #[arg(long, default_value = "bench/out/cluster.json")]
     pub json: PathBuf,
+    /// Run nothing: play the model again on the runs (and their traces) that an
+    /// earlier `--replay` saved in FILE (its --json), with the recording in --replay.
+    #[arg(long, value_name = "FILE", requires = "replay")]
+    pub model_only: Option<PathBuf>,
 }
 
-/// One measured run.
-#[derive(Clone, Debug, Serialize)]
-struct Row {
-    nodes: usize,
-    variant: &'static str,
-    wall_seconds: f64,
-    speedup: f64,
-    search_fraction: f64,
+/// One measured run. Saved with its trace in the JSON, so that the model can be played
+/// again on it (`--model-only`) without replaying.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Row {
+    pub nodes: usize,
+    pub variant: String,
+    /// Index into [`VARIANTS`].
+    pub variant_index: usize,
+    pub wall_seconds: f64,
+    pub speedup: f64,
+    pub search_fraction: f64,
     /// The same over workers' active time (first task to last result handed over).
-    active_search_fraction: f64,
-    agent_cpu_percent: f64,
-    bytes_wire: u64,
-    bytes_raw: u64,
-    mergers: usize,
+    pub active_search_fraction: f64,
+    pub agent_cpu_percent: f64,
+    pub bytes_wire: u64,
+    pub bytes_raw: u64,
+    pub mergers: usize,
+    /// Task by task and batch by batch (`Summary::trace`).
+    pub trace: RunTrace,
 }
 
 const VARIANTS: [(&str, &[&str]); 5] = [
@@ -312,6 +322,16 @@ fn prepare_inputs(db: &Path, query: &Path, count: usize, from_db: usize, d: &Pat
 }
 
 pub fn run(a: &ClusterBenchArgs) -> Result<()> {
+    if let (Some(saved), Some(r)) = (&a.model_only, &a.replay) {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(saved).with_context(|| format!("{}", saved.display()))?)
+            .with_context(|| format!("{}: not JSON", saved.display()))?;
+        let rows: Vec<Row> = serde_json::from_value(v["runs"].clone())
+            .with_context(|| format!("{}: no runs with traces (saved by an older gepsea-bench?)", saved.display()))?;
+        let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        std::fs::create_dir_all(&out_dir)?;
+        crate::cluster_model::report(&rows, &r.join("recording"), &out_dir)?;
+        return Ok(());
+    }
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("bench cluster builds network namespaces: run it as root");
@@ -387,7 +407,6 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         .filter(|(i, _)| a.variants.is_empty() || a.variants.contains(i))
         .map(|(i, (name, flags))| (i, *name, *flags))
         .collect();
-    let mut measured: Vec<crate::cluster_model::Measured> = Vec::new();
     if let Some(r) = &recording {
         eprintln!("bench cluster: replaying {}", recording_summary(r)?);
     }
@@ -484,19 +503,12 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let frac = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
             let active = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_active_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
             let base_wall = *base.get_or_insert(wall);
-            measured.push(crate::cluster_model::Measured {
-                nodes,
-                variant: variant_index,
-                name: variant,
-                wall_seconds: wall,
-                search_fraction: frac,
-                active_search_fraction: active,
-                trace: serde_json::from_value(s["trace"].clone()).context("the summary's trace")?,
-            });
             let agents = if flags.contains(&"--no-agent") { 0 } else { nodes };
             let row = Row {
                 nodes,
-                variant,
+                variant: variant.to_string(),
+                variant_index,
+                trace: serde_json::from_value(s["trace"].clone()).context("the summary's trace")?,
                 wall_seconds: wall,
                 speedup: base_wall / wall,
                 search_fraction: frac,
@@ -568,7 +580,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>(),
     )?;
     if let Some(r) = &recording {
-        crate::cluster_model::report(&measured, r, &out_dir)?;
+        crate::cluster_model::report(&rows, r, &out_dir)?;
     }
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
@@ -622,6 +634,8 @@ fn recording_summary(recording: &Path) -> Result<String> {
 fn series(rows: &[Row], y: impl Fn(&Row) -> f64) -> Vec<(String, Vec<(f64, f64)>)> {
     VARIANTS
         .iter()
-        .map(|(v, _)| (v.to_string(), rows.iter().filter(|r| r.variant == *v).map(|r| (r.nodes as f64, y(r))).collect()))
+        .map(|(v, _)| (v.to_string(), rows.iter().filter(|r| r.variant == *v).map(|r| (r.nodes as f64, y(r))).collect::<Vec<_>>()))
+        // Only the variants that ran (a legend entry without a line says nothing).
+        .filter(|(_, points)| !points.is_empty())
         .collect()
 }

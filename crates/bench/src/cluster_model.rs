@@ -20,28 +20,17 @@
 use std::path::Path;
 use std::time::Instant;
 
+use crate::cluster::Row;
 use anyhow::{bail, Result};
 use gepsea_blast::trace::RunTrace;
 use serde::Serialize;
 
 use crate::model::{self, Arch, Assign, BatchWork, Costs};
 
-/// A replayed run, as `bench cluster` measured it.
-pub struct Measured {
-    pub nodes: usize,
-    /// Index into `cluster::VARIANTS`.
-    pub variant: usize,
-    pub name: &'static str,
-    pub wall_seconds: f64,
-    pub search_fraction: f64,
-    pub active_search_fraction: f64,
-    pub trace: RunTrace,
-}
-
 #[derive(Serialize)]
 struct Point {
     nodes: usize,
-    variant: &'static str,
+    variant: String,
     measured_wall: Option<f64>,
     predicted_wall: f64,
     error_percent: Option<f64>,
@@ -70,7 +59,7 @@ pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
     let mut seen = std::collections::BTreeSet::new();
     for t in &trace.tasks {
         match t.fragment {
-            Some(f) if seen.insert((t.batch, f)) => out[t.batch].fragments.push((t.seconds, t.bytes)),
+            Some(f) if seen.insert((t.batch, f)) => out[t.batch].fragments.push((t.seconds, t.bytes, t.parse_seconds)),
             Some(_) => {}
             None => out[t.batch].whole.push((t.seconds, t.bytes)),
         }
@@ -105,7 +94,7 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
 
 /// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
 /// into `out_dir`. Returns the largest error of a validated point, in percent.
-pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64> {
+pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
     let (compress_rate, compress_ratio) = measure_compression(recording)?;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let base_costs = Costs {
@@ -124,7 +113,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
     );
     let mut points = Vec::new();
     let mut worst: f64 = 0.0;
-    let mut variants: Vec<usize> = runs.iter().map(|r| r.variant).collect();
+    let mut variants: Vec<usize> = runs.iter().map(|r| r.variant_index).collect();
     variants.sort_unstable();
     variants.dedup();
     let mut calibrated = Vec::new();
@@ -132,7 +121,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
     println!("| nodes | variant | measured s | model s | error | in search: measured, model | active: measured, model |");
     println!("|---|---|---|---|---|---|---|");
     for &v in &variants {
-        let mut mine: Vec<&Measured> = runs.iter().filter(|r| r.variant == v).collect();
+        let mut mine: Vec<&Row> = runs.iter().filter(|r| r.variant_index == v).collect();
         mine.sort_by_key(|r| r.nodes);
         let Some(cal) = mine.first() else { continue };
         let work = workload(&cal.trace);
@@ -150,7 +139,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
             println!(
                 "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} %, {:.1} % | {:.1} %, {:.1} % |",
                 r.nodes,
-                r.name,
+                r.variant,
                 r.wall_seconds,
                 p.wall_seconds,
                 err,
@@ -162,7 +151,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
             );
             points.push(Point {
                 nodes: r.nodes,
-                variant: r.name,
+                variant: r.variant.clone(),
                 measured_wall: Some(r.wall_seconds),
                 predicted_wall: p.wall_seconds,
                 error_percent: Some(err),
@@ -172,7 +161,7 @@ pub fn report(runs: &[Measured], recording: &Path, out_dir: &Path) -> Result<f64
                 predicted_active_search_fraction: p.active_search_fraction,
             });
         }
-        calibrated.push((v, cal.name, cal.nodes, work, costs));
+        calibrated.push((v, cal.variant.clone(), cal.nodes, work, costs));
     }
     // A real cluster: each agent on its node's spare core, the work grown with the
     // nodes so that each worker keeps the share it had at the largest replayed size.

@@ -18,6 +18,7 @@ mod plots;
 mod procstat;
 mod search;
 mod soak;
+mod spare_core;
 mod testbed;
 
 #[derive(Parser)]
@@ -41,6 +42,9 @@ enum Cmd {
     /// The paper's mpiBLAST experiments: 1, 2, 4 emulated nodes under mpirun, with and
     /// without agents (needs root).
     Cluster(cluster::ClusterBenchArgs),
+    /// The paper's spare-core experiments on real cores: an agent pinned to a core of
+    /// its own beside 1 worker, against 2 workers without an agent.
+    SpareCore(spare_core::SpareCoreArgs),
     /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
     /// output written directly vs shipped as metadata (needs root).
     Paramedic(paramedic::ParamedicBenchArgs),
@@ -59,6 +63,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Db(a) => db::run(&a),
         Cmd::Agent(a) => agent::run(&a),
         Cmd::Cluster(a) => cluster::run(&a),
+        Cmd::SpareCore(a) => spare_core::run(&a),
         Cmd::Paramedic(a) => paramedic::run(&a),
         Cmd::Soak(a) => soak::run(&a),
         Cmd::Testbed(t) => testbed::run(&t),

@@ -13,10 +13,13 @@
 //!   message: this is where workers wait as they grow in number (the paper's 92 % →
 //!   71 %).
 //! - **agents**: workers take tasks from the load balancer, search, hand the archive to
-//!   their node's agent and go on. The batch's merger (chosen dynamically: the agent
-//!   with the least merge work so far; statically: batch modulo nodes; or one agent
-//!   for all) receives the archives (compressed across nodes), merges and writes when
-//!   the batch is complete. Agents' work shares `shared_cores` cores when the nodes
+//!   their node's agent (which parses it) and go on. The batch's merger (placed by the
+//!   load balancer: the agent with the fewest batches placed and not yet written;
+//!   statically: batch modulo nodes; or one agent for all) receives the hits
+//!   (compressed across nodes), merges and writes when the batch is complete.
+//!
+//! In both, tasks are queued batch by batch and a merge's whole-database fallbacks go
+//! to the front of the queue, as the two masters do. Agents' work shares `shared_cores` cores when the nodes
 //!   are emulated on one machine, or runs on each node's own spare core.
 //!
 //! Both end with the workers released once every batch is written, then the master's
@@ -28,8 +31,9 @@ use std::collections::{BinaryHeap, VecDeque};
 /// One batch of the workload, as traced by a real (replayed) run.
 #[derive(Clone, Debug, Default)]
 pub struct BatchWork {
-    /// Search time and archive bytes of each fragment's task.
-    pub fragments: Vec<(f64, u64)>,
+    /// Search time, archive bytes and parse time (on the searching node's agent, in
+    /// agent mode) of each fragment's task.
+    pub fragments: Vec<(f64, u64, f64)>,
     /// Whole-database searches the merge asks for (search time, archive bytes).
     pub whole: Vec<(f64, u64)>,
     pub merge_seconds: f64,
@@ -106,6 +110,8 @@ enum Kind {
     Arrived(usize, usize),
     /// A batch's merge ended (its fallbacks may now be searched).
     Merged(usize),
+    /// An agent wrote a batch's part: one batch less placed on it.
+    Written(usize),
 }
 impl Eq for Ev {}
 impl Ord for Ev {
@@ -131,21 +137,19 @@ impl Queue {
     }
 }
 
-/// A task waiting to be searched: (batch, search seconds, archive bytes).
-type Task = (usize, f64, u64);
+/// A task waiting to be searched: (batch, search seconds, archive bytes, seconds to
+/// parse its archive on the searching node's agent).
+type Task = (usize, f64, u64, f64);
 
 /// Plays `workload` on `workers` nodes (one worker each) under `arch`.
 pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Costs) -> Outcome {
     let workers = workers.max(1);
     let nb = workload.len();
-    // Fragment-major, as the master submits them: consecutive tasks share a fragment.
-    let nfrag = workload.iter().map(|b| b.fragments.len()).max().unwrap_or(0);
+    // Batch-major, as both masters submit them: batches complete one after another.
     let mut queue: VecDeque<Task> = VecDeque::new();
-    for f in 0..nfrag {
-        for (b, w) in workload.iter().enumerate() {
-            if let Some(&(s, bytes)) = w.fragments.get(f) {
-                queue.push_back((b, s, bytes));
-            }
+    for (b, w) in workload.iter().enumerate() {
+        for &(s, bytes, parse) in &w.fragments {
+            queue.push_back((b, s, bytes, parse));
         }
     }
     let mut ev = Queue { heap: BinaryHeap::new(), seq: 0 };
@@ -178,12 +182,25 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     searched += task.1;
                     active[w].get_or_insert((start, start)).1 = start;
                     let done = start + task.1;
-                    let (b, _, bytes) = task;
+                    let (b, _, bytes, parse) = task;
                     let at = if mpiblast {
                         done + bytes as f64 / costs.link_bytes_per_second
                     } else {
-                        let m = *merger[b].get_or_insert_with(|| pick_merger(arch, b, workers, &agent_load));
-                        agent_load[m] += workload[b].merge_seconds + workload[b].write_seconds;
+                        // The batch's merge and write weigh on its merger once, when the
+                        // batch's first result picks it.
+                        let m = match merger[b] {
+                            Some(m) => m,
+                            None => {
+                                // The load balancer's placement: the agent with the
+                                // fewest batches placed and not yet written.
+                                let m = pick_merger(arch, b, w, &agent_load);
+                                agent_load[m] += 1.0;
+                                merger[b] = Some(m);
+                                m
+                            }
+                        };
+                        // The searching node's agent parses the archive first.
+                        let done = if parse > 0.0 { cores.run(done, parse) } else { done };
                         if m == w {
                             done
                         } else {
@@ -199,6 +216,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     };
                     ev.push(at, Kind::Arrived(b, w));
                     if !mpiblast {
+                        let done = start + task.1;
                         ev.push(done, Kind::WorkerFree(w));
                         if let Some(a) = &mut active[w] {
                             a.1 = done;
@@ -244,6 +262,9 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                         if merges_now {
                             ev.push(merged, Kind::Merged(b));
                         }
+                        if writes_now {
+                            ev.push(finished, Kind::Written(m));
+                        }
                     } else {
                         finished = t;
                     }
@@ -253,9 +274,11 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     end = end.max(finished);
                 }
             }
+            Kind::Written(m) => agent_load[m] = (agent_load[m] - 1.0).max(0.0),
             Kind::Merged(b) => {
-                for &(s, bytes) in &workload[b].whole {
-                    queue.push_back((b, s, bytes));
+                // Fallbacks are urgent: ahead of every fragment task, in their order.
+                for &(s, bytes) in workload[b].whole.iter().rev() {
+                    queue.push_front((b, s, bytes, 0.0));
                 }
                 if !workload[b].whole.is_empty() {
                     for w in idle.drain(..) {
@@ -276,11 +299,16 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     }
 }
 
-fn pick_merger(arch: Arch, batch: usize, nodes: usize, load: &[f64]) -> usize {
+/// The merger of `batch`, whose first result is on `asking`'s node. Dynamic: the least
+/// loaded agent, the asking one on a tie, then the lowest.
+fn pick_merger(arch: Arch, batch: usize, asking: usize, load: &[f64]) -> usize {
+    let nodes = load.len().max(1);
     match arch {
         Arch::Agents { assign: Assign::Static, .. } => batch % nodes,
         Arch::Agents { assign: Assign::Single, .. } => 0,
-        _ => load.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).map_or(0, |(i, _)| i),
+        _ => (0..load.len())
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]).then((a != asking).cmp(&(b != asking))).then(a.cmp(&b)))
+            .unwrap_or(0),
     }
 }
 
@@ -306,7 +334,7 @@ mod tests {
     }
 
     fn batch(frag: &[f64], merge: f64, write: f64) -> BatchWork {
-        BatchWork { fragments: frag.iter().map(|&s| (s, 0)).collect(), whole: vec![], merge_seconds: merge, write_seconds: write }
+        BatchWork { fragments: frag.iter().map(|&s| (s, 0, 0.0)).collect(), whole: vec![], merge_seconds: merge, write_seconds: write }
     }
 
     #[test]

@@ -60,14 +60,20 @@ struct Runs {
 }
 
 /// The median of `v`, leaving `v` in round order (the JSON arrays line up by round).
-fn median(v: &[f64]) -> f64 {
+pub(crate) fn median(v: &[f64]) -> f64 {
     let mut sorted = v.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted[sorted.len() / 2]
 }
 
 /// Runs serial `blastp` over the whole reference database and returns its wall time.
-fn time_blastp(ref_dir: &std::path::Path, threads: usize, outfmt: &str, query: &std::path::Path, out: &std::path::Path) -> Result<f64> {
+pub(crate) fn time_blastp(
+    ref_dir: &std::path::Path,
+    threads: usize,
+    outfmt: &str,
+    query: &std::path::Path,
+    out: &std::path::Path,
+) -> Result<f64> {
     let t = Instant::now();
     let o = Command::new("blastp")
         .env("BLASTDB", ref_dir)
@@ -83,26 +89,31 @@ fn time_blastp(ref_dir: &std::path::Path, threads: usize, outfmt: &str, query: &
     Ok(secs)
 }
 
-pub fn run(a: &SearchBenchArgs) -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("gepsea-bench-search-{}", std::process::id()));
-    struct Rm(PathBuf);
-    impl Drop for Rm {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _rm = Rm(dir.clone());
+/// A workload in `dir`: the reference database (`ref/db`, for serial `blastp`), the
+/// same database formatted by gepsea in `fragments` (`gdb`), and the first `queries`
+/// queries (`queries.fasta`).
+pub(crate) struct Prepared {
+    pub ref_dir: PathBuf,
+    pub gdb: PathBuf,
+    pub queries: PathBuf,
+}
+
+pub(crate) fn prepare(
+    db: &[gepsea_blast::fasta::Record],
+    queries: &[gepsea_blast::fasta::Record],
+    count: usize,
+    fragments: usize,
+    dir: &std::path::Path,
+) -> Result<Prepared> {
     let ref_dir = dir.join("ref");
     std::fs::create_dir_all(&ref_dir)?;
-    let recs = gepsea_blast::fasta::read(&a.db)?;
     let mut buf = Vec::new();
-    for r in &recs {
+    for r in db {
         r.write_to(&mut buf);
     }
     std::fs::write(dir.join("db.fasta"), &buf)?;
-    let qs = gepsea_blast::fasta::read(&a.query)?;
     let mut qbuf = Vec::new();
-    for r in qs.iter().take(a.queries) {
+    for r in queries.iter().take(count) {
         r.write_to(&mut qbuf);
     }
     let qpath = dir.join("queries.fasta");
@@ -119,7 +130,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     db::format(
         &db::FormatOptions {
             input: &dir.join("db.fasta"),
-            fragments: a.fragments,
+            fragments,
             out: &gdb,
             dbtype: None,
             title: Some(title.into()),
@@ -130,6 +141,20 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         },
         |_| {},
     )?;
+    Ok(Prepared { ref_dir, gdb, queries: qpath })
+}
+
+pub fn run(a: &SearchBenchArgs) -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("gepsea-bench-search-{}", std::process::id()));
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = Rm(dir.clone());
+    let (recs, qs) = (gepsea_blast::fasta::read(&a.db)?, gepsea_blast::fasta::read(&a.query)?);
+    let Prepared { ref_dir, gdb, queries: qpath } = prepare(&recs, &qs, a.queries, a.fragments, &dir)?;
     eprintln!(
         "bench search: {} queries, {} sequences, {} fragments, {} workers, outfmt {}",
         a.queries.min(qs.len()),
@@ -171,6 +196,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 compress: true,
                 assign: Default::default(),
                 hot_swap: true,
+                agent_cpu: None,
                 deliver: None,
                 replay: None,
             };

@@ -218,17 +218,30 @@ impl HitCounter {
     }
 }
 
-/// Hits in the report at `path`, read a line at a time.
+/// Hits in the report at `path`, read in chunks that the agents' parsing engine
+/// ([`gepsea_agent::core::parse`]) cuts into lines, so that a report on disk is
+/// counted without being read into memory (the BLAST plug-in counts every part it
+/// puts in place this way).
 pub fn count_hits_in(path: &std::path::Path, outfmt: &str) -> std::io::Result<usize> {
-    use std::io::BufRead;
+    use gepsea_agent::core::parse::{Format, Parser};
+    use std::io::Read;
     let mut c = HitCounter::new(outfmt);
-    let mut r = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?);
-    let mut buf = Vec::new();
-    while r.read_until(b'\n', &mut buf)? > 0 {
-        let line = String::from_utf8_lossy(&buf);
-        c.line(line.trim_end_matches(['\n', '\r']));
-        buf.clear();
+    let mut parser = Parser::new(Format::Lines);
+    let mut file = std::fs::File::open(path)?;
+    let mut chunk = vec![0u8; 1 << 20];
+    let mut count = |records: Vec<gepsea_agent::core::parse::Parsed>| {
+        for r in records {
+            c.line(String::from_utf8_lossy(&r.bytes).trim_end_matches(['\n', '\r']));
+        }
+    };
+    loop {
+        let n = file.read(&mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        count(parser.feed(&chunk[..n]).map_err(std::io::Error::other)?);
     }
+    count(parser.finish().map_err(std::io::Error::other)?);
     Ok(c.hits())
 }
 
@@ -252,6 +265,25 @@ mod tests {
         let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
         assert_eq!(count_hits(pairwise, "0"), 2);
         assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);
+    }
+
+    #[test]
+    fn a_report_on_disk_is_counted_as_in_memory_across_read_chunks() {
+        // Over 1 MiB, so the parsing engine gets lines cut between two reads.
+        let mut report = String::from("# BLASTP\n");
+        for q in 0..20_000 {
+            report.push_str(&format!("query{q}\tsubject{}\t{}\r\nquery{q}\tsubject{}\t1\n", q % 7, "x".repeat(q % 50), q % 7));
+        }
+        report.push_str("query-last\tsubject0\t1");
+        let dir = std::env::temp_dir().join(format!("gepsea-count-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("part.tsv");
+        std::fs::write(&path, &report).unwrap();
+        assert!(report.len() > 1 << 20);
+        let on_disk = count_hits_in(&path, "7");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(on_disk.unwrap(), count_hits(&report, "7"));
+        assert_eq!(count_hits(&report, "7"), 20_001);
     }
 
     #[test]

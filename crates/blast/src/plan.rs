@@ -286,7 +286,8 @@ pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
 /// How the merging and writing of batches is spread over the agents.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub enum MergeAssign {
-    /// The first agent to receive a result of a batch merges and writes it.
+    /// The load balancer places each batch on the agent with the fewest batches placed
+    /// and not yet written (the one holding its first result, on a tie).
     #[default]
     Dynamic,
     /// Batch `b` goes to the `b mod n`-th live agent.

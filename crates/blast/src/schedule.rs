@@ -1,7 +1,8 @@
 //! Dynamic task assignment with fragment affinity, as a pure state machine.
 //!
 //! mpiBLAST's rule: an idle worker gets a pending task on the fragment it searched last
-//! (its pages are hot in that node's cache), otherwise the oldest pending task. A task
+//! (its pages are hot in that node's cache), otherwise the oldest pending task. A
+//! whole-database fallback goes before both: its batch waits for it to be written. A task
 //! that fails is retried once, on another worker when there is one; a task whose worker
 //! died is simply handed out again (that is not the task's fault).
 
@@ -26,6 +27,9 @@ pub struct Task {
     pub queries: Vec<usize>,
     failures: u32,
     failed_on: Vec<usize>,
+    /// A whole-database fallback: it finishes a batch whose merge waits for it, so it
+    /// goes before every fragment task (the batch is written while the rest is searched).
+    urgent: bool,
 }
 
 /// The decision after a task failed.
@@ -53,7 +57,8 @@ impl Scheduler {
     /// Adds a task; returns its id.
     pub fn add(&mut self, batch: usize, target: Target, queries: Vec<usize>) -> usize {
         let id = self.tasks.len();
-        self.tasks.push(Task { id, batch, target, queries, failures: 0, failed_on: Vec::new() });
+        let urgent = target == Target::Whole;
+        self.tasks.push(Task { id, batch, target, queries, failures: 0, failed_on: Vec::new(), urgent });
         self.pending.push_back(id);
         id
     }
@@ -69,7 +74,12 @@ impl Scheduler {
         let pos = self
             .pending
             .iter()
-            .position(|&id| eligible(&self.tasks[id]) && affine.is_some_and(|f| self.tasks[id].target == Target::Fragment(f)))
+            .position(|&id| eligible(&self.tasks[id]) && self.tasks[id].urgent)
+            .or_else(|| {
+                self.pending
+                    .iter()
+                    .position(|&id| eligible(&self.tasks[id]) && affine.is_some_and(|f| self.tasks[id].target == Target::Fragment(f)))
+            })
             .or_else(|| self.pending.iter().position(|&id| eligible(&self.tasks[id])))?;
         let id = self.pending.remove(pos).unwrap();
         if let Target::Fragment(f) = self.tasks[id].target {
@@ -151,6 +161,23 @@ mod tests {
         assert_eq!(s.task(t1).target, Target::Fragment(1), "worker 1 keeps fragment 1");
         let t0 = s.assign(0, 2).unwrap();
         assert_eq!(s.task(t0).target, Target::Fragment(0), "worker 0 keeps fragment 0");
+    }
+
+    #[test]
+    fn fallbacks_go_before_fragment_tasks() {
+        let mut s = Scheduler::new();
+        s.add(0, Target::Fragment(0), vec![0]);
+        s.add(0, Target::Fragment(0), vec![1]);
+        assert_eq!(s.assign(0, 1), Some(0));
+        s.succeeded(0);
+        let w1 = s.add(0, Target::Whole, vec![0]);
+        let w2 = s.add(0, Target::Whole, vec![1]);
+        // Worker 0 searched fragment 0 last, yet the fallbacks come first, in order.
+        assert_eq!(s.assign(0, 1), Some(w1));
+        s.succeeded(0);
+        assert_eq!(s.assign(0, 1), Some(w2));
+        s.succeeded(0);
+        assert_eq!(s.assign(0, 1), Some(1));
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub struct TaskTrace {
     pub worker: u32,
     pub taken_unix: f64,
     pub handed_unix: f64,
+    /// Parsing its archive on the searching node's agent (agents only; the mpiBLAST
+    /// master parses in its merge).
+    #[serde(default)]
+    pub parse_seconds: f64,
 }
 
 /// Unix time now, in seconds.
@@ -47,11 +51,15 @@ impl RunTrace {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct BatchTrace {
     pub batch: usize,
-    /// Parsing the fragments' archives and merging them per query.
+    /// Merging the fragments' hits per query (and, by the mpiBLAST master, parsing
+    /// their archives).
     pub merge_seconds: f64,
     /// Writing the batch's part of the report (BLAST+ formatting included).
     pub write_seconds: f64,
     pub part_bytes: u64,
+    /// When the part was in place (seconds since the Unix epoch).
+    #[serde(default)]
+    pub written_unix: f64,
 }
 
 /// A run's trace.
@@ -59,6 +67,12 @@ pub struct BatchTrace {
 pub struct RunTrace {
     pub tasks: Vec<TaskTrace>,
     pub batches: Vec<BatchTrace>,
+    /// When the first tasks were handed out (seconds since the Unix epoch).
+    #[serde(default)]
+    pub started_unix: f64,
+    /// Joining the parts into the output, at the end.
+    #[serde(default)]
+    pub assembly_seconds: f64,
 }
 
 #[cfg(test)]
@@ -66,7 +80,16 @@ mod tests {
     use super::*;
 
     fn task(worker: u32, taken: f64, handed: f64) -> TaskTrace {
-        TaskTrace { batch: 0, fragment: Some(0), seconds: handed - taken, bytes: 1, worker, taken_unix: taken, handed_unix: handed }
+        TaskTrace {
+            batch: 0,
+            fragment: Some(0),
+            seconds: handed - taken,
+            bytes: 1,
+            worker,
+            taken_unix: taken,
+            handed_unix: handed,
+            parse_seconds: 0.0,
+        }
     }
 
     #[test]
@@ -74,7 +97,7 @@ mod tests {
         let t = RunTrace {
             // Worker 7: 10..12 and 13..15 (1 s between tasks counts); worker 8: 11..20.
             tasks: vec![task(7, 13.0, 15.0), task(8, 11.0, 20.0), task(7, 10.0, 12.0), task(0, 1.0, 100.0)],
-            batches: vec![],
+            ..Default::default()
         };
         assert_eq!(t.worker_active_seconds(), 5.0 + 9.0);
     }

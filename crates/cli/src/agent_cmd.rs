@@ -281,6 +281,10 @@ fn status(a: &StatusArgs) -> Result<()> {
             .map(|a| a.iter().map(|p| p[0].as_str().unwrap_or("").to_string()).collect::<Vec<_>>().join(", "))
             .unwrap_or_default()
     );
+    println!(
+        "  in use        {}",
+        v["components"].as_array().map(|a| a.iter().map(|c| c.as_str().unwrap_or("")).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+    );
     println!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
     Ok(())
 }

@@ -157,8 +157,13 @@ struct SearchArgs {
     /// stage (prefetch, cache and hand over) them in node-local scratch (agent mode).
     #[arg(long)]
     no_hot_swap: bool,
-    /// Who merges and writes each batch (agent mode): dynamic (the first agent holding
-    /// a result of it), static (round robin) or single (one agent).
+    /// Pin each node's agent to this core, e.g. a core left free of workers (agent
+    /// mode; the GePSeA paper's "accelerator on a spare core").
+    #[arg(long, value_name = "CORE")]
+    agent_cpu: Option<usize>,
+    /// Who merges and writes each batch (agent mode): dynamic (placed by the load
+    /// balancer on the agent with the fewest batches in hand), static (round robin) or
+    /// single (one agent).
     #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
     merge_assign: String,
     /// Cluster mode (under mpirun/srun): a directory every node shares, where the
@@ -360,6 +365,7 @@ fn run() -> Result<()> {
                 no_agent: a.no_agent,
                 compress: !a.no_compress,
                 hot_swap: !a.no_hot_swap,
+                agent_cpu: a.agent_cpu,
                 deliver,
                 replay: match (a.record, a.replay) {
                     (Some(dir), _) => Some(gepsea_blast::replay::ReplayRequest { mode: gepsea_blast::replay::ReplayMode::Record, dir }),

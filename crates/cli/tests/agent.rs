@@ -229,6 +229,18 @@ fn components_and_primitives_across_two_agents() {
     c.swap("frag-1", 2).unwrap();
     assert_eq!(c.locate("frag-1").unwrap(), vec![2]);
     assert_eq!(a.status(0)["cache_objects"].as_array().unwrap().len(), 0);
+    // `status` lists the components in use: what the plug-ins declare, each once.
+    let st = a.status(0);
+    let names = |v: &serde_json::Value| -> Vec<String> { v.as_array().unwrap().iter().map(|u| u.as_str().unwrap().to_string()).collect() };
+    let mut declared: Vec<String> = st["plugins"].as_array().unwrap().iter().flat_map(|p| names(&p[1])).collect();
+    declared.sort();
+    declared.dedup();
+    let mut listed = names(&st["components"]);
+    listed.sort();
+    assert_eq!(listed, declared);
+    for c in ["SortMerge", "Parsing", "LoadBalancing"] {
+        assert!(listed.iter().any(|l| l == c), "the BLAST plug-in uses {c}: {listed:?}");
+    }
     // Prefetch brings it back to node 1 ahead of use; the read is then local.
     c.prefetch("frag-1").unwrap();
     assert_eq!(c.locate("frag-1").unwrap(), vec![1, 2]);
@@ -309,6 +321,26 @@ fn components_and_primitives_across_two_agents() {
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "t0\nt1\nt2\nt3\nt4\n");
     assert_eq!(c.take(Duration::from_millis(100)).unwrap(), None);
     assert_eq!(c.done(12345).unwrap_err().kind(), Some(ErrorKind::NotHeld));
+
+    // Placement by load, through the scheduler: from node 2, then node 1, each asker
+    // gets the work while loads tie; asked again, the same agent; released work stops
+    // counting; urgent tasks are handed out first.
+    let c2 = connect(&a, 2).expect("connecting to node 2");
+    assert_eq!(c2.place("batch-0", 1).unwrap(), 2);
+    assert_eq!(c.place("batch-1", 1).unwrap(), 1);
+    assert_eq!(c.place("batch-0", 1).unwrap(), 2);
+    assert_eq!(c2.place("batch-2", 3).unwrap(), 2, "a tie goes to the asker");
+    assert_eq!(c2.place("batch-3", 1).unwrap(), 1, "node 2 carries 4, node 1 carries 1");
+    c2.release("batch-2").unwrap();
+    assert_eq!(c.place("batch-4", 1).unwrap(), 2, "released: node 2 carries 1, node 1 carries 2");
+    c.submit(b"plain").unwrap();
+    c.submit_urgent(b"urgent").unwrap();
+    let first = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
+    assert_eq!(first.payload, b"urgent");
+    let second = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
+    assert_eq!(second.payload, b"plain");
+    c2.done(first.id).unwrap();
+    c2.done(second.id).unwrap();
 }
 
 /// Malformed and abusive clients get clear errors; the agent keeps serving.

@@ -171,7 +171,14 @@ impl NetnsBridge {
         for (ip, ns) in self.ip.iter().zip(&self.ns).take(slots.len()) {
             script.push_str(&format!("  {ip}) ns={ns};;\n"));
         }
-        script.push_str("  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" sh -c \"$*\"\n");
+        // Each node also gets a host name of its own (a UTS namespace named after its
+        // network namespace), as separate hosts have: OpenMPI names its session
+        // directories after the host, and daemons that all called themselves by this
+        // machine's name shared one tree, where one daemon's clean-up removed the
+        // directory another was creating ("mkdir ... No such file or directory").
+        script.push_str(
+            "  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" unshare --uts sh -c 'hostname \"$1\" && exec sh -c \"$2\"' sh \"$ns\" \"$*\"\n",
+        );
         let rsh = dir.join("rsh.sh");
         std::fs::write(&rsh, script)?;
         std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755))?;

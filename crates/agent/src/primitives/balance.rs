@@ -5,6 +5,10 @@
 //! nodes naturally get more work. Tasks held by a process or node that dies go back to
 //! the front of the queue.
 //!
+//! Urgent tasks (they finish work already under way, e.g. the searches a merge waits
+//! for, so that results are consolidated while the rest is searched) go before all
+//! others, in their order.
+//!
 //! Data affinity (mpiBLAST's fragment affinity, across nodes): a task may name the data
 //! object it reads. A taker gets, in this order, the first queued task whose object its
 //! node already holds, else the first whose object no node holds (or that names none),
@@ -31,6 +35,82 @@ pub struct Assignment {
     pub task: Task,
 }
 
+/// Placement: which agent takes on a unit of the agents' own work (e.g. merging and
+/// writing one batch of results). The scheduler places each key on the live agent with
+/// the least outstanding weight — preferring the asking agent on a tie, since the data
+/// that prompted the question is already there — and remembers it until it is
+/// released, so that asking again gives the same agent. This is the paper's dynamic
+/// division of merging and writing among the accelerators by availability.
+///
+/// A placement lives only in the scheduler: after a scheduler change the new one starts
+/// from no load. Callers that need one answer per key for the whole job record the
+/// first answer themselves (the BLAST plug-in does, on the bulletin board).
+#[derive(Default, Debug)]
+pub struct Placement {
+    placed: HashMap<String, (u32, u64)>,
+    load: HashMap<u32, u64>,
+}
+
+/// Keys placed and not yet released, at most (a client that never releases cannot grow
+/// the scheduler without bound).
+pub const MAX_PLACED: usize = 1 << 20;
+
+/// A placement that cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    #[error("no live agent to place {0:?} on")]
+    NoLiveAgent(String),
+    #[error("{MAX_PLACED} keys are placed and not released; release finished work")]
+    TooMany,
+}
+
+impl Placement {
+    /// The agent of `live` that takes `key`.
+    pub fn place(&mut self, key: &str, weight: u64, live: &[u32], asking: u32) -> Result<u32, PlaceError> {
+        if let Some(&(n, w)) = self.placed.get(key) {
+            if live.contains(&n) {
+                return Ok(n);
+            }
+            self.release_load(n, w);
+            self.placed.remove(key);
+        }
+        if self.placed.len() >= MAX_PLACED {
+            return Err(PlaceError::TooMany);
+        }
+        let load = |n: &u32| self.load.get(n).copied().unwrap_or(0);
+        let node =
+            live.iter().copied().min_by_key(|n| (load(n), *n != asking, *n)).ok_or_else(|| PlaceError::NoLiveAgent(key.to_string()))?;
+        self.placed.insert(key.to_string(), (node, weight));
+        let l = self.load.entry(node).or_default();
+        *l = l.saturating_add(weight);
+        Ok(node)
+    }
+
+    /// `key`'s work is done: its weight no longer counts against its agent.
+    pub fn release(&mut self, key: &str) {
+        if let Some((n, w)) = self.placed.remove(key) {
+            self.release_load(n, w);
+        }
+    }
+
+    fn release_load(&mut self, node: u32, weight: u64) {
+        if let Some(l) = self.load.get_mut(&node) {
+            *l = l.saturating_sub(weight);
+        }
+    }
+
+    /// Outstanding weight placed on `node`.
+    pub fn load(&self, node: u32) -> u64 {
+        self.load.get(&node).copied().unwrap_or(0)
+    }
+
+    /// `node` died: what it held is placed again when asked for.
+    pub fn node_died(&mut self, node: u32) {
+        self.load.remove(&node);
+        self.placed.retain(|_, (n, _)| *n != node);
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct Scheduler {
     /// Every unfinished task whose submitter told us about it.
@@ -47,6 +127,8 @@ pub struct Scheduler {
     /// Agents whose rejoin is still awaited (empty: assigning).
     awaiting: BTreeSet<u32>,
     pub assigned_total: u64,
+    /// The agents' own work, placed by load (see [`Placement`]).
+    pub placement: Placement,
 }
 
 impl Scheduler {
@@ -124,6 +206,7 @@ impl Scheduler {
 
     pub fn node_died(&mut self, node: u32) -> Vec<Assignment> {
         self.awaiting.remove(&node);
+        self.placement.node_died(node);
         self.forget(|c| c.node == node)
     }
 
@@ -178,7 +261,11 @@ impl Scheduler {
         let held_here = |t: &Task| t.affinity.as_ref().is_some_and(|a| self.holdings.get(&node).is_some_and(|h| h.contains(a)));
         let held_nowhere = |t: &Task| t.affinity.as_ref().is_none_or(|a| !self.holdings.values().any(|h| h.contains(a)));
         let tasks = || self.queue.iter().enumerate().filter_map(|(i, id)| Some((i, self.payloads.get(id)?)));
-        tasks().find(|(_, t)| held_here(t)).or_else(|| tasks().find(|(_, t)| held_nowhere(t))).map_or(0, |(i, _)| i)
+        tasks()
+            .find(|(_, t)| t.urgent)
+            .or_else(|| tasks().find(|(_, t)| held_here(t)))
+            .or_else(|| tasks().find(|(_, t)| held_nowhere(t)))
+            .map_or(0, |(i, _)| i)
     }
 
     fn assign(&mut self) -> Vec<Assignment> {
@@ -205,11 +292,11 @@ mod tests {
     use super::*;
 
     fn task(id: u64) -> Task {
-        Task { id, payload: vec![id as u8], affinity: None }
+        Task { id, payload: vec![id as u8], affinity: None, urgent: false }
     }
 
     fn near(id: u64, data: &str) -> Task {
-        Task { id, payload: vec![id as u8], affinity: Some(data.into()) }
+        Task { id, payload: vec![id as u8], affinity: Some(data.into()), urgent: false }
     }
 
     #[test]
@@ -235,6 +322,42 @@ mod tests {
         s.submit(near(6, "f2"), 1);
         assert_eq!(s.take(14, b)[0].task.id, 6);
         assert_eq!(s.take(15, b)[0].task.id, 5);
+    }
+
+    #[test]
+    fn urgent_tasks_go_first_whatever_a_node_holds() {
+        let mut s = Scheduler::new();
+        let a = Client::new(1, 1);
+        s.set_holdings(1, ["f0".to_string()]);
+        s.submit(near(1, "f0"), 1);
+        s.submit(task(2), 1);
+        s.submit(Task { urgent: true, ..task(3) }, 1);
+        s.submit(Task { urgent: true, ..near(4, "f9") }, 1);
+        // Urgent ones in their order, then node 1's own data, then the rest.
+        let order: Vec<u64> = (0..4).map(|i| s.take(10 + i, a)[0].task.id).collect();
+        assert_eq!(order, [3, 4, 1, 2]);
+    }
+
+    #[test]
+    fn work_is_placed_on_the_least_loaded_agent_and_stays_there() {
+        let mut p = Placement::default();
+        let live = [1, 2, 3];
+        // Ties go to the asking agent, then to the lowest id.
+        assert_eq!(p.place("b0", 1, &live, 2), Ok(2));
+        assert_eq!(p.place("b1", 1, &live, 2), Ok(1));
+        assert_eq!(p.place("b0", 1, &live, 3), Ok(2), "asked again: the same agent");
+        assert_eq!(p.place("b2", 1, &live, 9), Ok(3));
+        assert_eq!(p.place("b3", 5, &live, 1), Ok(1));
+        // Node 1 carries 6, nodes 2 and 3 carry 1: the next goes to 2 (lower id).
+        assert_eq!(p.place("b4", 1, &live, 1), Ok(2));
+        assert_eq!((p.load(1), p.load(2), p.load(3)), (6, 2, 1));
+        p.release("b3");
+        p.release("b3");
+        assert_eq!(p.load(1), 1, "a release counts once");
+        // Node 2 dies: its keys are placed again, on live agents only.
+        p.node_died(2);
+        assert_eq!(p.place("b0", 1, &[1, 3], 1), Ok(1));
+        assert_eq!(p.place("b9", 1, &[], 1), Err(PlaceError::NoLiveAgent("b9".into())));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Agent-to-agent messages: the receiving side of the peer protocol.
 
 use super::*;
+use crate::primitives::balance::PlaceError;
 
 impl Agent {
     pub(super) fn peer_msg(&mut self, from: u32, m: PeerMsg) {
@@ -21,6 +22,8 @@ impl Agent {
                     | PeerMsg::Done { .. }
                     | PeerMsg::Giveback { .. }
                     | PeerMsg::Rejoin { .. }
+                    | PeerMsg::Place { .. }
+                    | PeerMsg::Release { .. }
             )
         {
             // Sent by an agent that already sees us as the scheduler: keep it until we do.
@@ -136,6 +139,23 @@ impl Agent {
                 if let Some(s) = &mut self.scheduler {
                     let a = s.take(op, client);
                     self.deliver_assignments(a);
+                }
+            }
+            PeerMsg::Place { op, key, weight } => {
+                let live = self.view.clone();
+                let reply = match &mut self.scheduler {
+                    Some(s) => match s.placement.place(&key, weight, &live, from) {
+                        Ok(n) => Reply::Node(n),
+                        Err(e @ PlaceError::NoLiveAgent(_)) => Reply::err(ErrorKind::Unavailable, e.to_string()),
+                        Err(e @ PlaceError::TooMany) => Reply::err(ErrorKind::TooLarge, e.to_string()),
+                    },
+                    None => Reply::err(ErrorKind::Unavailable, format!("node {} is not the scheduler", self.me)),
+                };
+                self.send_peer(from, &PeerMsg::Reply { op, reply });
+            }
+            PeerMsg::Release { key } => {
+                if let Some(s) = &mut self.scheduler {
+                    s.placement.release(&key);
                 }
             }
             PeerMsg::CancelTake { op } => {

@@ -191,10 +191,10 @@ impl Agent {
                 r
             }
             Op::GlobalState => Reply::States(self.ptable.all()),
-            Op::Submit { payload, affinity } => {
+            Op::Submit { payload, affinity, urgent } => {
                 let id = ((self.me as u64) << 40) | self.next_task;
                 self.next_task += 1;
-                let task = Task { id, payload, affinity };
+                let task = Task { id, payload, affinity, urgent };
                 self.my_tasks.insert(id, task.clone());
                 if let Some(s) = self.scheduler_node {
                     self.send_peer(s, &PeerMsg::Submit { task, submitter: self.me });
@@ -221,6 +221,21 @@ impl Agent {
                     }
                     Reply::Ok
                 }
+            }
+            Op::Place { key, weight } => match self.scheduler_node {
+                None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
+                Some(s) => {
+                    let op = self.new_op();
+                    self.peer_ops.insert(op, (s, reply));
+                    self.send_peer(s, &PeerMsg::Place { op, key, weight });
+                    return;
+                }
+            },
+            Op::Release { key } => {
+                if let Some(s) = self.scheduler_node {
+                    self.send_peer(s, &PeerMsg::Release { key });
+                }
+                Reply::Ok
             }
             Op::Scheduler => match self.scheduler_node {
                 Some(n) => Reply::Node(n),
@@ -278,7 +293,7 @@ impl Agent {
         let node = self.me;
         let scratch = self.runtime_dir.join("scratch");
         self.job(client, reply, move |s| {
-            let ctx = Context { caller: client, node, services: s, engine: &engine, scratch: &scratch };
+            let ctx = Context { caller: client, node, services: s, background: Arc::new(s.clone()), engine: &engine, scratch: &scratch };
             match p.handle(&ctx, &body) {
                 Ok(d) => Reply::Data(d),
                 Err(crate::plugin::PluginError::BadRequest(m)) => Reply::err(ErrorKind::BadRequest, format!("plug-in {name}: {m}")),

@@ -42,6 +42,8 @@ pub(super) struct Status {
     merge_streams: usize,
     tasks: Option<StatusTasks>,
     plugins: Vec<(String, Vec<crate::plugin::Uses>)>,
+    /// Components and primitives some plug-in uses.
+    components: Vec<crate::plugin::Uses>,
     requests_served: u64,
     peer_messages: u64,
 }
@@ -133,6 +135,7 @@ impl Agent {
                 settling: s.settling(),
             }),
             plugins: self.registry.describe(),
+            components: self.registry.components_in_use(),
             requests_served: self.requests_served,
             peer_messages: self.peer_messages,
         }

@@ -27,9 +27,11 @@ pub struct LocalAgent {
 }
 
 impl LocalAgent {
-    pub fn start(exe: &Path, namespace: &str) -> Result<LocalAgent, SearchError> {
+    /// Starts the agent (pinned to core `cpu`, if given) and waits until it serves.
+    pub fn start(exe: &Path, namespace: &str, cpu: Option<usize>) -> Result<LocalAgent, SearchError> {
         let child = with_parent_death(&mut Command::new(exe))
             .args(["agent", "--namespace", namespace, "--node-id", "1"])
+            .args(cpu.map(|c| format!("--cpu={c}")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

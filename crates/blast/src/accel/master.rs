@@ -63,6 +63,7 @@ pub fn master(
     }
     let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
     let submitted = Instant::now();
+    stats.trace.started_unix = crate::trace::unix_now();
     submit_tasks(client, spec, job, &todo).map_err(api_err)?;
     while done_batches.len() < spec.batches.len() {
         crate::error::check_interrupted()?;
@@ -110,6 +111,7 @@ pub fn master(
                     merge_seconds: d.merge_seconds,
                     write_seconds: d.write_seconds,
                     part_bytes: d.part_bytes,
+                    written_unix: d.written_unix,
                 });
                 on_progress(queries_done);
             }
@@ -137,6 +139,7 @@ pub fn master(
     }
     // Out of core: one part in memory at a time, streamed to the output in order.
     let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    let assembly_started = Instant::now();
     let mut asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&spec.outfmt));
     let n = spec.batches.len();
     // The parts stay until the output is in place: a run stopped now resumes from them.
@@ -146,6 +149,7 @@ pub fn master(
             .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
+    stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
     stats.parts = n;
     Ok(stats)
 }
@@ -167,8 +171,11 @@ pub(crate) fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: 
 /// `workers` threads, so that when one worker runs out of work the cores it leaves
 /// idle help finish the others' last tasks (BLAST+ output does not depend on its thread
 /// count). By fragments: one per (batch,
-/// fragment), fragment-major, so that consecutive tasks share a fragment and a worker
-/// tends to search the same fragment again.
+/// fragment), batch-major, so that batches complete one after another and their merging
+/// and writing overlaps the search of later ones, instead of every batch completing with
+/// the last fragment at the end of the job. Fragment reuse does not need the queue's
+/// order: the scheduler hands a worker the first queued task whose fragment its node
+/// holds.
 pub(crate) fn submit_tasks(
     client: &gepsea_client::Client,
     spec: &JobSpec,
@@ -182,8 +189,8 @@ pub(crate) fn submit_tasks(
         }
         return Ok(());
     }
-    for fragment in 0..spec.fragments.len() {
-        for &batch in batches {
+    for &batch in batches {
+        for fragment in 0..spec.fragments.len() {
             submit_task(client, spec, &TaskPayload::Fragment { job: job.to_path_buf(), batch, fragment, attempt: 0 })?;
         }
     }

@@ -3,17 +3,20 @@
 //! Everything that is not searching is offloaded to the agents:
 //!
 //! - **Scheduling** is the agents' load-balancing primitive: the master submits one task
-//!   per (query batch, fragment); workers `take` them, so faster workers get more.
+//!   per (query batch, fragment), batch by batch; workers `take` them, so faster
+//!   workers get more, and batches complete one after another.
 //! - **Asynchronous output consolidation**: a worker hands each raw result (`-outfmt
 //!   11` archive) to its node's agent — the [`BlastPlugin`] — and goes straight on to
-//!   its next task. The plug-in sends the result to the batch's *merger* agent
-//!   (compressed with zstd when it crosses nodes), which merges each query as soon as
+//!   its next task. The plug-in parses it there (see `hits`) and sends the hits to the
+//!   batch's *merger* agent (compressed with zstd when they cross nodes), which merges
+//!   them with the sort/merge component as fragments arrive, settles every query when
 //!   the batch's last fragment is in, submits any query whose serial search might have
-//!   overflowed BLAST's preliminary list for a whole-database search, and then writes
-//!   the batch's share of the report as a part file in the output's directory. Which
-//!   agent merges a batch is decided dynamically (the first agent that receives a
-//!   result of the batch claims it on the bulletin board) or statically (batch number
-//!   modulo the agents), for the benchmark.
+//!   overflowed BLAST's preliminary list as an urgent whole-database search, and then
+//!   has a writer thread write the batch's share of the report as a part file in the
+//!   output's directory. Which agent merges a batch is decided by the load balancer
+//!   (dynamic: the agent with the fewest batches in hand; recorded on the bulletin
+//!   board), or statically (batch number modulo the agents), or one agent for all,
+//!   for the benchmark.
 //! - **Hot-swap database fragments**: before searching a fragment a worker asks its
 //!   agent to *stage* it: the agent copies the fragment into node-local scratch from
 //!   wherever it is closest — already staged on this node, in this agent's memory, in
@@ -37,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::*;
 
+mod hits;
 mod local;
 mod master;
 mod plugin;
@@ -181,6 +185,8 @@ pub struct PartDone {
     pub merge_seconds: f64,
     pub write_seconds: f64,
     pub part_bytes: u64,
+    /// When the part was in place (seconds since the Unix epoch).
+    pub written_unix: f64,
 }
 
 // ----- the master ----------------------------------------------------------------------

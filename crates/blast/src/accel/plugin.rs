@@ -17,11 +17,21 @@ use crate::archive;
 use crate::plan::*;
 use crate::report::{self};
 
+use super::hits::{BatchMerge, FragmentHits, Settled};
 use super::*;
+
+/// A result as it reaches its batch's merger.
+pub(crate) enum Delivery {
+    /// A fragment's hits, parsed by the agent of the node that searched it.
+    Hits(FragmentHits),
+    /// A whole-database fallback's archive (parsed by the merger).
+    Archive(String),
+}
 
 #[derive(Default)]
 pub(crate) struct BatchState {
-    fragments: Vec<Option<String>>,
+    /// The fragments' hits, merged as they arrive (taken out when the last is in).
+    merge: Option<BatchMerge>,
     /// Final hits per query of the batch (HSP texts numbered locally, `Query_<i+1>`).
     results: Vec<Option<Vec<String>>>,
     hits: usize,
@@ -49,6 +59,16 @@ pub struct BlastPlugin {
     /// once however many workers (or prefetches) ask for it at the same time.
     staging: Mutex<HashMap<String, Arc<Mutex<()>>>>,
     stage_counts: Mutex<HashMap<PathBuf, [u32; 4]>>,
+    /// Batches' mergers as recorded on the board (by merger key), so that each result
+    /// does not ask again.
+    mergers: Mutex<HashMap<String, u32>>,
+    /// The part writers (started on first use).
+    writers: std::sync::OnceLock<crossbeam_channel::Sender<WriteJob>>,
+}
+
+/// The board key (and placement key) of a batch's merger.
+fn merger_key(spec: &JobSpec, batch: usize) -> String {
+    format!("blast/{}/merger/{batch}", spec.id)
 }
 
 pub(crate) fn failed(e: impl std::fmt::Display) -> PluginError {
@@ -78,21 +98,41 @@ impl BlastPlugin {
             MergeAssign::Single => Ok(nodes[0]),
             MergeAssign::Static => Ok(nodes[batch % nodes.len()]),
             MergeAssign::Dynamic => {
-                // Claimed by the first agent that has a result of the batch; a claim of
-                // an agent that died is taken over.
-                let key = format!("blast/{}/merger/{batch}", spec.id);
+                // The load balancer places the batch on the agent with the fewest batches
+                // being merged (see `Placement`); the first placement is recorded on the
+                // board, so that the answer stays the same through a scheduler change.
+                // An agent that died is replaced by a new placement.
+                let key = merger_key(spec, batch);
+                if let Some(&m) = self.mergers.lock().get(&key) {
+                    if nodes.contains(&m) {
+                        return Ok(m);
+                    }
+                }
                 let mut expected = 0;
+                let mut recorded = ctx.services.board_get(&key)?;
                 loop {
-                    match ctx.services.board_cas(&key, expected, &ctx.node.to_le_bytes())? {
-                        Cas::Written(_) => return Ok(ctx.node),
-                        Cas::Conflict(_) => {
-                            let v = ctx.services.board_get(&key)?.ok_or_else(|| failed(format!("{key} vanished")))?;
-                            let holder = u32::from_le_bytes(v.value.try_into().map_err(|_| failed(format!("{key} is not a node id")))?);
-                            if nodes.contains(&holder) {
-                                return Ok(holder);
-                            }
-                            expected = v.version;
+                    if let Some(v) = &recorded {
+                        let holder =
+                            u32::from_le_bytes(v.value.as_slice().try_into().map_err(|_| failed(format!("{key} is not a node id")))?);
+                        if nodes.contains(&holder) {
+                            self.mergers.lock().insert(key, holder);
+                            return Ok(holder);
                         }
+                        expected = v.version;
+                    }
+                    let pick = match ctx.services.place(&key, 1) {
+                        Ok(n) if nodes.contains(&n) => n,
+                        // No scheduler just now (an election), or it does not know the
+                        // agent we see: this agent merges.
+                        Ok(_) | Err(ApiError::Agent { kind: ErrorKind::Unavailable, .. }) => ctx.node,
+                        Err(e) => return Err(e.into()),
+                    };
+                    match ctx.services.board_cas(&key, expected, &pick.to_le_bytes())? {
+                        Cas::Written(_) => {
+                            self.mergers.lock().insert(key, pick);
+                            return Ok(pick);
+                        }
+                        Cas::Conflict(_) => recorded = ctx.services.board_get(&key)?,
                     }
                 }
             }
@@ -196,23 +236,35 @@ impl BlastPlugin {
             TaskPayload::Stop => return Err(PluginError::BadRequest("a stop task has no result".into())),
         };
         let spec = self.spec(&job)?;
+        let text = String::from_utf8(archive).map_err(|_| failed("archive is not text"))?;
+        // A fragment's result is parsed here, on the node that searched it, while the
+        // batch's other fragments are still being searched (see `hits`); a fallback's
+        // (rare) goes to the merger as it is.
+        let delivery = match &task {
+            TaskPayload::Fragment { fragment, .. } => {
+                let (start, end) = *spec.batches.get(batch).ok_or_else(|| PluginError::BadRequest(format!("no batch {batch}")))?;
+                Delivery::Hits(FragmentHits::parse(&text, *fragment, end - start, spec.k).map_err(failed)?)
+            }
+            _ => Delivery::Archive(text),
+        };
         let mut body: Option<Vec<u8>> = None;
         // A merger that dies while (or before) it takes the result is replaced by the
         // next one the live view gives; the master searches the batches it held again.
         for attempt in 0.. {
             let merger = self.merger(ctx, &spec, batch)?;
             if merger == ctx.node {
-                return self.on_part(ctx, task, String::from_utf8(archive).map_err(|_| failed("archive is not text"))?, work, (0, 0));
+                return self.on_part(ctx, task, delivery, work, (0, 0));
             }
             let b = match &body {
                 Some(b) => b.clone(),
                 None => {
-                    // Crossing nodes: compress first (runtime output compression).
-                    let (compressed, data) = if spec.compress {
-                        (true, ctx.engine.compress(&Codec::Zstd, 3, &archive).map_err(failed)?)
-                    } else {
-                        (false, archive.clone())
+                    let bytes = match &delivery {
+                        Delivery::Hits(h) => postcard::to_stdvec(h).map_err(failed)?,
+                        Delivery::Archive(t) => t.as_bytes().to_vec(),
                     };
+                    // Crossing nodes: compress first (runtime output compression).
+                    let (compressed, data) =
+                        if spec.compress { (true, ctx.engine.compress(&Codec::Zstd, 3, &bytes).map_err(failed)?) } else { (false, bytes) };
                     body.insert(postcard::to_stdvec(&BlastRequest::Part { task: task.clone(), compressed, data, work }).map_err(failed)?)
                         .clone()
                 }
@@ -232,7 +284,7 @@ impl BlastPlugin {
         &self,
         ctx: &Context<'_>,
         task: TaskPayload,
-        text: String,
+        delivery: Delivery,
         work: WorkStats,
         (wire, raw): (u64, u64),
     ) -> Result<(), PluginError> {
@@ -256,11 +308,15 @@ impl BlastPlugin {
         {
             let mut all = self.batches.lock();
             let st = all.entry((job.clone(), batch)).or_insert_with(|| BatchState {
-                fragments: vec![None; nfrag],
+                merge: Some(BatchMerge::new(nfrag, nq, spec.k)),
                 results: vec![None; nq],
                 ..Default::default()
             });
             st.work.add(&work);
+            let (bytes, parse_seconds) = match &delivery {
+                Delivery::Hits(h) => (h.archive_bytes, h.parse_seconds),
+                Delivery::Archive(t) => (t.len() as u64, 0.0),
+            };
             st.tasks.push(crate::trace::TaskTrace {
                 batch,
                 fragment: match &task {
@@ -268,26 +324,32 @@ impl BlastPlugin {
                     _ => None,
                 },
                 seconds: work.blast_seconds,
-                bytes: text.len() as u64,
+                bytes,
                 worker: work.worker,
                 taken_unix: work.taken_unix,
                 handed_unix: work.handed_unix,
+                parse_seconds,
             });
             st.bytes_wire += wire;
             st.bytes_raw += raw;
-            match &task {
-                TaskPayload::Fragment { fragment, .. } => {
-                    // A re-run (its worker died after handing the result over) adds nothing.
-                    // (After the merge `fragments` is empty: test `merged` first.)
-                    if !st.merged && st.fragments.get(*fragment).is_some_and(|f| f.is_none()) {
-                        st.fragments[*fragment] = Some(text);
-                        if st.fragments.iter().all(|f| f.is_some()) {
+            match (&task, delivery) {
+                (TaskPayload::Fragment { fragment, .. }, Delivery::Hits(hits)) => {
+                    // A re-run (its worker died after handing the result over) adds
+                    // nothing, and neither does one after the merge.
+                    if let Some(m) = st.merge.as_mut() {
+                        let merge_started = Instant::now();
+                        m.add(*fragment, hits).map_err(|e| failed(format!("batch {batch}: {e}")))?;
+                        st.merge_seconds += merge_started.elapsed().as_secs_f64();
+                        if m.complete() {
                             st.merged = true;
-                            ready = Some(std::mem::take(&mut st.fragments));
+                            ready = st.merge.take();
                         }
                     }
                 }
-                TaskPayload::Whole { queries, .. } => {
+                (TaskPayload::Fragment { .. }, Delivery::Archive(_)) => {
+                    return Err(PluginError::BadRequest(format!("batch {batch}: a fragment's result comes parsed, not as an archive")));
+                }
+                (TaskPayload::Whole { queries, .. }, Delivery::Archive(text)) => {
                     if queries.iter().any(|q| st.pending_whole.contains(q)) {
                         let hsps = archive::hsps(&text).map_err(failed)?;
                         let hits = archive::hits_by_query(&hsps, 0, queries.len());
@@ -300,33 +362,21 @@ impl BlastPlugin {
                         }
                     }
                 }
-                TaskPayload::Stop | TaskPayload::Batch { .. } => {}
+                (TaskPayload::Whole { .. }, Delivery::Hits(_)) => {
+                    return Err(PluginError::BadRequest(format!("batch {batch}: a fallback's result comes as an archive")));
+                }
+                (TaskPayload::Stop | TaskPayload::Batch { .. }, _) => {}
             }
         }
-        if let Some(frags) = ready {
+        if let Some(merge) = ready {
             let merge_started = Instant::now();
-            // Merge outside the lock: parsing is the expensive part.
-            let parsed: Vec<Vec<archive::Hsp>> =
-                frags.iter().map(|a| archive::hsps(a.as_deref().unwrap()).map_err(failed)).collect::<Result<_, _>>()?;
-            let mut per_frag: Vec<Vec<Vec<archive::Hit>>> =
-                parsed.iter().enumerate().map(|(f, h)| archive::hits_by_query(h, f, nq)).collect();
             let mut risky = Vec::new();
             let mut merged: Vec<(usize, Vec<String>, usize)> = Vec::new();
-            for local in 0..nq {
-                let lists: Vec<Vec<archive::Hit>> = per_frag.iter_mut().map(|f| std::mem::take(&mut f[local])).collect();
-                if lists.len() > 1 {
-                    let n: usize = lists.iter().map(|l| l.len()).sum();
-                    if n * 4 >= spec.prelim || lists.iter().any(|l| l.len() >= spec.k) {
-                        risky.push(start + local);
-                        continue;
-                    }
+            for (local, settled) in merge.settle(spec.prelim).into_iter().enumerate() {
+                match settled {
+                    Settled::Overflow => risky.push(start + local),
+                    Settled::Hits { hits, hsps } => merged.push((local, hsps, hits)),
                 }
-                let hits = archive::merge_query(lists, spec.k);
-                merged.push((
-                    local,
-                    hits.iter().flat_map(|h| h.hsps.iter().map(|s| archive::renumber(s, local + 1))).collect(),
-                    hits.len(),
-                ));
             }
             {
                 let mut all = self.batches.lock();
@@ -351,7 +401,7 @@ impl BlastPlugin {
                     std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
                     let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 })
                         .map_err(failed)?;
-                    ctx.services.submit(&payload)?;
+                    ctx.services.submit_urgent(&payload)?;
                 }
             }
         }
@@ -396,10 +446,12 @@ impl BlastPlugin {
                 worker: work.worker,
                 taken_unix: work.taken_unix,
                 handed_unix: work.handed_unix,
+                parse_seconds: 0.0,
             }],
             merge_seconds: 0.0,
             write_seconds: 0.0,
             part_bytes: bytes,
+            written_unix: crate::trace::unix_now(),
         };
         ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
         Ok(())
@@ -429,37 +481,94 @@ impl BlastPlugin {
                 merge_seconds: st.merge_seconds,
                 write_seconds: 0.0,
                 part_bytes: 0,
+                written_unix: 0.0,
             };
             (hsps, done)
         };
-        let scratch = job.join(format!("scratch-{batch}"));
-        let write_started = Instant::now();
-        let mut part_bytes = 0;
-        let result = (|| -> Result<(), String> {
-            std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
-            let queries = batch_file(job, batch);
-            let rs = report::Spec {
-                program: &spec.program,
-                blastdb: spec.blastdb.as_ref(),
-                db_name: &spec.db_name,
-                queries: &queries,
-                outfmt: &spec.outfmt,
-                blast_args: &spec.blast_args,
-                scratch: &scratch,
-            };
-            let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
-            let tmp = part_tmp(part, "merged");
-            report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
-            part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
-            std::fs::rename(&tmp, part).map_err(|e| e.to_string())
-        })();
-        let _ = std::fs::remove_dir_all(&scratch);
-        let done = PartDone { error: result.err(), write_seconds: write_started.elapsed().as_secs_f64(), part_bytes, ..done };
         self.batches.lock().remove(&(job.to_path_buf(), batch));
         self.written.lock().insert((job.to_path_buf(), batch));
-        ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+        if spec.assign == MergeAssign::Dynamic {
+            self.mergers.lock().remove(&merger_key(spec, batch));
+        }
+        // Writing runs BLAST+ and its formatter for seconds: on a writer thread, so that
+        // this job thread goes on taking results (and submitting fallbacks) meanwhile.
+        let job = WriteJob { spec: self.spec(job)?, job: job.to_path_buf(), batch, hsps, done, services: ctx.background.clone() };
+        self.writers.get_or_init(spawn_writers).send(job).map_err(|_| failed("the part writers stopped"))?;
         Ok(())
     }
+}
+
+/// A batch's part to write (see [`write_part`]).
+pub(crate) struct WriteJob {
+    spec: Arc<JobSpec>,
+    job: PathBuf,
+    batch: usize,
+    hsps: Vec<String>,
+    done: PartDone,
+    services: Arc<dyn gepsea_agent::api::Services>,
+}
+
+/// Parts are written by as many threads as the node has cores (at most 4): one node's
+/// merges never hold more, and a batch waits for a writer rather than for a job thread.
+fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
+    let (tx, rx) = crossbeam_channel::unbounded::<WriteJob>();
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    for i in 0..n {
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new().name(format!("blast-writer-{i}")).spawn(move || {
+            for job in rx {
+                if let Err(e) = write_part(job) {
+                    tracing::warn!("blast plug-in: {e}");
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("blast plug-in: cannot start a part writer: {e}");
+        }
+    }
+    tx
+}
+
+/// Writes a batch's part of the report, then tells the job's master (a failure too:
+/// the master fails the run with it).
+fn write_part(w: WriteJob) -> Result<(), PluginError> {
+    let WriteJob { spec, job, batch, hsps, done, services } = w;
+    let scratch = job.join(format!("scratch-{batch}"));
+    let write_started = Instant::now();
+    let mut part_bytes = 0;
+    let result = (|| -> Result<(), String> {
+        std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+        let queries = batch_file(&job, batch);
+        let rs = report::Spec {
+            program: &spec.program,
+            blastdb: spec.blastdb.as_ref(),
+            db_name: &spec.db_name,
+            queries: &queries,
+            outfmt: &spec.outfmt,
+            blast_args: &spec.blast_args,
+            scratch: &scratch,
+        };
+        let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+        let tmp = part_tmp(part, "merged");
+        report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
+        part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
+        std::fs::rename(&tmp, part).map_err(|e| e.to_string())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let done = PartDone {
+        error: result.err(),
+        write_seconds: write_started.elapsed().as_secs_f64(),
+        part_bytes,
+        written_unix: crate::trace::unix_now(),
+        ..done
+    };
+    if spec.assign == MergeAssign::Dynamic {
+        // The batch no longer weighs on this agent (nothing to do if the scheduler that
+        // placed it has changed since).
+        let _ = services.release(&merger_key(&spec, batch));
+    }
+    services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+    Ok(())
 }
 
 impl Plugin for BlastPlugin {
@@ -467,7 +576,20 @@ impl Plugin for BlastPlugin {
         "blast"
     }
     fn uses(&self) -> &[Uses] {
-        &[Uses::LoadBalancing, Uses::BulletinBoard, Uses::Advertising, Uses::Compression, Uses::SortMerge, Uses::ProcessState]
+        // Scheduling and merger placement; merger records; part notices; runtime
+        // compression; the merge; counting the hits of a part; what nodes hold; fragments
+        // in memory, read from storage by one agent under a lock.
+        &[
+            Uses::LoadBalancing,
+            Uses::BulletinBoard,
+            Uses::Advertising,
+            Uses::Compression,
+            Uses::SortMerge,
+            Uses::Parsing,
+            Uses::ProcessState,
+            Uses::DataCache,
+            Uses::Locks,
+        ]
     }
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
         match postcard::from_bytes::<BlastRequest>(request).map_err(|e| PluginError::BadRequest(format!("blast request: {e}")))? {
@@ -489,7 +611,13 @@ impl Plugin for BlastPlugin {
                 let wire = data.len() as u64;
                 let raw = if compressed { ctx.engine.decompress(&Codec::Zstd, &data).map_err(failed)? } else { data };
                 let len = raw.len() as u64;
-                self.on_part(ctx, task, String::from_utf8(raw).map_err(|_| failed("archive is not text"))?, work, (wire, len))?;
+                let delivery = match &task {
+                    TaskPayload::Fragment { .. } => {
+                        Delivery::Hits(postcard::from_bytes(&raw).map_err(|e| PluginError::BadRequest(format!("a fragment's hits: {e}")))?)
+                    }
+                    _ => Delivery::Archive(String::from_utf8(raw).map_err(|_| failed("archive is not text"))?),
+                };
+                self.on_part(ctx, task, delivery, work, (wire, len))?;
             }
         }
         Ok(Vec::new())

@@ -295,6 +295,7 @@ fn run_with_agents(
             .arg("--key-file")
             .arg(dir.join("key"))
             .args(c.encrypt.then_some("--encrypt"))
+            .args(opts.agent_cpu.map(|c| format!("--cpu={c}")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

@@ -75,6 +75,9 @@ pub struct SearchOptions {
     pub assign: crate::accel::MergeAssign,
     /// Agent mode: stage fragments in node-local scratch through the agents (hot-swap).
     pub hot_swap: bool,
+    /// Agent mode: pin each node's agent to this core (a spare one, the paper's set-up;
+    /// the workers are left wherever the launcher put them).
+    pub agent_cpu: Option<usize>,
     /// Where the finished output goes next (e.g. a distant storage site).
     pub deliver: Option<Deliver>,
     /// Record every BLAST+ search run, or replay recorded ones instead of searching
@@ -483,6 +486,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             let bt = batch_trace(trace, b);
             bt.write_seconds += started.elapsed().as_secs_f64();
             bt.part_bytes = part_bytes;
+            bt.written_unix = crate::trace::unix_now();
         }
         Ok(())
     };
@@ -528,6 +532,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     .unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
                     task_given[w] = crate::trace::unix_now();
+                    if trace.started_unix == 0.0 {
+                        trace.started_unix = task_given[w];
+                    }
                     idle[w] = false;
                 }
             }
@@ -596,6 +603,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     worker: w as u32 + 1,
                     taken_unix: task_given[w],
                     handed_unix: crate::trace::unix_now(),
+                    parse_seconds: 0.0,
                 });
                 match t.target {
                     Target::Whole => {
@@ -644,6 +652,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let hits = results.hits + reused_hits;
     // Out of core: the parts, one in memory at a time, joined into the output in order.
     let file = std::fs::File::create(&tmp_out).map_err(|e| SearchError::Output { path: tmp_out.clone(), source: e })?;
+    let assembly_started = Instant::now();
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
     for (b, p) in parts.iter().enumerate() {
         let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
@@ -651,6 +660,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
+    trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     done_work(&parts);
     let wall = started.elapsed().as_secs_f64();
@@ -761,7 +771,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         }
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
-            let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns)?;
+            let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns, opts.agent_cpu)?;
             let workers = opts.workers.max(1);
             for _ in 0..workers {
                 let mut c = Command::new(&opts.worker_exe);
