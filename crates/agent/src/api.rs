@@ -164,6 +164,11 @@ pub trait Api: Services {
     fn place(&self, key: &str, weight: u64) -> Result<u32, ApiError> {
         expect!(self.call(Op::Place { key: key.into(), weight }), "place", Reply::Node(n) => n)
     }
+    /// The data objects of the next `count` tasks this node's workers would be handed
+    /// (the load balancer's lookahead): what to bring in ahead of use.
+    fn upcoming(&self, count: u32) -> Result<Vec<String>, ApiError> {
+        expect!(self.call(Op::Upcoming { count }), "upcoming", Reply::Names(n) => n)
+    }
     /// `key`'s work is done.
     fn release(&self, key: &str) -> Result<(), ApiError> {
         expect!(self.call(Op::Release { key: key.into() }), "release", Reply::Ok => ())

@@ -270,6 +270,11 @@ pub enum Op {
     Release {
         key: String,
     },
+    /// The data objects of the next `count` tasks the scheduler would hand this node
+    /// (`Balance::upcoming`); replies `Names`.
+    Upcoming {
+        count: u32,
+    },
     Done {
         task: u64,
     },
@@ -351,6 +356,7 @@ impl Op {
             Op::Submit { .. } => "submit",
             Op::Place { .. } => "place",
             Op::Release { .. } => "release",
+            Op::Upcoming { .. } => "upcoming",
             Op::Take { .. } => "take",
             Op::Done { .. } => "done",
             Op::Scheduler => "scheduler",
@@ -396,6 +402,8 @@ pub enum Reply {
     TaskId(u64),
     Task(Option<Task>),
     Node(u32),
+    /// Names (e.g. of data objects).
+    Names(Vec<String>),
     Records {
         records: Vec<Record>,
         done: bool,
@@ -523,6 +531,10 @@ pub enum PeerMsg {
     },
     Release {
         key: String,
+    },
+    Upcoming {
+        op: u64,
+        count: u32,
     },
     Done {
         task: u64,

@@ -26,6 +26,9 @@ pub struct TaskTrace {
     /// master parses in its merge).
     #[serde(default)]
     pub parse_seconds: f64,
+    /// Waiting for its fragment to be staged before the search (agents, hot-swap).
+    #[serde(default)]
+    pub input_seconds: f64,
 }
 
 /// Unix time now, in seconds.
@@ -89,6 +92,7 @@ mod tests {
             taken_unix: taken,
             handed_unix: handed,
             parse_seconds: 0.0,
+            input_seconds: 0.0,
         }
     }
 

@@ -341,6 +341,16 @@ fn components_and_primitives_across_two_agents() {
     assert_eq!(second.payload, b"plain");
     c2.done(first.id).unwrap();
     c2.done(second.id).unwrap();
+    // The lookahead names the data of the tasks node 2 would be handed next.
+    assert_eq!(c2.upcoming(4).unwrap(), Vec::<String>::new());
+    c.submit_near(b"on-a", "obj-a").unwrap();
+    c.submit(b"plain").unwrap();
+    c.submit_near(b"on-b", "obj-b").unwrap();
+    assert_eq!(c2.upcoming(4).unwrap(), ["obj-a", "obj-b"]);
+    for _ in 0..3 {
+        let t = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
+        c2.done(t.id).unwrap();
+    }
 }
 
 /// Malformed and abusive clients get clear errors; the agent keeps serving.

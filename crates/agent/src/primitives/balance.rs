@@ -258,14 +258,39 @@ impl Scheduler {
 
     /// Position in the queue of the task best placed on `node` (see the module docs).
     fn pick(&self, node: u32) -> usize {
+        self.pick_among(node, &HashSet::new()).unwrap_or(0)
+    }
+
+    /// [`Scheduler::pick`] over the queue without the positions in `skip`.
+    fn pick_among(&self, node: u32, skip: &HashSet<usize>) -> Option<usize> {
         let held_here = |t: &Task| t.affinity.as_ref().is_some_and(|a| self.holdings.get(&node).is_some_and(|h| h.contains(a)));
         let held_nowhere = |t: &Task| t.affinity.as_ref().is_none_or(|a| !self.holdings.values().any(|h| h.contains(a)));
-        let tasks = || self.queue.iter().enumerate().filter_map(|(i, id)| Some((i, self.payloads.get(id)?)));
+        let tasks =
+            || self.queue.iter().enumerate().filter(|(i, _)| !skip.contains(i)).filter_map(|(i, id)| Some((i, self.payloads.get(id)?)));
         tasks()
             .find(|(_, t)| t.urgent)
             .or_else(|| tasks().find(|(_, t)| held_here(t)))
             .or_else(|| tasks().find(|(_, t)| held_nowhere(t)))
-            .map_or(0, |(i, _)| i)
+            .or_else(|| tasks().next())
+            .map(|(i, _)| i)
+    }
+
+    /// The data objects of the next `count` tasks `node` would be handed if it asked now
+    /// and nobody else took any, each once, in order: what its node should bring in
+    /// ahead of use (the data streaming service's lookahead).
+    pub fn upcoming(&self, node: u32, count: usize) -> Vec<String> {
+        let mut skip = HashSet::new();
+        let mut out: Vec<String> = Vec::new();
+        while skip.len() < count.min(self.queue.len()) {
+            let Some(i) = self.pick_among(node, &skip) else { break };
+            skip.insert(i);
+            if let Some(a) = self.queue.get(i).and_then(|id| self.payloads.get(id)).and_then(|t| t.affinity.as_ref()) {
+                if !out.contains(a) {
+                    out.push(a.clone());
+                }
+            }
+        }
+        out
     }
 
     fn assign(&mut self) -> Vec<Assignment> {
@@ -322,6 +347,25 @@ mod tests {
         s.submit(near(6, "f2"), 1);
         assert_eq!(s.take(14, b)[0].task.id, 6);
         assert_eq!(s.take(15, b)[0].task.id, 5);
+    }
+
+    #[test]
+    fn upcoming_is_what_a_node_would_be_handed_next() {
+        let mut s = Scheduler::new();
+        s.set_holdings(1, ["f0".to_string()]);
+        s.set_holdings(2, ["f1".to_string()]);
+        for (id, f) in [(1, "f1"), (2, "f0"), (3, "f2"), (4, "f0"), (5, "f1")] {
+            s.submit(near(id, f), 1);
+        }
+        // Node 1: its own f0 twice, then f2 (held nowhere), then node 2's f1.
+        assert_eq!(s.upcoming(1, 2), ["f0"]);
+        assert_eq!(s.upcoming(1, 3), ["f0", "f2"]);
+        assert_eq!(s.upcoming(1, 10), ["f0", "f2", "f1"]);
+        // A node holding nothing: what nobody holds first.
+        assert_eq!(s.upcoming(3, 1), ["f2"]);
+        // Looking ahead hands nothing out.
+        assert_eq!(s.queued(), 5);
+        assert_eq!(s.take(9, Client::new(1, 1))[0].task.id, 2);
     }
 
     #[test]

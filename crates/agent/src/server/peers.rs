@@ -24,6 +24,7 @@ impl Agent {
                     | PeerMsg::Rejoin { .. }
                     | PeerMsg::Place { .. }
                     | PeerMsg::Release { .. }
+                    | PeerMsg::Upcoming { .. }
             )
         {
             // Sent by an agent that already sees us as the scheduler: keep it until we do.
@@ -149,6 +150,14 @@ impl Agent {
                         Err(e @ PlaceError::NoLiveAgent(_)) => Reply::err(ErrorKind::Unavailable, e.to_string()),
                         Err(e @ PlaceError::TooMany) => Reply::err(ErrorKind::TooLarge, e.to_string()),
                     },
+                    None => Reply::err(ErrorKind::Unavailable, format!("node {} is not the scheduler", self.me)),
+                };
+                self.send_peer(from, &PeerMsg::Reply { op, reply });
+            }
+            PeerMsg::Upcoming { op, count } => {
+                let reply = match &self.scheduler {
+                    // At most a queue's worth: the count is the asker's to choose.
+                    Some(s) => Reply::Names(s.upcoming(from, (count as usize).min(1024))),
                     None => Reply::err(ErrorKind::Unavailable, format!("node {} is not the scheduler", self.me)),
                 };
                 self.send_peer(from, &PeerMsg::Reply { op, reply });

@@ -231,6 +231,15 @@ impl Agent {
                     return;
                 }
             },
+            Op::Upcoming { count } => match self.scheduler_node {
+                None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
+                Some(s) => {
+                    let op = self.new_op();
+                    self.peer_ops.insert(op, (s, reply));
+                    self.send_peer(s, &PeerMsg::Upcoming { op, count });
+                    return;
+                }
+            },
             Op::Release { key } => {
                 if let Some(s) = self.scheduler_node {
                     self.send_peer(s, &PeerMsg::Release { key });

@@ -41,7 +41,7 @@ pub fn master(
         let order: Vec<u32> = nodes.iter().copied().collect();
         for (i, &node) in order.iter().enumerate() {
             let fragments: Vec<usize> = (0..spec.fragments.len()).filter(|f| f % order.len() == i).collect();
-            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments }).unwrap();
+            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments, ahead: false }).unwrap();
             prefetches.push(client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body }));
         }
     }

@@ -161,7 +161,9 @@ pub enum BlastRequest {
     /// [`Staged`].
     Stage { job: PathBuf, fragment: usize },
     /// Stage these fragments ahead of use (the data streaming service).
-    Prefetch { job: PathBuf, fragments: Vec<usize> },
+    /// `ahead`: the data streaming's look ahead, which counts only the stagings it
+    /// did (one that found the fragment staged meanwhile did nothing).
+    Prefetch { job: PathBuf, fragments: Vec<usize>, ahead: bool },
     /// This agent's stagings for `job` by source ([`StageSource`] order), as
     /// `[u32; 4]`.
     StageCounts { job: PathBuf },

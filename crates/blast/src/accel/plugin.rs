@@ -62,6 +62,10 @@ pub struct BlastPlugin {
     /// Batches' mergers as recorded on the board (by merger key), so that each result
     /// does not ask again.
     mergers: Mutex<HashMap<String, u32>>,
+    /// Fragments this agent asked itself to stage ahead of use (each once per job), and
+    /// whether a look ahead is under way.
+    prefetching: Arc<Mutex<BTreeSet<(PathBuf, usize)>>>,
+    looking_ahead: Arc<std::sync::atomic::AtomicBool>,
     /// The part writers (started on first use).
     writers: std::sync::OnceLock<crossbeam_channel::Sender<WriteJob>>,
 }
@@ -140,13 +144,15 @@ impl BlastPlugin {
     }
 
     /// Brings `fragment` into this node's scratch (see the module docs); returns its
-    /// directory and where it came from.
+    /// directory and where it came from. Counted in [`BlastPlugin::stage_counts`],
+    /// unless `count_staged` is false and it was there already.
     pub(crate) fn stage(
         &self,
         ctx: &Context<'_>,
         job: &Path,
         spec: &JobSpec,
         fragment: usize,
+        count_staged: bool,
     ) -> Result<(PathBuf, StageSource), PluginError> {
         let name = spec.fragments.get(fragment).ok_or_else(|| PluginError::BadRequest(format!("no fragment {fragment}")))?;
         let files =
@@ -156,7 +162,9 @@ impl BlastPlugin {
         let lock = self.staging.lock().entry(object.clone()).or_default().clone();
         let _held = lock.lock();
         let (dir, source) = self.stage_locked(ctx, spec, name, files, dir, &object)?;
-        self.stage_counts.lock().entry(job.to_path_buf()).or_default()[source as usize] += 1;
+        if count_staged || source != StageSource::Staged {
+            self.stage_counts.lock().entry(job.to_path_buf()).or_default()[source as usize] += 1;
+        }
         Ok((dir, source))
     }
 
@@ -222,6 +230,42 @@ impl BlastPlugin {
         }
         std::fs::rename(&tmp, &dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
         Ok((dir, source))
+    }
+
+    /// Data streaming: asks the load balancer which fragment this node's workers will be
+    /// handed next and stages it if it is not here yet — on a thread of its own, one
+    /// look at a time, so that the worker's staging reply never waits for it. A worker
+    /// switching fragments then finds its next one staged.
+    pub(crate) fn look_ahead(&self, ctx: &Context<'_>, job: &Path, spec: &Arc<JobSpec>) {
+        const TASKS_AHEAD: u32 = 1;
+        if self.looking_ahead.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            return;
+        }
+        let (services, node, scratch) = (ctx.background.clone(), ctx.node, ctx.scratch.to_path_buf());
+        let (job, spec, prefetching, busy) = (job.to_path_buf(), spec.clone(), self.prefetching.clone(), self.looking_ahead.clone());
+        let look = move || {
+            let next = services.upcoming(TASKS_AHEAD).unwrap_or_default();
+            let wanted: Vec<usize> = (0..spec.fragments.len())
+                .filter(|&f| {
+                    let object = fragment_object(&spec.fragments[f], &spec.fragment_files[f]);
+                    next.contains(&object) && !scratch.join(&object).is_dir()
+                })
+                .filter(|&f| prefetching.lock().insert((job.clone(), f)))
+                .collect();
+            if !wanted.is_empty() {
+                if let Ok(body) = postcard::to_stdvec(&BlastRequest::Prefetch { job, fragments: wanted, ahead: true }) {
+                    // A failed prefetch only means the worker stages the fragment itself.
+                    if let Err(e) = services.plugin_at(node, "blast", body) {
+                        tracing::debug!("blast plug-in: lookahead staging: {e}");
+                    }
+                }
+            }
+            busy.store(false, std::sync::atomic::Ordering::Release);
+        };
+        if let Err(e) = std::thread::Builder::new().name("blast-lookahead".into()).spawn(look) {
+            tracing::debug!("blast plug-in: no thread for lookahead staging: {e}");
+            self.looking_ahead.store(false, std::sync::atomic::Ordering::Release);
+        }
     }
 
     pub(crate) fn stage_counts(&self, job: &Path) -> [u32; 4] {
@@ -329,6 +373,7 @@ impl BlastPlugin {
                 taken_unix: work.taken_unix,
                 handed_unix: work.handed_unix,
                 parse_seconds,
+                input_seconds: work.input_seconds,
             });
             st.bytes_wire += wire;
             st.bytes_raw += raw;
@@ -447,6 +492,7 @@ impl BlastPlugin {
                 taken_unix: work.taken_unix,
                 handed_unix: work.handed_unix,
                 parse_seconds: 0.0,
+                input_seconds: work.input_seconds,
             }],
             merge_seconds: 0.0,
             write_seconds: 0.0,
@@ -578,7 +624,7 @@ impl Plugin for BlastPlugin {
     fn uses(&self) -> &[Uses] {
         // Scheduling and merger placement; merger records; part notices; runtime
         // compression; the merge; counting the hits of a part; what nodes hold; fragments
-        // in memory, read from storage by one agent under a lock.
+        // in memory, read from storage by one agent under a lock, staged ahead of use.
         &[
             Uses::LoadBalancing,
             Uses::BulletinBoard,
@@ -589,6 +635,7 @@ impl Plugin for BlastPlugin {
             Uses::ProcessState,
             Uses::DataCache,
             Uses::Locks,
+            Uses::DataStreaming,
         ]
     }
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError> {
@@ -597,14 +644,15 @@ impl Plugin for BlastPlugin {
             BlastRequest::ResultFile { task, path, work } => self.on_result_file(ctx, task, &path, work)?,
             BlastRequest::Stage { job, fragment } => {
                 let spec = self.spec(&job)?;
-                let (dir, source) = self.stage(ctx, &job, &spec, fragment)?;
+                let (dir, source) = self.stage(ctx, &job, &spec, fragment, true)?;
+                self.look_ahead(ctx, &job, &spec);
                 return postcard::to_stdvec(&Staged { dir, source }).map_err(failed);
             }
             BlastRequest::StageCounts { job } => return postcard::to_stdvec(&self.stage_counts(&job)).map_err(failed),
-            BlastRequest::Prefetch { job, fragments } => {
+            BlastRequest::Prefetch { job, fragments, ahead } => {
                 let spec = self.spec(&job)?;
                 for f in fragments {
-                    self.stage(ctx, &job, &spec, f)?;
+                    self.stage(ctx, &job, &spec, f, !ahead)?;
                 }
             }
             BlastRequest::Part { task, compressed, data, work } => {

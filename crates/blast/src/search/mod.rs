@@ -604,6 +604,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     taken_unix: task_given[w],
                     handed_unix: crate::trace::unix_now(),
                     parse_seconds: 0.0,
+                    input_seconds: 0.0,
                 });
                 match t.target {
                     Target::Whole => {
