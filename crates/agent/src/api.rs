@@ -169,7 +169,7 @@ pub trait Api: Services {
     fn upcoming(&self, count: u32) -> Result<Vec<String>, ApiError> {
         expect!(self.call(Op::Upcoming { count }), "upcoming", Reply::Names(n) => n)
     }
-    /// `key`'s work is done.
+    /// `key`'s work is done; returns once the scheduler has taken it into account.
     fn release(&self, key: &str) -> Result<(), ApiError> {
         expect!(self.call(Op::Release { key: key.into() }), "release", Reply::Ok => ())
     }

@@ -266,7 +266,8 @@ pub enum Op {
         key: String,
         weight: u64,
     },
-    /// `key`'s work is done (its weight stops counting).
+    /// `key`'s work is done (its weight stops counting); answered once the scheduler
+    /// has it, so that a placement asked after the answer sees the release.
     Release {
         key: String,
     },
@@ -530,6 +531,7 @@ pub enum PeerMsg {
         weight: u64,
     },
     Release {
+        op: u64,
         key: String,
     },
     Upcoming {

@@ -162,10 +162,12 @@ impl Agent {
                 };
                 self.send_peer(from, &PeerMsg::Reply { op, reply });
             }
-            PeerMsg::Release { key } => {
+            PeerMsg::Release { op, key } => {
                 if let Some(s) = &mut self.scheduler {
                     s.placement.release(&key);
                 }
+                // Not the scheduler (any more): its placements went with the old one.
+                self.send_peer(from, &PeerMsg::Reply { op, reply: Reply::Ok });
             }
             PeerMsg::CancelTake { op } => {
                 if let Some(s) = &mut self.scheduler {

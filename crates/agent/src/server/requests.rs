@@ -240,12 +240,16 @@ impl Agent {
                     return;
                 }
             },
-            Op::Release { key } => {
-                if let Some(s) = self.scheduler_node {
-                    self.send_peer(s, &PeerMsg::Release { key });
+            Op::Release { key } => match self.scheduler_node {
+                // Placements live only in the scheduler: without one there is none.
+                None => Reply::Ok,
+                Some(s) => {
+                    let op = self.new_op();
+                    self.peer_ops.insert(op, (s, reply));
+                    self.send_peer(s, &PeerMsg::Release { op, key });
+                    return;
                 }
-                Reply::Ok
-            }
+            },
             Op::Scheduler => match self.scheduler_node {
                 Some(n) => Reply::Node(n),
                 None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
