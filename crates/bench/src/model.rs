@@ -186,8 +186,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     let at = if mpiblast {
                         done + bytes as f64 / costs.link_bytes_per_second
                     } else {
-                        // The batch's merge and write weigh on its merger once, when the
-                        // batch's first result picks it.
+                        // The batch's merger is placed when its first result arrives.
                         let m = match merger[b] {
                             Some(m) => m,
                             None => {
@@ -200,9 +199,9 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                             }
                         };
                         // The searching node's agent parses the archive first.
-                        let done = if parse > 0.0 { cores.run(done, parse) } else { done };
+                        let parsed = if parse > 0.0 { cores.run(done, parse) } else { done };
                         if m == w {
-                            done
+                            parsed
                         } else {
                             let (compress, ratio) = match arch {
                                 Arch::Agents { compress: true, .. } => {
@@ -210,13 +209,12 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                                 }
                                 _ => (0.0, 1.0),
                             };
-                            let c = if compress > 0.0 { cores.run(done, compress) } else { done };
+                            let c = if compress > 0.0 { cores.run(parsed, compress) } else { parsed };
                             c + bytes as f64 / ratio / costs.link_bytes_per_second
                         }
                     };
                     ev.push(at, Kind::Arrived(b, w));
                     if !mpiblast {
-                        let done = start + task.1;
                         ev.push(done, Kind::WorkerFree(w));
                         if let Some(a) = &mut active[w] {
                             a.1 = done;

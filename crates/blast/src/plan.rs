@@ -266,6 +266,14 @@ pub fn preliminary_list(k: usize, composition_stats: bool) -> usize {
     }
 }
 
+/// The overflow guard: whether a query whose hits were split over `fragments`
+/// fragments — `total` hits in all, at most `largest` from one fragment — may have lost
+/// candidates in a whole-database search, where BLAST keeps only `prelim` of them
+/// before rescoring. Such a query is searched again on the whole database.
+pub fn may_overflow(fragments: usize, total: u64, largest: usize, prelim: usize, k: usize) -> bool {
+    fragments > 1 && (total.saturating_mul(4) >= prelim as u64 || largest >= k)
+}
+
 pub(crate) fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(|s| s.as_str())
 }
@@ -416,6 +424,18 @@ pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_overflow_guard_needs_a_split_and_many_hits_or_one_full_fragment() {
+        // A quarter of the preliminary list over all fragments, or k from one.
+        assert!(may_overflow(2, 250, 10, 1000, 500));
+        assert!(!may_overflow(2, 249, 10, 1000, 500));
+        assert!(may_overflow(8, 20, 5, 1000, 5));
+        // One fragment is the whole database: nothing to lose.
+        assert!(!may_overflow(1, 10_000, 10_000, 1000, 500));
+        // Counts near the top do not wrap around.
+        assert!(may_overflow(3, u64::MAX, 0, usize::MAX, usize::MAX));
+    }
 
     #[test]
     fn fallbacks_are_cut_into_at_most_four_tasks_whatever_the_workers() {

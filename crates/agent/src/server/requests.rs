@@ -222,34 +222,16 @@ impl Agent {
                     Reply::Ok
                 }
             }
-            Op::Place { key, weight } => match self.scheduler_node {
-                None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
-                Some(s) => {
-                    let op = self.new_op();
-                    self.peer_ops.insert(op, (s, reply));
-                    self.send_peer(s, &PeerMsg::Place { op, key, weight });
-                    return;
-                }
-            },
-            Op::Upcoming { count } => match self.scheduler_node {
-                None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
-                Some(s) => {
-                    let op = self.new_op();
-                    self.peer_ops.insert(op, (s, reply));
-                    self.send_peer(s, &PeerMsg::Upcoming { op, count });
-                    return;
-                }
-            },
-            Op::Release { key } => match self.scheduler_node {
-                // Placements live only in the scheduler: without one there is none.
-                None => Reply::Ok,
-                Some(s) => {
-                    let op = self.new_op();
-                    self.peer_ops.insert(op, (s, reply));
-                    self.send_peer(s, &PeerMsg::Release { op, key });
-                    return;
-                }
-            },
+            Op::Place { key, weight } => {
+                let none = Reply::err(ErrorKind::Unavailable, "no scheduler elected");
+                return self.ask_scheduler(reply, none, |op| PeerMsg::Place { op, key, weight });
+            }
+            Op::Upcoming { count } => {
+                let none = Reply::err(ErrorKind::Unavailable, "no scheduler elected");
+                return self.ask_scheduler(reply, none, |op| PeerMsg::Upcoming { op, count });
+            }
+            // Placements live only in the scheduler: without one there is none to release.
+            Op::Release { key } => return self.ask_scheduler(reply, Reply::Ok, |op| PeerMsg::Release { op, key }),
             Op::Scheduler => match self.scheduler_node {
                 Some(n) => Reply::Node(n),
                 None => Reply::err(ErrorKind::Unavailable, "no scheduler elected"),
@@ -388,6 +370,19 @@ impl Agent {
                 let op = self.new_op();
                 self.peer_ops.insert(op, (u32::MAX, local));
                 self.net.insert(r, NetOp::Rma { reply_to_port: None, id: op });
+            }
+        }
+    }
+
+    /// Sends `msg(op)` to the scheduler, whose `Reply` to `op` answers `reply`; answers
+    /// `none` if no scheduler is elected.
+    fn ask_scheduler(&mut self, reply: ReplyTo, none: Reply, msg: impl FnOnce(u64) -> PeerMsg) {
+        match self.scheduler_node {
+            None => self.reply(reply, none),
+            Some(s) => {
+                let op = self.new_op();
+                self.peer_ops.insert(op, (s, reply));
+                self.send_peer(s, &msg(op));
             }
         }
     }

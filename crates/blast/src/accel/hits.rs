@@ -122,9 +122,9 @@ pub enum Settled {
 pub struct BatchMerge {
     merger: Merger<Ranked>,
     arrived: Vec<bool>,
-    /// Per query: hits over every fragment, and whether one fragment alone had `k`.
+    /// Per query: hits over every fragment, and the most from one fragment.
     total: Vec<u64>,
-    full: Vec<bool>,
+    largest: Vec<usize>,
     best: Vec<Vec<Vec<String>>>,
     k: usize,
 }
@@ -135,7 +135,7 @@ impl BatchMerge {
             merger: Merger::new(fragments),
             arrived: vec![false; fragments],
             total: vec![0; queries],
-            full: vec![false; queries],
+            largest: vec![0; queries],
             best: vec![Vec::new(); queries],
             k,
         }
@@ -180,7 +180,7 @@ impl BatchMerge {
         self.arrived[fragment] = true;
         for (q, &c) in hits.counts.iter().enumerate() {
             self.total[q] += u64::from(c);
-            self.full[q] |= c as usize >= self.k;
+            self.largest[q] = self.largest[q].max(c as usize);
         }
         self.take_ready();
         Ok(true)
@@ -200,18 +200,17 @@ impl BatchMerge {
         self.arrived.iter().all(|&a| a)
     }
 
-    /// Once [`BatchMerge::complete`]: each query's outcome. A query is an overflow
-    /// when, split over more than one fragment, its hits reach a quarter of BLAST's
-    /// preliminary list (`prelim`) or one fragment alone reported `k`.
+    /// Once [`BatchMerge::complete`]: each query's outcome; an overflow is what
+    /// [`crate::plan::may_overflow`] says of its counts.
     pub fn settle(mut self, prelim: usize) -> Vec<Settled> {
         debug_assert!(self.complete());
         self.take_ready();
-        let split = self.arrived.len() > 1;
+        let fragments = self.arrived.len();
         self.best
             .into_iter()
             .enumerate()
             .map(|(q, hits)| {
-                if split && (self.total[q].saturating_mul(4) >= prelim as u64 || self.full[q]) {
+                if crate::plan::may_overflow(fragments, self.total[q], self.largest[q], prelim, self.k) {
                     Settled::Overflow
                 } else {
                     Settled::Hits { hits: hits.len(), hsps: hits.into_iter().flatten().collect() }

@@ -504,7 +504,7 @@ impl BlastPlugin {
     }
 
     /// Writes the batch's part of the report once every query is settled.
-    pub(crate) fn maybe_write(&self, ctx: &Context<'_>, spec: &JobSpec, job: &Path, batch: usize) -> Result<(), PluginError> {
+    pub(crate) fn maybe_write(&self, ctx: &Context<'_>, spec: &Arc<JobSpec>, job: &Path, batch: usize) -> Result<(), PluginError> {
         let (hsps, done) = {
             let mut all = self.batches.lock();
             let Some(st) = all.get_mut(&(job.to_path_buf(), batch)) else { return Ok(()) };
@@ -538,7 +538,7 @@ impl BlastPlugin {
         }
         // Writing runs BLAST+ and its formatter for seconds: on a writer thread, so that
         // this job thread goes on taking results (and submitting fallbacks) meanwhile.
-        let job = WriteJob { spec: self.spec(job)?, job: job.to_path_buf(), batch, hsps, done, services: ctx.background.clone() };
+        let job = WriteJob { spec: spec.clone(), job: job.to_path_buf(), batch, hsps, done, services: ctx.background.clone() };
         self.writers.get_or_init(spawn_writers).send(job).map_err(|_| failed("the part writers stopped"))?;
         Ok(())
     }

@@ -174,15 +174,11 @@ pub(crate) fn merge_batch(
     for local in 0..nq {
         let g = range.start + local;
         let lists: Vec<Vec<archive::Hit>> = per_frag.iter_mut().map(|f| std::mem::take(&mut f[local])).collect();
-        if lists.len() > 1 {
-            // The whole-database run keeps `prelim` candidates before rescoring; if the
-            // fragments' survivors suggest more candidates than that, the merge may
-            // differ from what serial BLAST would print: search this query again whole.
-            let n: usize = lists.iter().map(|l| l.len()).sum();
-            if n * 4 >= prelim || lists.iter().any(|l| l.len() >= k) {
-                risky.push(g);
-                continue;
-            }
+        let total: usize = lists.iter().map(|l| l.len()).sum();
+        let largest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
+        if crate::plan::may_overflow(lists.len(), total as u64, largest, prelim, k) {
+            risky.push(g);
+            continue;
         }
         results.store(g, &archive::merge_query(lists, k));
     }
