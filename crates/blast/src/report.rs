@@ -97,7 +97,11 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let merged_path = spec.scratch.join("merged.asn");
     std::fs::write(&merged_path, merged).map_err(|e| ReportError::Io { path: merged_path.clone(), source: e })?;
     let mp = merged_path.to_string_lossy().to_string();
-    let o = out.to_string_lossy().to_string();
+    // The formatter writes to scratch, and the report reaches `out` in one write: `out`
+    // may be on a network file system, where reading the formatted text back to fix
+    // its statistics and writing it again would cross the network three times.
+    let formatted = spec.scratch.join("formatted");
+    let o = formatted.to_string_lossy().to_string();
     let fargs = format_args(spec.blast_args);
     tools::run(
         "blast_formatter",
@@ -109,7 +113,10 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     let (open, close) = match fmt {
         0 => ("\nLambda      K        H", "\nEffective search space used: "),
         5 => ("<Iteration_stat>", "</Iteration_stat>"),
-        _ => return Ok(()),
+        _ => {
+            std::fs::copy(&formatted, out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
+            return Ok(());
+        }
     };
     let masks = query_masks(&text);
     let direct = spec.scratch.join("stats.direct");
@@ -122,7 +129,7 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
         ONE_BATCH,
     )?;
     let stats_text = std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?;
-    let report = std::fs::read_to_string(out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
+    let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
     let mut fixed = replace_blocks(&report, &stats_text, open, close)?;
     if !masks.is_empty() {
         if fmt == 5 {

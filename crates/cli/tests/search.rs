@@ -509,6 +509,11 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
         assert!(!e.contains("USAGE"), "{e}");
         assert!(!out.exists());
     }
+    // An agent that cannot start (a core this machine does not have) is reported at
+    // once (not after the start timeout, whose error differs), in one line with the
+    // agent's own reason.
+    let e = fails(&["search", "--quiet", "--agent-cpu", "4096", "--db", &db3, "--query", &q, "--out", &s(&out)], Some(&out));
+    assert!(e.contains("the agent did not start: --cpu 4096") && e.trim().lines().count() == 1, "{e}");
     // The no-agent baseline is mpiBLAST's fragment search only.
     let e = fails(&["search", "--quiet", "--no-agent", "--split", "queries", "--db", &db3, "--query", &q, "--out", &s(&out)], Some(&out));
     assert!(e.contains("--split queries needs the agents"), "{e}");

@@ -27,19 +27,91 @@ pub struct LocalAgent {
 }
 
 impl LocalAgent {
-    /// Starts the agent (pinned to core `cpu`, if given) and waits until it serves.
+    /// Starts the agent (pinned to core `cpu`, if given) and waits until it serves. An
+    /// agent that exits instead (a bad `--cpu`, a namespace in use) is reported at once,
+    /// with its own error as the reason.
     pub fn start(exe: &Path, namespace: &str, cpu: Option<usize>) -> Result<LocalAgent, SearchError> {
-        let child = with_parent_death(&mut Command::new(exe))
+        let mut child = with_parent_death(&mut Command::new(exe))
             .args(["agent", "--namespace", namespace, "--node-id", "1"])
             .args(cpu.map(|c| format!("--cpu={c}")))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| SearchError::Io(format!("starting the agent ({}): {e}", exe.display())))?;
-        let a = LocalAgent { child, namespace: namespace.to_string() };
-        gepsea_client::wait_for_agent(namespace, 1, Duration::from_secs(20))
-            .map_err(|e| SearchError::Io(format!("agent did not start: {e}")))?;
-        Ok(a)
+        let stderr = StderrRelay::start(child.stderr.take().expect("stderr is piped"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if gepsea_client::status(namespace, 1).is_ok() {
+                stderr.relay_from_now();
+                return Ok(LocalAgent { child, namespace: namespace.to_string() });
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let why = stderr.wait_last_line().unwrap_or_else(|| format!("it exited with {status}"));
+                let why = why.strip_prefix("gepsea: error: ").unwrap_or(&why);
+                return Err(SearchError::Io(format!("the agent did not start: {why}")));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SearchError::Io(format!(
+                    "the agent did not serve namespace {namespace} within 20 s (see `gepsea agent status --namespace {namespace}`)"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Holds the agent's stderr until it serves (so that a failed start becomes one error
+/// line), then passes it through to ours (its logs stay visible).
+struct StderrRelay {
+    shared: std::sync::Arc<std::sync::Mutex<RelayState>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct RelayState {
+    held: Vec<String>,
+    relay: bool,
+}
+
+impl StderrRelay {
+    fn start(from: std::process::ChildStderr) -> StderrRelay {
+        use std::io::BufRead;
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(RelayState::default()));
+        let s = shared.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
+                let mut st = s.lock().unwrap();
+                if st.relay {
+                    eprintln!("{line}");
+                } else {
+                    st.held.push(line);
+                }
+            }
+        });
+        StderrRelay { shared, reader: Some(reader) }
+    }
+
+    fn relay_from_now(mut self) {
+        let mut st = self.shared.lock().unwrap();
+        for l in st.held.drain(..) {
+            eprintln!("{l}");
+        }
+        st.relay = true;
+        drop(st);
+        // The thread ends with the agent's stderr.
+        self.reader.take();
+    }
+
+    /// The agent has exited: its last non-empty line.
+    fn wait_last_line(mut self) -> Option<String> {
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let st = self.shared.lock().unwrap();
+        st.held.iter().rev().find(|l| !l.trim().is_empty()).cloned()
     }
 }
 

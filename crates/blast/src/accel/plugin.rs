@@ -579,7 +579,9 @@ fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
 /// the master fails the run with it).
 fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let WriteJob { spec, job, batch, hsps, done, services } = w;
-    let scratch = job.join(format!("scratch-{batch}"));
+    // On this node: the job directory is shared storage, where the statistics runs'
+    // and the formatter's files would cross the network.
+    let scratch = std::env::temp_dir().join(format!("gepsea-part-{}-{}-{batch}", std::process::id(), spec.id));
     let write_started = Instant::now();
     let mut part_bytes = 0;
     let result = (|| -> Result<(), String> {

@@ -465,7 +465,12 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         reused_hits +=
             crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
     }
-    // Each batch's part of the report, written as soon as the batch is settled.
+    // Each batch's part of the report, written as soon as the batch is settled. The
+    // statistics runs and the formatter work in a directory on this node: `scratch` may
+    // be on the shared file system, where their files would cross the network.
+    let report_scratch = std::env::temp_dir().join(format!("gepsea-report-{pid}"));
+    std::fs::create_dir_all(&report_scratch).map_err(|e| SearchError::Io(format!("{}: {e}", report_scratch.display())))?;
+    let _report_scratch = RemoveDir(report_scratch.clone());
     let mut trace = crate::trace::RunTrace::default();
     let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
@@ -477,7 +482,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 queries: &batch_files[b],
                 outfmt: &opts.outfmt,
                 blast_args: &opts.blast_args,
-                scratch: &scratch,
+                scratch: &report_scratch,
             };
             let tmp = crate::accel::part_tmp(&parts[b], "master");
             report::write(&spec, &hsps, &tmp)?;
