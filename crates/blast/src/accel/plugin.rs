@@ -538,7 +538,15 @@ impl BlastPlugin {
         }
         // Writing runs BLAST+ and its formatter for seconds: on a writer thread, so that
         // this job thread goes on taking results (and submitting fallbacks) meanwhile.
-        let job = WriteJob { spec: spec.clone(), job: job.to_path_buf(), batch, hsps, done, services: ctx.background.clone() };
+        let job = WriteJob {
+            spec: spec.clone(),
+            job: job.to_path_buf(),
+            batch,
+            hsps,
+            done,
+            services: ctx.background.clone(),
+            scratch: ctx.scratch.join(format!("part-{}-{batch}", spec.id)),
+        };
         self.writers.get_or_init(spawn_writers).send(job).map_err(|_| failed("the part writers stopped"))?;
         Ok(())
     }
@@ -552,6 +560,10 @@ pub(crate) struct WriteJob {
     hsps: Vec<String>,
     done: PartDone,
     services: Arc<dyn gepsea_agent::api::Services>,
+    /// Where the statistics runs and the formatter work: in the plug-in's node-local
+    /// scratch, since the job directory is shared storage, where their files would
+    /// cross the network.
+    scratch: PathBuf,
 }
 
 /// Parts are written by as many threads as the node has cores (at most 4): one node's
@@ -578,10 +590,7 @@ fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
 /// Writes a batch's part of the report, then tells the job's master (a failure too:
 /// the master fails the run with it).
 fn write_part(w: WriteJob) -> Result<(), PluginError> {
-    let WriteJob { spec, job, batch, hsps, done, services } = w;
-    // On this node: the job directory is shared storage, where the statistics runs'
-    // and the formatter's files would cross the network.
-    let scratch = std::env::temp_dir().join(format!("gepsea-part-{}-{}-{batch}", std::process::id(), spec.id));
+    let WriteJob { spec, job, batch, hsps, done, services, scratch } = w;
     let write_started = Instant::now();
     let mut part_bytes = 0;
     let result = (|| -> Result<(), String> {
