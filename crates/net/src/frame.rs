@@ -420,6 +420,22 @@ impl FrameDecoder {
         self.wpos - self.rpos
     }
 
+    /// Whether [`FrameDecoder::next_frame`] has something to return now: a complete
+    /// frame, or an error (a header that does not decode).
+    pub fn has_frame(&self) -> bool {
+        let avail = self.wpos - self.rpos;
+        if self.poisoned.is_some() {
+            return true;
+        }
+        if avail < HEADER_LEN {
+            return false;
+        }
+        match Header::decode(&self.buf[self.rpos..self.rpos + HEADER_LEN], self.max_payload) {
+            Ok(h) => avail >= HEADER_LEN + h.len as usize,
+            Err(_) => true,
+        }
+    }
+
     /// The next complete frame (header and borrowed payload), `Ok(None)` if more bytes
     /// are needed, or the error that poisoned the stream (returned again on every later
     /// call).

@@ -167,9 +167,11 @@ impl TcpConn {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     self.dec.filled(n);
-                    // Let the caller decode before the buffer grows without bound. The
-                    // socket is edge-triggered, so the caller must come back for the rest.
-                    if self.dec.buffered() >= 4 << 20 {
+                    // Let the caller decode a complete frame as soon as it is here
+                    // (checking and copying it while the next one arrives), and before
+                    // the buffer grows without bound. The socket is edge-triggered, so
+                    // the caller must come back for the rest.
+                    if self.dec.has_frame() || self.dec.buffered() >= 4 << 20 {
                         return Ok(ReadOutcome::More);
                     }
                 }

@@ -137,6 +137,14 @@ pub fn master(
             }
         }
     }
+    // Every part is written: the agents may drop the job's state (best effort; an
+    // agent that does not answer keeps a few kilobytes until it stops).
+    let forget = postcard::to_stdvec(&BlastRequest::Forget { job: job.to_path_buf() }).unwrap();
+    for &node in &nodes {
+        if let Err(e) = client.plugin_at(node, "blast", forget.clone()) {
+            tracing::debug!("agent of node {node} did not drop the job's state: {e}");
+        }
+    }
     // Out of core: one part in memory at a time, streamed to the output in order.
     let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
     let assembly_started = Instant::now();

@@ -167,6 +167,10 @@ pub enum BlastRequest {
     /// This agent's stagings for `job` by source ([`StageSource`] order), as
     /// `[u32; 4]`.
     StageCounts { job: PathBuf },
+    /// The job is over (every part written): drop what this agent keeps for it (its
+    /// spec, batches, mergers, staging counts), so that a long-lived agent serving job
+    /// after job does not grow. Late results for it are then refused (no spec).
+    Forget { job: PathBuf },
 }
 
 /// Advertised on `blast/<job id>` when a batch's part is written.

@@ -68,7 +68,12 @@ pub struct BlastPlugin {
     looking_ahead: Arc<std::sync::atomic::AtomicBool>,
     /// The part writers (started on first use).
     writers: std::sync::OnceLock<crossbeam_channel::Sender<WriteJob>>,
+    /// The last jobs forgotten (at most [`FORGOTTEN`]): a late duplicate result for one
+    /// is refused instead of bringing its state back.
+    forgotten: Mutex<std::collections::VecDeque<PathBuf>>,
 }
+
+const FORGOTTEN: usize = 256;
 
 /// The board key (and placement key) of a batch's merger.
 fn merger_key(spec: &JobSpec, batch: usize) -> String {
@@ -83,6 +88,9 @@ impl BlastPlugin {
     pub(crate) fn spec(&self, job: &Path) -> Result<Arc<JobSpec>, PluginError> {
         if let Some(s) = self.specs.lock().get(job) {
             return Ok(s.clone());
+        }
+        if self.forgotten.lock().contains(&job.to_path_buf()) {
+            return Err(PluginError::BadRequest(format!("job {} is over (every part was written)", job.display())));
         }
         let p = job.join("job.json");
         let text = std::fs::read_to_string(&p).map_err(|e| PluginError::BadRequest(format!("{}: {e}", p.display())))?;
@@ -266,6 +274,40 @@ impl BlastPlugin {
             tracing::debug!("blast plug-in: no thread for lookahead staging: {e}");
             self.looking_ahead.store(false, std::sync::atomic::Ordering::Release);
         }
+    }
+
+    /// Drops everything kept for `job` (see [`BlastRequest::Forget`]). Staged
+    /// fragments stay: they belong to the database, not to the job.
+    pub(crate) fn forget(&self, job: &Path) {
+        {
+            let mut f = self.forgotten.lock();
+            if !f.contains(&job.to_path_buf()) {
+                if f.len() == FORGOTTEN {
+                    f.pop_front();
+                }
+                f.push_back(job.to_path_buf());
+            }
+        }
+        if let Some(spec) = self.specs.lock().remove(job) {
+            let prefix = format!("blast/{}/", spec.id);
+            self.mergers.lock().retain(|k, _| !k.starts_with(&prefix));
+        }
+        self.batches.lock().retain(|(j, _), _| j != job);
+        self.written.lock().retain(|(j, _)| j != job);
+        self.stage_counts.lock().remove(job);
+        self.prefetching.lock().retain(|(j, _)| j != job);
+    }
+
+    /// Jobs this agent keeps state for (specs, batches, written parts, staging counts,
+    /// look-ahead records): what [`BlastPlugin::forget`] must leave empty.
+    #[cfg(test)]
+    pub(crate) fn jobs_held(&self) -> BTreeSet<PathBuf> {
+        let mut held: BTreeSet<PathBuf> = self.specs.lock().keys().cloned().collect();
+        held.extend(self.batches.lock().keys().map(|(j, _)| j.clone()));
+        held.extend(self.written.lock().iter().map(|(j, _)| j.clone()));
+        held.extend(self.stage_counts.lock().keys().cloned());
+        held.extend(self.prefetching.lock().iter().map(|(j, _)| j.clone()));
+        held
     }
 
     pub(crate) fn stage_counts(&self, job: &Path) -> [u32; 4] {
@@ -660,6 +702,7 @@ impl Plugin for BlastPlugin {
                 return postcard::to_stdvec(&Staged { dir, source }).map_err(failed);
             }
             BlastRequest::StageCounts { job } => return postcard::to_stdvec(&self.stage_counts(&job)).map_err(failed),
+            BlastRequest::Forget { job } => self.forget(&job),
             BlastRequest::Prefetch { job, fragments, ahead } => {
                 let spec = self.spec(&job)?;
                 for f in fragments {
@@ -680,5 +723,63 @@ impl Plugin for BlastPlugin {
             }
         }
         Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str) -> JobSpec {
+        JobSpec {
+            id: id.into(),
+            program: "blastp".into(),
+            db_dir: PathBuf::from("/nonexistent"),
+            blastdb: String::new(),
+            db_name: "db".into(),
+            outfmt: "6".into(),
+            blast_args: Vec::new(),
+            k: 500,
+            prelim: 500,
+            fragments: vec!["f0".into(), "f1".into()],
+            batches: vec![(0, 1)],
+            split: SplitBy::Fragments,
+            tail_threads: 0,
+            compress: true,
+            assign: MergeAssign::Dynamic,
+            hot_swap: true,
+            fragment_files: Vec::new(),
+            parts: vec![PathBuf::from("/nonexistent/part0")],
+            recording: None,
+        }
+    }
+
+    #[test]
+    fn forget_drops_every_trace_of_one_job_and_refuses_it_afterwards() {
+        let dir = std::env::temp_dir().join(format!("gepsea-forget-{}", std::process::id()));
+        let plugin = BlastPlugin::default();
+        let jobs: Vec<PathBuf> = (0..2).map(|i| dir.join(format!("job{i}"))).collect();
+        for (i, job) in jobs.iter().enumerate() {
+            std::fs::create_dir_all(job).unwrap();
+            std::fs::write(job.join("job.json"), serde_json::to_string(&spec(&format!("id{i}"))).unwrap()).unwrap();
+            let s = plugin.spec(job).unwrap();
+            plugin.batches.lock().insert((job.clone(), 0), BatchState::default());
+            plugin.written.lock().insert((job.clone(), 0));
+            plugin.stage_counts.lock().insert(job.clone(), [1, 0, 0, 0]);
+            plugin.prefetching.lock().insert((job.clone(), 1));
+            plugin.mergers.lock().insert(merger_key(&s, 0), 1);
+        }
+        plugin.forget(&jobs[0]);
+        let kept: BTreeSet<PathBuf> = [jobs[1].clone()].into();
+        assert_eq!(plugin.jobs_held(), kept);
+        let mergers: Vec<String> = plugin.mergers.lock().keys().cloned().collect();
+        assert_eq!(mergers, vec![merger_key(&spec("id1"), 0)]);
+        // A late result of the finished job does not bring it back (its job.json is
+        // still there), while the other job goes on.
+        let e = plugin.spec(&jobs[0]).unwrap_err().to_string();
+        assert!(e.contains("is over"), "{e}");
+        assert_eq!(plugin.jobs_held(), kept);
+        assert_eq!(plugin.spec(&jobs[1]).unwrap().id, "id1");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

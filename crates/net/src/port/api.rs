@@ -465,7 +465,10 @@ impl Port {
             st.set_awake(true);
         }
         let mut spin_until = started + self.sh.spin;
-        let mut extended = false;
+        // Rendezvous bytes in flight when the spin was last extended: it is extended
+        // again only if that changed (a transfer began or moved on), so a stalled peer
+        // is not spun for without end.
+        let mut extended_for: Option<usize> = None;
         loop {
             progress_all(&mut st);
             self.kick_if_needed(&mut st);
@@ -480,14 +483,19 @@ impl Port {
                 self.leave_awake(&mut st, started, now);
                 return None;
             }
-            if now >= spin_until && !extended {
+            if now >= spin_until {
                 // A large transfer under way takes longer than the spin: the peer is
-                // copying, and sleeping now would add a wake-up (10-20 µs here) to
-                // each message. Spin for about as long as the bytes take.
-                extended = true;
-                let bulk = st.proto.bulk_bytes_in_flight() as u64;
-                spin_until += Duration::from_nanos(bulk * SPIN_NS_PER_KIB / 1024);
+                // copying, and sleeping now would add two wake-ups (the event thread's,
+                // then ours: 30-40 µs each here) to each message. Spin for about as
+                // long as the bytes take. A transfer that began while we spun (the
+                // peer's announcement came in) counts too.
+                let bulk = st.proto.bulk_bytes_in_flight();
+                if bulk > 0 && extended_for != Some(bulk) {
+                    extended_for = Some(bulk);
+                    spin_until = now + Duration::from_nanos(bulk as u64 * SPIN_NS_PER_KIB / 1024);
+                }
             }
+            let extended = extended_for.is_some();
             if now < spin_until {
                 // Spin without re-running the whole progress pass until there is
                 // something to do (one load per ring), releasing the lock every few

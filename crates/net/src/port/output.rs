@@ -99,6 +99,11 @@ impl State {
     }
 
     pub(super) fn flush_tcp(&mut self, peer: Addr) {
+        /// Queued bytes that are written out at once rather than after the queue fills:
+        /// measured on loopback (1 MiB one-way, streaming at 64 KiB–4 MiB), 256 KiB
+        /// beat both 64 KiB (a write per piece slows streams of small messages) and
+        /// writing only when the queue is full (no overlap).
+        const WRITE_AT: usize = 256 << 10;
         let link = self.links.entry(peer).or_default();
         let cid = match link.conn {
             Some(cid) => cid,
@@ -123,6 +128,16 @@ impl State {
             let frame = link.send.stamp(frame);
             c.queue(&frame);
             proto.frame_sent(completes);
+            if c.queued() >= WRITE_AT {
+                // Hand the kernel the pieces checksummed so far: the peer copies and
+                // checks them while we checksum the next ones, instead of the whole
+                // message going through each step one after the other.
+                if let Err(e) = c.write_out() {
+                    let msg = format!("write to {peer}: {e}");
+                    self.conn_lost(cid, &msg);
+                    return;
+                }
+            }
         }
         if let Err(e) = c.write_out() {
             let msg = format!("write to {peer}: {e}");
