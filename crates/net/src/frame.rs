@@ -19,6 +19,14 @@ pub const MAGIC: u32 = u32::from_le_bytes(*b"GPSA");
 pub const VERSION: u8 = 1;
 /// Bytes in an encoded header.
 pub const HEADER_LEN: usize = 88;
+
+/// CRC32C (Castagnoli) of `bytes`, the checksum of headers and payloads. `crc-fast`
+/// folds with carry-less multiplies where the CPU has them (chosen at run time): 1 MiB
+/// in 16 µs against 52–73 µs for the `crc32` instruction loop of the `crc32c` crate on
+/// these machines, and no slower on an 84-byte header.
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
 /// The payload CRC field is valid.
 pub const FLAG_PAYLOAD_CRC: u8 = 1;
 /// Last piece of a chunked transfer (rendezvous data, put, get reply).
@@ -172,7 +180,7 @@ impl Header {
     pub fn encode(&self, payload: &[u8], out: &mut [u8]) {
         assert!(out.len() >= HEADER_LEN);
         let flags = self.flags | FLAG_PAYLOAD_CRC;
-        let crc = crc32c::crc32c(payload);
+        let crc = crc32c(payload);
         let o = &mut out[..HEADER_LEN];
         o[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         o[4] = VERSION;
@@ -192,7 +200,7 @@ impl Header {
         o[72..76].copy_from_slice(&(payload.len() as u32).to_le_bytes());
         o[76..80].copy_from_slice(&crc.to_le_bytes());
         o[80..84].copy_from_slice(&[0u8; 4]);
-        let hcrc = crc32c::crc32c(&o[..84]);
+        let hcrc = crc32c(&o[..84]);
         o[84..88].copy_from_slice(&hcrc.to_le_bytes());
     }
 
@@ -270,7 +278,7 @@ impl Header {
             return Err(FrameError::BadVersion(b[4]));
         }
         let want = u32at(84);
-        let got = crc32c::crc32c(&b[..84]);
+        let got = crc32c(&b[..84]);
         if want != got {
             return Err(FrameError::HeaderCrc { expected: want, actual: got });
         }
@@ -303,7 +311,7 @@ impl Header {
             return Err(FrameError::Truncated { have: payload.len(), need: self.len as usize });
         }
         if self.flags & FLAG_PAYLOAD_CRC != 0 {
-            let got = crc32c::crc32c(payload);
+            let got = crc32c(payload);
             if got != self.crc {
                 return Err(FrameError::PayloadCrc { expected: self.crc, actual: got });
             }
@@ -553,6 +561,37 @@ mod tests {
         assert_eq!(d.next_frame().unwrap(), None);
         d.extend(&b[b.len() - 1..]);
         assert!(d.next_frame().unwrap().is_some());
+    }
+
+    proptest! {
+        #[test]
+        fn crc32c_agrees_with_an_independent_implementation(data in proptest::collection::vec(any::<u8>(), 0..70_000), cut in 0usize..64) {
+            // Unaligned starts too: pieces are slices at any offset of a message.
+            let d = &data[cut.min(data.len())..];
+            prop_assert_eq!(crc32c(d), crc32c::crc32c(d));
+        }
+    }
+
+    #[test]
+    fn has_frame_says_whether_next_frame_has_something_to_return() {
+        let b = sample(100).to_bytes();
+        let mut d = FrameDecoder::new(1 << 20);
+        assert!(!d.has_frame());
+        d.extend(&b[..HEADER_LEN - 1]);
+        assert!(!d.has_frame(), "part of a header");
+        d.extend(&b[HEADER_LEN - 1..b.len() - 1]);
+        assert!(!d.has_frame(), "a header without all of its payload");
+        d.extend(&b[b.len() - 1..]);
+        assert!(d.has_frame());
+        assert!(d.next_frame().unwrap().is_some());
+        assert!(!d.has_frame());
+        // A header that does not decode is something to return (the error).
+        let mut bad = sample(10).to_bytes();
+        bad[0] ^= 1;
+        d.extend(&bad);
+        assert!(d.has_frame());
+        assert!(d.next_frame().is_err());
+        assert!(d.has_frame(), "a poisoned stream keeps returning its error");
     }
 
     #[test]

@@ -120,6 +120,8 @@ impl State {
         if c.state != ConnState::Established {
             return;
         }
+        // Early writes stop once the socket is full: the rest waits for it to drain.
+        let mut write_early = true;
         while c.queued() < (8 << 20) {
             let Some(out) = proto.pop_frame(peer) else { break };
             let OutFrame { mut frame, completes } = out;
@@ -128,7 +130,7 @@ impl State {
             let frame = link.send.stamp(frame);
             c.queue(&frame);
             proto.frame_sent(completes);
-            if c.queued() >= WRITE_AT {
+            if write_early && c.queued() >= WRITE_AT {
                 // Hand the kernel the pieces checksummed so far: the peer copies and
                 // checks them while we checksum the next ones, instead of the whole
                 // message going through each step one after the other.
@@ -137,6 +139,7 @@ impl State {
                     self.conn_lost(cid, &msg);
                     return;
                 }
+                write_early = c.queued() < WRITE_AT;
             }
         }
         if let Err(e) = c.write_out() {
