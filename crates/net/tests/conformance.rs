@@ -7,7 +7,8 @@
 //! the eager/rendezvous boundary; receives match by source and tag, wildcards in
 //! arrival order; every size is delivered byte-exact and a too-small buffer is
 //! reported; a cancelled receive takes nothing; a peer's death fails the requests
-//! waiting on it; large messages and RMA (put/get) are exact.
+//! waiting on it; large messages and RMA (put/get) are exact; progress goes on while
+//! the application computes, also right after it waited for a large transfer.
 
 mod common;
 
@@ -191,6 +192,36 @@ fn large_messages_and_rma_are_exact(t: Transport) {
     assert!(matches!(a.wait_timeout(a.get(b.addr(), 77, 2 * len as u64 - 10, 20), WAIT), Err(NetError::RegionAccess { .. })), "{t:?}");
 }
 
+fn poll_readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    n == 1 && p.revents & libc::POLLIN != 0
+}
+
+/// A waiter spinning on a large transfer may take over the event thread's work (on
+/// TCP it reads and writes the sockets itself); once it returns, messages that arrive
+/// while the application computes (no library call) are progressed again.
+fn progress_goes_on_without_library_calls_after_a_large_transfer(t: Transport) {
+    let p = Pair::new(t, |_| {});
+    let (a, b) = (p.a(), &p.b);
+    let fd = b.enable_events();
+    for round in 0..3 {
+        let big = pattern(8 << 20, round);
+        let s = a.isend(b.addr(), 20, big.clone());
+        let m = received(b.wait_timeout(b.irecv(Some(p.a_addr), Some(20), 8 << 20), WAIT));
+        assert!(m.data == big, "{t:?}: round {round}: the large message arrived damaged");
+        a.wait_timeout(s, WAIT).unwrap();
+        while b.next_event().is_some() {}
+        // b "computes": it only watches its event descriptor, which the event thread
+        // makes readable when it completes the receive.
+        let r = b.irecv(Some(p.a_addr), Some(21), 100_000);
+        a.wait_timeout(a.isend(b.addr(), 21, pattern(100_000, round)), WAIT).unwrap();
+        assert!(poll_readable(fd, 30_000), "{t:?}: round {round}: no progress without a library call");
+        assert!(received(b.wait_timeout(r, WAIT)).data == pattern(100_000, round), "{t:?}: round {round}");
+    }
+}
+
 /// One test per (property, transport), all from the bodies above.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -210,4 +241,5 @@ conformance!(
     a_cancelled_receive_takes_nothing,
     a_dead_peer_fails_the_requests_waiting_on_it,
     large_messages_and_rma_are_exact,
+    progress_goes_on_without_library_calls_after_a_large_transfer,
 );

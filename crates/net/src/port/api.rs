@@ -94,6 +94,8 @@ impl Port {
             thread_wake_at: None,
             timer,
             shm_retry: HashMap::new(),
+            tcp_quiet: 0,
+            quieted: Vec::new(),
         };
         let sh = Arc::new(Shared {
             st: Mutex::new(st),
@@ -469,10 +471,15 @@ impl Port {
         // again only if that changed (a transfer began or moved on), so a stalled peer
         // is not spun for without end.
         let mut extended_for: Option<usize> = None;
+        // This waiter took the TCP sockets from the event thread (`State::quiet_tcp`).
+        let mut quiet = false;
         loop {
             progress_all(&mut st);
             self.kick_if_needed(&mut st);
             if let Some(r) = done(&mut st) {
+                if quiet {
+                    st.unquiet_tcp();
+                }
                 st.flush_all();
                 st.update_app_bell();
                 self.leave_awake(&mut st, started, now);
@@ -480,6 +487,9 @@ impl Port {
             }
             now = Instant::now();
             if now >= deadline {
+                if quiet {
+                    st.unquiet_tcp();
+                }
                 self.leave_awake(&mut st, started, now);
                 return None;
             }
@@ -493,6 +503,10 @@ impl Port {
                 if bulk > 0 && extended_for != Some(bulk) {
                     extended_for = Some(bulk);
                     spin_until = now + Duration::from_nanos(bulk as u64 * SPIN_NS_PER_KIB / 1024);
+                    if !quiet && self.sh.progress == Progress::Thread {
+                        st.quiet_tcp();
+                        quiet = true;
+                    }
                 }
             }
             let extended = extended_for.is_some();
@@ -510,6 +524,9 @@ impl Port {
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
+                        if quiet {
+                            st.flush_quieted();
+                        }
                         now = Instant::now();
                         if now >= spin_until {
                             break;
@@ -526,6 +543,11 @@ impl Port {
                     }
                 }
                 continue;
+            }
+            if quiet {
+                // Going to sleep: the event thread watches the sockets again.
+                st.unquiet_tcp();
+                quiet = false;
             }
             if st.set_awake(false) {
                 // Data slipped in while we declared sleep: go round again.

@@ -272,6 +272,10 @@ struct State {
     timer: Option<crate::timer::Timer>,
     /// Local peers whose socket was not there yet: (first failure, next attempt).
     shm_retry: HashMap<Addr, (Instant, Instant)>,
+    /// Waiters spinning on a rendezvous transfer (see [`State::quiet_tcp`]), and the
+    /// TCP connections taken out of the event thread's `epoll` for them.
+    tcp_quiet: u32,
+    quieted: Vec<usize>,
 }
 
 struct Shared {
