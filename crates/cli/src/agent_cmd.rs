@@ -125,19 +125,20 @@ fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
 
 fn pin(cpu: usize) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let which = format!("this process may run on {cores} core(s); cores are numbered from 0");
     // CPU_SET panics past the set's 1,024 bits; the kernel refuses cores it lacks with
     // a bare EINVAL. Say which cores there are instead.
     if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-        bail!("--cpu {cpu}: no such core (this process may run on {cores} core(s); cores are numbered from 0)");
+        bail!("--cpu {cpu}: no such core ({which})");
     }
     // SAFETY: cpu_set_t is plain data; CPU_SET writes within it (cpu is in range, checked
-    // above); sched_setaffinity
-    // reads it for the calling thread, which every later thread inherits.
+    // above); sched_setaffinity reads it for the calling thread, which every later
+    // thread inherits.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            bail!("--cpu {cpu}: {} (this process may run on {cores} core(s); cores are numbered from 0)", std::io::Error::last_os_error());
+            bail!("--cpu {cpu}: {} ({which})", std::io::Error::last_os_error());
         }
     }
     Ok(())

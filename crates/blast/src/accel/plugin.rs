@@ -77,7 +77,7 @@ const FORGOTTEN: usize = 256;
 
 /// The board key (and placement key) of a batch's merger.
 fn merger_key(spec: &JobSpec, batch: usize) -> String {
-    format!("blast/{}/merger/{batch}", spec.id)
+    format!("{}/merger/{batch}", topic(&spec.id))
 }
 
 pub(crate) fn failed(e: impl std::fmt::Display) -> PluginError {
@@ -89,7 +89,7 @@ impl BlastPlugin {
         if let Some(s) = self.specs.lock().get(job) {
             return Ok(s.clone());
         }
-        if self.forgotten.lock().contains(&job.to_path_buf()) {
+        if self.forgotten.lock().iter().any(|j| j == job) {
             return Err(PluginError::BadRequest(format!("job {} is over (every part was written)", job.display())));
         }
         let p = job.join("job.json");
@@ -281,7 +281,7 @@ impl BlastPlugin {
     pub(crate) fn forget(&self, job: &Path) {
         {
             let mut f = self.forgotten.lock();
-            if !f.contains(&job.to_path_buf()) {
+            if !f.iter().any(|j| j == job) {
                 if f.len() == FORGOTTEN {
                     f.pop_front();
                 }
@@ -289,7 +289,8 @@ impl BlastPlugin {
             }
         }
         if let Some(spec) = self.specs.lock().remove(job) {
-            let prefix = format!("blast/{}/", spec.id);
+            // Every board key of the job lies under its topic (see `merger_key`).
+            let prefix = format!("{}/", topic(&spec.id));
             self.mergers.lock().retain(|k, _| !k.starts_with(&prefix));
         }
         self.batches.lock().retain(|(j, _), _| j != job);

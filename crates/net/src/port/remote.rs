@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// Puts connection `id` under the event thread's watch (edge-triggered, both ways).
+fn watch_tcp(registry: &mio::Registry, c: &mut TcpConn, id: usize) -> io::Result<()> {
+    registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE)
+}
+
 impl State {
     pub(super) fn resolve(&self, peer: Addr) -> Option<SocketAddr> {
         if let Some(a) = self.cfg.routes.get(&peer) {
@@ -32,7 +37,7 @@ impl State {
         if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
             c.encrypt(k);
         }
-        if let Err(e) = self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE) {
+        if let Err(e) = watch_tcp(&self.registry, &mut c, id) {
             self.log_error(format!("register: {e}"));
             return;
         }
@@ -71,7 +76,7 @@ impl State {
                     if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
                         c.encrypt(k);
                     }
-                    if self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE).is_ok() {
+                    if watch_tcp(&self.registry, &mut c, id).is_ok() {
                         self.tcp.insert(id, c);
                         self.tcp_readable(id);
                     }
@@ -173,7 +178,7 @@ impl State {
         }
         for id in std::mem::take(&mut self.quieted) {
             let Some(c) = self.tcp.get_mut(&id) else { continue };
-            if let Err(e) = self.registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE) {
+            if let Err(e) = watch_tcp(&self.registry, c, id) {
                 self.conn_lost(id, &format!("register: {e}"));
             }
         }
