@@ -73,6 +73,10 @@ pub trait Plugin: Send + Sync {
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, PluginError>;
     /// A process of this node died (drop whatever the plug-in kept for it).
     fn process_died(&self, _client: Client) {}
+    /// What the plug-in wants `gepsea agent status` to show (under its name).
+    fn status(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// The plug-ins an agent serves.
@@ -114,6 +118,11 @@ impl Registry {
 
     pub fn describe(&self) -> Vec<(String, Vec<Uses>)> {
         self.plugins.iter().map(|(n, p)| (n.clone(), p.uses().to_vec())).collect()
+    }
+
+    /// The plug-ins' own status, by name (those that have one).
+    pub fn statuses(&self) -> BTreeMap<String, serde_json::Value> {
+        self.plugins.iter().filter_map(|(n, p)| Some((n.clone(), p.status()?))).collect()
     }
 
     /// The components and primitives the registered plug-ins use, each once, in

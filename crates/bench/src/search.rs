@@ -198,6 +198,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 hot_swap: true,
                 agent_cpu: None,
                 deliver: None,
+                ship_parts: None,
                 replay: None,
             };
             let t = Instant::now();

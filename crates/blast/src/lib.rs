@@ -17,5 +17,6 @@ pub mod replay;
 pub mod report;
 pub mod schedule;
 pub mod search;
+pub mod ship;
 pub mod tools;
 pub mod trace;

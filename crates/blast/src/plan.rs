@@ -344,6 +344,9 @@ pub struct JobSpec {
     /// Search runs are recorded or replayed ([`crate::replay`]).
     #[serde(default)]
     pub recording: Option<crate::replay::Recording>,
+    /// Ship each part to a storage site as soon as it is written ([`crate::ship`]).
+    #[serde(default)]
+    pub ship: Option<crate::ship::ShipParts>,
 }
 
 impl JobSpec {

@@ -86,6 +86,52 @@ pub struct RunArgs {
     /// Connections on the registration socket at once (default 1024); more are refused.
     #[arg(long, env = "GEPSEA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
+    #[command(flatten)]
+    storage: StorageArgs,
+}
+
+/// ParaMEDIC's storage site, served by this agent (`paramedic-storage` plug-in).
+#[derive(Args, Default)]
+pub struct StorageArgs {
+    /// Be a ParaMEDIC storage site: take shipped outputs, parts and metadata on this TCP
+    /// address (what compute sites give as `gepsea search --storage-site`).
+    #[arg(long, requires = "storage_out", help_heading = "Storage site")]
+    storage_listen: Option<SocketAddr>,
+    /// Where the storage site writes the reports it receives and regenerates.
+    #[arg(long, requires = "storage_listen", help_heading = "Storage site")]
+    storage_out: Option<PathBuf>,
+    /// This site's replica of the database (to regenerate BLAST metadata).
+    #[arg(long, requires = "storage_listen", help_heading = "Storage site")]
+    storage_db: Option<PathBuf>,
+    /// Accept only transfers encrypted under this key (`gepsea paramedic keygen`).
+    #[arg(long, requires = "storage_listen", help_heading = "Storage site")]
+    storage_key: Option<PathBuf>,
+    /// BLAST+ processes at once per regeneration (default: this machine's cores).
+    #[arg(long, requires = "storage_listen", help_heading = "Storage site")]
+    storage_threads: Option<usize>,
+}
+
+/// Starts the storage site's plug-in, if asked for.
+fn storage_site(a: &StorageArgs) -> Result<Option<std::sync::Arc<paramedic::storage::StoragePlugin>>> {
+    let (Some(listen), Some(out)) = (a.storage_listen, &a.storage_out) else { return Ok(None) };
+    if let Some(db) = &a.storage_db {
+        gepsea_blast::db::open(db).with_context(|| format!("--storage-db {}", db.display()))?;
+    }
+    let key = match &a.storage_key {
+        Some(k) => Some(paramedic::transfer::Key::read(k)?),
+        None => None,
+    };
+    let cfg = paramedic::storage::StorageConfig {
+        listen,
+        out: out.clone(),
+        replica: a.storage_db.clone(),
+        key,
+        threads: a.storage_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1),
+        max_object: paramedic::transfer::DEFAULT_MAX_OBJECT,
+    };
+    let p = paramedic::storage::StoragePlugin::start(cfg).with_context(|| format!("storage site on --storage-listen {listen}"))?;
+    eprintln!("gepsea agent: storage site listening on {}, writing to {}", p.listen_addr(), out.display());
+    Ok(Some(std::sync::Arc::new(p)))
 }
 
 #[derive(Deserialize, Default)]
@@ -208,7 +254,17 @@ pub fn run(a: &AgentArgs) -> Result<()> {
     let mut plugins = gepsea_agent::plugin::Registry::with_builtins();
     plugins.register(std::sync::Arc::new(gepsea_blast::accel::BlastPlugin::default())).map_err(anyhow::Error::msg)?;
     plugins.register(std::sync::Arc::new(paramedic::agent::ShipPlugin)).map_err(anyhow::Error::msg)?;
-    let agent = Agent::start(cfg, plugins, Default::default(), shutdown.clone())?;
+    let storage = storage_site(&a.run.storage)?;
+    if let Some(p) = &storage {
+        plugins.register(p.clone()).map_err(anyhow::Error::msg)?;
+    }
+    let agent = match Agent::start(cfg, plugins, Default::default(), shutdown.clone()) {
+        Ok(agent) => agent,
+        Err(e) => {
+            storage.inspect(|p| p.remove_runtime());
+            return Err(e.into());
+        }
+    };
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
         .context("installing signal handlers")?;
     let s2 = shutdown.clone();
@@ -217,7 +273,11 @@ pub fn run(a: &AgentArgs) -> Result<()> {
             s2.trigger();
         }
     });
-    agent.run()?;
+    let ran = agent.run();
+    if let Some(p) = &storage {
+        p.remove_runtime();
+    }
+    ran?;
     Ok(())
 }
 
@@ -294,5 +354,24 @@ fn status(a: &StatusArgs) -> Result<()> {
         v["components"].as_array().map(|a| a.iter().map(|c| c.as_str().unwrap_or("")).collect::<Vec<_>>().join(", ")).unwrap_or_default()
     );
     println!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
+    let st = &v["plugin_status"][paramedic::storage::STORAGE_PLUGIN];
+    if !st.is_null() {
+        println!("  storage site  listening on {}, writing to {}", st["listen"].as_str().unwrap_or(""), st["out"].as_str().unwrap_or(""));
+        println!(
+            "    objects     {} written, {} refused; {} bytes received, {} bytes regenerated in {:.2} s",
+            st["objects_written"],
+            st["objects_refused"],
+            st["bytes_received"],
+            st["bytes_regenerated"],
+            st["storage_seconds"].as_f64().unwrap_or(0.0)
+        );
+        println!("    reports     {} completed from parts", st["reports_completed"]);
+        for (name, p) in st["reports_in_progress"].as_object().into_iter().flatten() {
+            println!("      {name}: {} of {} parts in", p[0], p[1]);
+        }
+        if let Some(why) = st["last_refusal"].as_str() {
+            println!("    last refusal  {why}");
+        }
+    }
     Ok(())
 }

@@ -334,14 +334,30 @@ fn run() -> Result<()> {
         }
         Cmd::Search(a) => {
             let workers = a.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-            let deliver = match a.storage_site {
-                Some(storage) => Some(paramedic_cmd::deliver_to(
-                    storage,
-                    a.storage_key.as_deref(),
-                    if a.paramedic { "metadata" } else { &a.ship },
-                    (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice()),
-                )?),
-                None => None,
+            let ship = if a.paramedic { "metadata" } else { a.ship.as_str() };
+            // With agents, each part goes as soon as it is written (ParaMEDIC's overlap);
+            // without, the search process ships the whole output at the end.
+            let (deliver, ship_parts) = match a.storage_site {
+                Some(storage) if a.no_agent => (
+                    Some(paramedic_cmd::deliver_to(
+                        storage,
+                        a.storage_key.as_deref(),
+                        ship,
+                        (a.db.as_path(), a.query.as_path(), a.outfmt.as_str(), a.blast_args.as_slice()),
+                    )?),
+                    None,
+                ),
+                Some(storage) => (
+                    None,
+                    Some(paramedic_cmd::ship_parts_to(
+                        storage,
+                        a.storage_key.as_deref(),
+                        ship,
+                        &a.out,
+                        (a.db.as_path(), a.blast_args.as_slice()),
+                    )?),
+                ),
+                None => (None, None),
             };
             let opts = search::SearchOptions {
                 db: a.db,
@@ -367,6 +383,7 @@ fn run() -> Result<()> {
                 hot_swap: !a.no_hot_swap,
                 agent_cpu: a.agent_cpu,
                 deliver,
+                ship_parts,
                 replay: match (a.record, a.replay) {
                     (Some(dir), _) => Some(gepsea_blast::replay::ReplayRequest { mode: gepsea_blast::replay::ReplayMode::Record, dir }),
                     (_, Some(dir)) => Some(gepsea_blast::replay::ReplayRequest { mode: gepsea_blast::replay::ReplayMode::Replay, dir }),
@@ -413,7 +430,11 @@ fn run() -> Result<()> {
                         },
                         a.storage_site.map(|s| s.to_string()).unwrap_or_default(),
                         if sh.encrypted { ", encrypted," } else { "" },
-                        if sh.by_agent { "the agent" } else { "this process" },
+                        match (sh.by_agent, sh.objects > 1) {
+                            (true, true) => format!("the agents ({} parts, each as soon as its batch was final; times summed over parts)", sh.objects),
+                            (true, false) => "the agent".into(),
+                            _ => "this process".into(),
+                        },
                         sh.transfer_seconds,
                         sh.encode_seconds,
                         sh.bytes_written_at_storage,

@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 use paramedic::blast::{BlastJob, BlastPlugin};
 use paramedic::trace::TracePlugin;
 use paramedic::{container, transfer};
-use paramedic::{MetadataPlugin, RawPlugin, ZstdPlugin};
+use paramedic::{MetadataPlugin, ZstdPlugin};
 
 #[derive(clap::Subcommand)]
 pub enum ParamedicCmd {
@@ -123,18 +123,6 @@ fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     transfer::write_atomically(path, data).with_context(|| format!("writing {}", path.display()))
 }
 
-/// The plug-in that regenerates what plug-in `name` encoded (`blast` needs this site's
-/// replica of the database).
-fn decoder(name: &str, replica: Option<&Path>, threads: usize) -> Option<Box<dyn MetadataPlugin>> {
-    match name {
-        "zstd" => Some(Box::new(ZstdPlugin::default())),
-        "raw" => Some(Box::new(RawPlugin)),
-        "trace" => Some(Box::new(TracePlugin)),
-        "blast" => replica.map(|d| Box::new(BlastPlugin::storage_site(d).with_threads(threads)) as Box<dyn MetadataPlugin>),
-        _ => None,
-    }
-}
-
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -152,7 +140,7 @@ fn send_to_storage(
     container: &[u8],
     key: Option<&transfer::Key>,
 ) -> Result<()> {
-    let sent = transfer::send_to(to, from, name, container, key).with_context(|| format!("sending {name} to {to}"))?;
+    let sent = transfer::send_to(to, from, name, None, container, key).with_context(|| format!("sending {name} to {to}"))?;
     eprintln!(
         "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
         container.len(),
@@ -166,6 +154,39 @@ fn send_to_storage(
     );
     Ok(())
 }
+
+/// `gepsea search --storage-site` in agent mode: every part goes to `storage` as soon as
+/// its batch is final, shipped by the agent that wrote it, as `ship` says (`output`,
+/// `zstd`, or `metadata` of `search` = database, queries, format, options).
+pub fn ship_parts_to(
+    storage: std::net::SocketAddr,
+    key_file: Option<&Path>,
+    ship: &str,
+    out: &Path,
+    search: (&Path, &[String]),
+) -> Result<gepsea_blast::ship::ShipParts> {
+    use gepsea_blast::ship::PartEncoding;
+    // Check the key now, not after the search; the agents read it again themselves.
+    read_key(key_file)?;
+    let abs = |p: &Path| std::fs::canonicalize(p).with_context(|| format!("{}", p.display()));
+    let name =
+        out.file_name().map(|n| n.to_string_lossy().into_owned()).with_context(|| format!("--out {}: not a file name", out.display()))?;
+    Ok(gepsea_blast::ship::ShipParts {
+        storage,
+        key_file: key_file.map(abs).transpose()?,
+        encoding: match ship {
+            "metadata" => PartEncoding::Metadata,
+            "zstd" => PartEncoding::Zstd(ZSTD_LEVEL),
+            _ => PartEncoding::Output,
+        },
+        name,
+        db: abs(search.0)?,
+        blast_args: search.1.to_vec(),
+    })
+}
+
+/// Level 3: 5x on BLAST reports at ≈200 MB/s; -19 gains another 20 % for 80x the time.
+const ZSTD_LEVEL: i32 = 3;
 
 /// `gepsea search --storage-site`: once the output is complete, ship it as `ship` says
 /// (`output`, `zstd`, or `metadata`: BLAST metadata of `search` = database, queries,
@@ -190,8 +211,7 @@ pub fn deliver_to(
                 blast_args: args.to_vec(),
             })
         }
-        // Level 3: 5x on BLAST reports at ≈200 MB/s; -19 gains another 20 % for 80x the time.
-        "zstd" => paramedic::agent::Encoding::Zstd(3),
+        "zstd" => paramedic::agent::Encoding::Zstd(ZSTD_LEVEL),
         _ => paramedic::agent::Encoding::Output,
     };
     Ok(gepsea_blast::search::Deliver(std::sync::Arc::new(move |out: &Path, agent: Option<&gepsea_client::Client>| {
@@ -251,14 +271,22 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 if key.is_some() { " (encrypted transfers only)" } else { "" },
                 a.out.display()
             );
-            let db = a.db.clone();
-            let threads = a.threads.unwrap_or_else(cores);
-            let mut sink =
-                transfer::RegenerateInto { dir: a.out.clone(), plugins: move |name: &str| decoder(name, db.as_deref(), threads) };
-            transfer::serve(&port, &mut sink, a.count, key.as_ref(), a.max_object, |ack| match &ack.result {
-                Ok(n) => eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
-                Err(e) => eprintln!("gepsea paramedic: refused {}: {e}", ack.name),
+            let mut site = paramedic::storage::StorageSite::new(&a.out, a.db.as_deref(), a.threads.unwrap_or_else(cores));
+            let stats = site.stats();
+            transfer::serve(&port, &mut site, a.count, key.as_ref(), a.max_object, |ack| match &ack.result {
+                Ok(n) => {
+                    let mut s = stats.lock();
+                    s.acknowledged(ack);
+                    let progress =
+                        s.reports_in_progress.get(&ack.name).map(|(have, all)| format!("; {have} of {all} parts in")).unwrap_or_default();
+                    eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s{progress}", ack.name, ack.seconds)
+                }
+                Err(e) => {
+                    stats.lock().acknowledged(ack);
+                    eprintln!("gepsea paramedic: refused {}: {e}", ack.name)
+                }
             })?;
+            drop(site);
             drop(port);
             let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
             Ok(())
@@ -319,7 +347,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                     }
                     out
                 }
-                other => match decoder(other, None, 1) {
+                other => match paramedic::storage::decoder(other, None, 1) {
                     Some(p) => container::open(p.as_ref(), &data),
                     None => bail!("{}: made by plug-in {other:?}, which this build does not have", a.metadata.display()),
                 },

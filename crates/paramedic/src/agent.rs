@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use gepsea_agent::plugin::{Context, Plugin, PluginError as AgentPluginError, Uses};
 use serde::{Deserialize, Serialize};
 
+use gepsea_blast::ship::{PartEncoding, ShipOp, ShipPart};
+
 use crate::blast::{BlastJob, BlastPlugin};
 use crate::plugin::{RawPlugin, ZstdPlugin};
 use crate::transfer::{self, Key};
@@ -52,27 +54,7 @@ pub enum Encoding {
     Blast(BlastJob),
 }
 
-/// What shipping measured.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Shipped {
-    /// `blast` (metadata), `zstd` (compressed output) or `raw` (the output itself).
-    pub plugin: String,
-    pub output_bytes: u64,
-    /// Bytes sent (the container: metadata or output, plus its framing).
-    pub bytes: u64,
-    pub encrypted: bool,
-    pub encode_seconds: f64,
-    /// From opening the connection to the storage site's acknowledgement.
-    pub transfer_seconds: f64,
-    /// The storage site's share of that, once the object had arrived: decryption,
-    /// checks, regeneration, writing.
-    pub storage_seconds: f64,
-    pub bytes_written_at_storage: u64,
-    pub reconnects: u64,
-    pub frames_resent: u64,
-    /// Whether the compute site's agent shipped it (rather than the process itself).
-    pub by_agent: bool,
-}
+pub use gepsea_blast::ship::Shipped;
 
 /// Shipping failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,12 +83,14 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     };
     let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();
-    let sent = transfer::send_to(req.storage, None, &req.name, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer {
+    let sent = transfer::send_to(req.storage, None, &req.name, None, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer {
         name: req.name.clone(),
         to: req.storage,
         source,
     })?;
     Ok(Shipped {
+        objects: 1,
+        acked_unix: unix_now(),
         plugin: plugin.into(),
         output_bytes: output.len() as u64,
         bytes: sealed.len() as u64,
@@ -121,9 +105,54 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     })
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Encodes and ships one part of a report in this process (see [`gepsea_blast::ship`]):
+/// the storage site joins the parts of `req.of.job` into the report `req.ship.name`.
+pub fn ship_part(req: &ShipPart) -> Result<Shipped, ShipError> {
+    let ship = &req.ship;
+    let key = ship.key_file.as_deref().map(Key::read).transpose()?;
+    let output = std::fs::read(&req.part).map_err(|e| ShipError::Read(req.part.clone(), e))?;
+    let started = Instant::now();
+    let (plugin, sealed) = match ship.encoding {
+        PartEncoding::Metadata => {
+            let job = BlastJob {
+                db_dir: ship.db.clone(),
+                query: req.queries.clone(),
+                outfmt: req.of.outfmt.clone(),
+                blast_args: ship.blast_args.clone(),
+            };
+            ("blast", crate::container::seal(&BlastPlugin::compute_site(job), &output))
+        }
+        PartEncoding::Zstd(level) => ("zstd", crate::container::seal(&ZstdPlugin { level }, &output)),
+        PartEncoding::Output => ("raw", crate::container::seal(&RawPlugin, &output)),
+    };
+    let sealed = sealed.map_err(|e| ShipError::Encode(req.part.clone(), e))?;
+    let encode_seconds = started.elapsed().as_secs_f64();
+    let sent = transfer::send_to(ship.storage, None, &ship.name, Some(&req.of), &sealed, key.as_ref())
+        .map_err(|source| ShipError::Transfer { name: format!("{} part {}", ship.name, req.of.index), to: ship.storage, source })?;
+    Ok(Shipped {
+        plugin: plugin.into(),
+        output_bytes: output.len() as u64,
+        bytes: sealed.len() as u64,
+        encrypted: key.is_some(),
+        encode_seconds,
+        transfer_seconds: sent.seconds,
+        storage_seconds: sent.ack.seconds,
+        bytes_written_at_storage: sent.ack.result.as_ref().copied().unwrap_or(0),
+        reconnects: sent.reconnects,
+        frames_resent: sent.frames_resent,
+        by_agent: false,
+        objects: 1,
+        acked_unix: unix_now(),
+    })
+}
+
 /// Asks the node's agent (through `client`) to ship.
 pub fn ship_via(client: &gepsea_client::Client, req: &ShipRequest) -> Result<Shipped, ShipError> {
-    let body = postcard::to_stdvec(req).expect("serialisable");
+    let body = postcard::to_stdvec(&ShipOp::Whole(req)).expect("serialisable");
     // The wide-area link may be slow and regeneration long: wait as long as it takes.
     let reply = client
         .call_timeout(gepsea_agent::wire::Op::Plugin { name: PLUGIN.into(), body }, Duration::from_secs(24 * 3600))
@@ -147,8 +176,12 @@ impl Plugin for ShipPlugin {
         &[Uses::Compression, Uses::DataStreaming]
     }
     fn handle(&self, _ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, AgentPluginError> {
-        let req: ShipRequest = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
-        let r = ship(&req).map(|s| Shipped { by_agent: true, ..s }).map_err(|e| e.to_string());
+        let req: ShipOp<ShipRequest> = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
+        let r = match &req {
+            ShipOp::Whole(req) => ship(req),
+            ShipOp::Part(req) => ship_part(req),
+        };
+        let r = r.map(|s| Shipped { by_agent: true, ..s }).map_err(|e| e.to_string());
         Ok(postcard::to_stdvec(&r).expect("serialisable"))
     }
 }

@@ -16,6 +16,7 @@ pub mod agent;
 pub mod blast;
 pub mod container;
 pub mod plugin;
+pub mod storage;
 pub mod trace;
 pub mod transfer;
 

@@ -27,8 +27,7 @@ use gepsea_net::{Addr, NetError, Port};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::container::{self, ContainerError};
-use crate::plugin::MetadataPlugin;
+use gepsea_blast::ship::PartOf;
 
 const TAG_HEADER: u64 = 0x504d_0001;
 const TAG_BODY: u64 = 0x504d_0002;
@@ -52,6 +51,8 @@ const NOISE_CHUNK: usize = NOISE_MAX - NOISE_TAG;
 #[derive(Debug, Serialize, Deserialize)]
 struct Object {
     name: String,
+    /// A part of the report `name` (the storage site joins the parts), or the whole.
+    part: Option<PartOf>,
     len: u64,
     sha256: [u8; 32],
 }
@@ -181,6 +182,8 @@ pub enum TransferError {
     Refused { name: String, reason: String },
     #[error("no route to the storage site {to}: {source}")]
     NoRoute { to: SocketAddr, source: std::io::Error },
+    #[error("{0}")]
+    Io(String),
 }
 
 fn plain_name(name: &str) -> bool {
@@ -209,6 +212,7 @@ pub fn send(
     port: &Port,
     to: Addr,
     name: &str,
+    part: Option<&PartOf>,
     container: &[u8],
     reply_to: Option<SocketAddr>,
     key: Option<&Key>,
@@ -216,7 +220,7 @@ pub fn send(
     if !plain_name(name) {
         return Err(TransferError::BadName(name.into()));
     }
-    let object = Object { name: name.into(), len: container.len() as u64, sha256: Sha256::digest(container).into() };
+    let object = Object { name: name.into(), part: part.cloned(), len: container.len() as u64, sha256: Sha256::digest(container).into() };
     let malformed = |reason: String| TransferError::Malformed { from: to, reason };
     // Before a session exists the storage site can only answer with a refusal in
     // clear (or, encrypted, with its handshake message).
@@ -267,6 +271,7 @@ pub fn send_to(
     storage: SocketAddr,
     from: Option<std::net::IpAddr>,
     name: &str,
+    part: Option<&PartOf>,
     container: &[u8],
     key: Option<&Key>,
 ) -> Result<Sent, TransferError> {
@@ -278,8 +283,8 @@ pub fn send_to(
     let pid = std::process::id();
     let ns = format!("paramedic-send{pid}-{}", PORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let started = std::time::Instant::now();
-    let port = compute_port(&ns, pid, SocketAddr::new(ip, 0), storage)?;
-    let sent = send(&port, STORAGE, name, container, port.listen_addr(), key);
+    let port = compute_port(&ns, sender_id(), SocketAddr::new(ip, 0), storage)?;
+    let sent = send(&port, STORAGE, name, part, container, port.listen_addr(), key);
     let st = port.stats();
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
@@ -291,27 +296,23 @@ pub fn send_to(
     })
 }
 
-/// What the storage site does with a received object.
-pub trait Sink {
-    /// Regenerates and writes the object; the `Ok` value is the bytes written.
-    fn store(&mut self, name: &str, container: &[u8]) -> Result<u64, String>;
-}
-
-/// Regenerates each object with the plug-in named in its container and writes the
-/// output as `dir/<name>`.
-pub struct RegenerateInto<F: Fn(&str) -> Option<Box<dyn MetadataPlugin>>> {
-    pub dir: PathBuf,
-    pub plugins: F,
-}
-
-impl<F: Fn(&str) -> Option<Box<dyn MetadataPlugin>>> Sink for RegenerateInto<F> {
-    fn store(&mut self, name: &str, data: &[u8]) -> Result<u64, String> {
-        let (plugin_name, _) = container::unwrap(data).map_err(|e| e.to_string())?;
-        let plugin = (self.plugins)(&plugin_name).ok_or_else(|| format!("no plug-in {plugin_name:?} at the storage site"))?;
-        let output = container::open(plugin.as_ref(), data).map_err(|e: ContainerError| e.to_string())?;
-        write_atomically(&self.dir.join(name), &output).map_err(|e| e.to_string())?;
-        Ok(output.len() as u64)
+/// A node id for one sending port: random, so that senders on many hosts, and several
+/// at once in one process (every agent thread shipping a part), never share one: the
+/// storage site would take a second sender with the same id for the first one restarted.
+fn sender_id() -> u32 {
+    let mut b = [0u8; 4];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_err() {
+        b = std::process::id().to_le_bytes();
     }
+    // Below the storage site's id, never 0.
+    (u32::from_le_bytes(b) % (STORAGE.node - 1)) + 1
+}
+
+/// What the storage site does with a received object ([`crate::storage::StorageSite`]).
+pub trait Sink {
+    /// Regenerates and writes the object (the whole of `name`, or one part of it); the
+    /// `Ok` value is the bytes regenerated.
+    fn store(&mut self, name: &str, part: Option<&PartOf>, container: &[u8]) -> Result<u64, String>;
 }
 
 /// Writes through a temporary file renamed into place.
@@ -333,7 +334,7 @@ fn store_checked(sink: &mut dyn Sink, object: &Object, body: &[u8]) -> Result<u6
     } else if Sha256::digest(body).as_slice() != object.sha256 {
         Err("SHA-256 of the received object differs from the sender's: damaged in transit".to_string())
     } else {
-        sink.store(&object.name, body)
+        sink.store(&object.name, object.part.as_ref(), body)
     }
 }
 
@@ -410,58 +411,83 @@ pub fn serve(
 ) -> Result<(), TransferError> {
     let mut handled = 0;
     while count.is_none_or(|c| handled < c) {
-        let h = port.recv(None, Some(TAG_HEADER), 1 << 16)?;
-        let from = h.src;
-        let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
-        let header: Header = match postcard::from_bytes(&h.data) {
-            Ok(header) => header,
-            Err(e) => {
-                done(&refuse(String::new(), &format!("malformed header from {from}: {e}")));
-                handled += 1;
+        let h = match port.recv(None, Some(TAG_HEADER), 1 << 16) {
+            Ok(h) => h,
+            // A sender that went away between objects is no reason to stop serving.
+            Err(NetError::PeerFailed { peer, reason }) => {
+                tracing::debug!("storage site: sender {peer} went away: {reason}");
                 continue;
             }
+            Err(e) => return Err(e.into()),
         };
-        if let Some(a) = header.reply_to {
-            port.add_route(from, a);
-        }
-        let ack = match (header.object, header.noise, key) {
-            (Some(object), None, _) if object.len > max_object => {
-                // Its body is taken into no buffer at all: the receive ends truncated,
-                // which also releases the sender.
-                let _ = port.recv(Some(from), Some(TAG_BODY), 0);
-                let ack = refuse(object.name.clone(), &too_large(&object, max_object));
-                plain_ack(port, from, &ack)?;
-                ack
+        let from = h.src;
+        let ack = match serve_one(port, sink, from, &h.data, key, max_object) {
+            Ok(ack) => ack,
+            // That sender failed or vanished mid-object: nothing was written for it
+            // (its gepsea-net link could not be resumed); serve the others.
+            Err(TransferError::Net(e @ (NetError::PeerFailed { .. } | NetError::Unreachable { .. }))) => {
+                Ack { name: String::new(), result: Err(format!("the sender {from} failed mid-object: {e}")), seconds: 0.0 }
             }
-            (Some(object), None, key) => {
-                let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
-                // From here: the storage site's time excludes the transfer.
-                let started = std::time::Instant::now();
-                let ack = if key.is_some() {
-                    refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)")
-                } else {
-                    let result = store_checked(sink, &object, &body.data);
-                    Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() }
-                };
-                plain_ack(port, from, &ack)?;
-                ack
-            }
-            (None, Some(_), None) => {
-                let ack = refuse(String::new(), "the sender encrypts, but this storage site has no key: start it with --key");
-                plain_ack(port, from, &ack)?;
-                ack
-            }
-            (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first, max_object)?,
-            _ => {
-                let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
-                plain_ack(port, from, &ack)?;
-                ack
-            }
+            Err(e) => return Err(e),
         };
         done(&ack);
         handled += 1;
     }
     Ok(())
+}
+
+/// One object, from its header to its acknowledgement.
+fn serve_one(
+    port: &Port,
+    sink: &mut dyn Sink,
+    from: Addr,
+    header: &[u8],
+    key: Option<&Key>,
+    max_object: u64,
+) -> Result<Ack, TransferError> {
+    let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
+    let header: Header = match postcard::from_bytes(header) {
+        Ok(header) => header,
+        // No answer: its sender is unknown.
+        Err(e) => return Ok(refuse(String::new(), &format!("malformed header from {from}: {e}"))),
+    };
+    if let Some(a) = header.reply_to {
+        port.add_route(from, a);
+    }
+    Ok(match (header.object, header.noise, key) {
+        (Some(object), None, _) if object.len > max_object => {
+            // Its body is taken into no buffer at all: the receive ends truncated,
+            // which also releases the sender.
+            let _ = port.recv(Some(from), Some(TAG_BODY), 0);
+            let ack = refuse(object.name.clone(), &too_large(&object, max_object));
+            plain_ack(port, from, &ack)?;
+            ack
+        }
+        (Some(object), None, key) => {
+            let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
+            // From here: the storage site's time excludes the transfer.
+            let started = std::time::Instant::now();
+            let ack = if key.is_some() {
+                refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)")
+            } else {
+                let result = store_checked(sink, &object, &body.data);
+                Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() }
+            };
+            plain_ack(port, from, &ack)?;
+            ack
+        }
+        (None, Some(_), None) => {
+            let ack = refuse(String::new(), "the sender encrypts, but this storage site has no key: start it with --key");
+            plain_ack(port, from, &ack)?;
+            ack
+        }
+        (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first, max_object)?,
+        _ => {
+            let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
+            plain_ack(port, from, &ack)?;
+            ack
+        }
+    })
 }
 
 /// This host's address on the route to `to` (a connected UDP socket sends nothing).
@@ -498,7 +524,7 @@ mod tests {
     #[derive(Default)]
     struct Collect(Vec<(String, Vec<u8>)>);
     impl Sink for Collect {
-        fn store(&mut self, name: &str, data: &[u8]) -> Result<u64, String> {
+        fn store(&mut self, name: &str, _part: Option<&PartOf>, data: &[u8]) -> Result<u64, String> {
             let out = container::open(&RawPlugin, data).map_err(|e| e.to_string())?;
             self.0.push((name.to_string(), out.clone()));
             Ok(out.len() as u64)
@@ -542,7 +568,15 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, (key, data))| {
-                send(&port, STORAGE, &format!("obj{i}"), &container::seal(&RawPlugin, data).unwrap(), port.listen_addr(), key.as_ref())
+                send(
+                    &port,
+                    STORAGE,
+                    &format!("obj{i}"),
+                    None,
+                    &container::seal(&RawPlugin, data).unwrap(),
+                    port.listen_addr(),
+                    key.as_ref(),
+                )
             })
             .collect();
         let stored = server.join().unwrap();
@@ -566,7 +600,7 @@ mod tests {
             });
             let k = site_key.as_ref();
             let big = container::seal(&RawPlugin, &[7u8; 2000]).unwrap();
-            let e = send(&port, STORAGE, "big", &big, port.listen_addr(), k).unwrap_err().to_string();
+            let e = send(&port, STORAGE, "big", None, &big, port.listen_addr(), k).unwrap_err().to_string();
             assert!(e.contains("exceeds this storage site's limit of 1000 bytes"), "{e}");
             port.send(STORAGE, TAG_HEADER, vec![0xff, 0xff, 0xff]).unwrap();
             if k.is_none() {
@@ -580,11 +614,11 @@ mod tests {
                 let e = parse_ack(STORAGE, &m.data).unwrap_err().to_string();
                 assert!(e.contains("object of 1099511627776 bytes exceeds"), "{e}");
             } else {
-                let e = send(&port, STORAGE, "big2", &big, port.listen_addr(), k).unwrap_err().to_string();
+                let e = send(&port, STORAGE, "big2", None, &big, port.listen_addr(), k).unwrap_err().to_string();
                 assert!(e.contains("exceeds this storage site's limit"), "{e}");
             }
             let small = container::seal(&RawPlugin, b"fits").unwrap();
-            assert_eq!(send(&port, STORAGE, "small", &small, port.listen_addr(), k).unwrap().result, Ok(4));
+            assert_eq!(send(&port, STORAGE, "small", None, &small, port.listen_addr(), k).unwrap().result, Ok(4));
             let (stored, acks) = server.join().unwrap();
             assert_eq!(stored, vec![("small".to_string(), b"fits".to_vec())]);
             assert_eq!(acks.iter().filter(|a| a.result.is_err()).count(), 3);

@@ -44,6 +44,8 @@ pub(super) struct Status {
     plugins: Vec<(String, Vec<crate::plugin::Uses>)>,
     /// Components and primitives some plug-in uses.
     components: Vec<crate::plugin::Uses>,
+    /// Plug-ins' own status, by name (e.g. a storage site's progress).
+    plugin_status: std::collections::BTreeMap<String, serde_json::Value>,
     requests_served: u64,
     peer_messages: u64,
 }
@@ -136,6 +138,7 @@ impl Agent {
             }),
             plugins: self.registry.describe(),
             components: self.registry.components_in_use(),
+            plugin_status: self.registry.statuses(),
             requests_served: self.requests_served,
             peer_messages: self.peer_messages,
         }

@@ -61,6 +61,26 @@ pub fn master(
     if queries_done > 0 {
         on_progress(queries_done);
     }
+    // Parts an earlier run finished were never shipped by this run's agents: this
+    // node's agent ships them while the search goes on.
+    let mut reshipping = Vec::new();
+    if let Some(ship) = &spec.ship {
+        for &b in &done_batches {
+            let req = crate::ship::ShipPart {
+                ship: ship.clone(),
+                part: abs(&spec.parts[b])?,
+                queries: abs(&batch_file(job, b))?,
+                of: crate::ship::PartOf {
+                    job: spec.id.clone(),
+                    index: b as u32,
+                    total: spec.batches.len() as u32,
+                    outfmt: spec.outfmt.clone(),
+                },
+            };
+            let body = postcard::to_stdvec(&crate::ship::ShipOp::<()>::Part(req)).unwrap();
+            reshipping.push((b, client.start(gepsea_agent::wire::Op::Plugin { name: crate::ship::PLUGIN.into(), body })));
+        }
+    }
     let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
     let submitted = Instant::now();
     stats.trace.started_unix = crate::trace::unix_now();
@@ -98,6 +118,9 @@ pub fn master(
                 return Err(SearchError::Io(e));
             }
             if done_batches.insert(d.batch) {
+                if let Some(sh) = &d.shipped {
+                    stats.shipped.get_or_insert_with(Default::default).add(sh);
+                }
                 queries_done += d.queries;
                 stats.hits += d.hits;
                 stats.whole_searches += d.whole_searches;
@@ -126,6 +149,18 @@ pub fn master(
         if let Err(e) = client.finish(p, Duration::from_secs(60)) {
             eprintln!("gepsea search: a fragment prefetch failed: {e}");
         }
+    }
+    for (b, id) in reshipping {
+        // The wide-area link may be slow and regeneration long: as long as it takes.
+        let sh = match client.finish(id, Duration::from_secs(24 * 3600)) {
+            Ok(gepsea_agent::wire::Reply::Data(d)) => {
+                postcard::from_bytes::<Result<crate::ship::Shipped, String>>(&d).map_err(|e| e.to_string()).and_then(|r| r)
+            }
+            Ok(r) => Err(format!("unexpected reply {r:?}")),
+            Err(e) => Err(e.to_string()),
+        };
+        let sh = sh.map_err(|e| SearchError::Io(format!("shipping part {b} (from an earlier run) to the storage site: {e}")))?;
+        stats.shipped.get_or_insert_with(Default::default).add(&sh);
     }
     if spec.hot_swap {
         let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
@@ -160,6 +195,10 @@ pub fn master(
     stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
     stats.parts = n;
     Ok(stats)
+}
+
+fn abs(p: &Path) -> Result<std::path::PathBuf, SearchError> {
+    std::fs::canonicalize(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))
 }
 
 /// Submits a task; a fragment search names its fragment, so that the scheduler prefers

@@ -193,6 +193,8 @@ pub struct PartDone {
     pub part_bytes: u64,
     /// When the part was in place (seconds since the Unix epoch).
     pub written_unix: f64,
+    /// What shipping the part to the storage site measured (with `JobSpec::ship`).
+    pub shipped: Option<crate::ship::Shipped>,
 }
 
 // ----- the master ----------------------------------------------------------------------
@@ -218,6 +220,8 @@ pub struct AccelStats {
     pub reused_parts: usize,
     /// Task by task and batch by batch, from the mergers' notices.
     pub trace: crate::trace::RunTrace,
+    /// Parts shipped to a storage site, summed (with `JobSpec::ship`).
+    pub shipped: Option<crate::ship::Shipped>,
 }
 
 /// A fragment's files from the shared database directory, as one cache object.

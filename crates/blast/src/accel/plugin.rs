@@ -541,8 +541,27 @@ impl BlastPlugin {
             write_seconds: 0.0,
             part_bytes: bytes,
             written_unix: crate::trace::unix_now(),
+            shipped: None,
         };
-        ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+        let Some(ship) = spec.ship.clone().filter(|_| done.error.is_none()) else {
+            ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
+            return Ok(());
+        };
+        // Shipping waits on the wide-area link: not on this job thread.
+        let (services, spec, job, batch) = (ctx.background.clone(), spec.clone(), job.clone(), *batch);
+        std::thread::Builder::new()
+            .name(format!("blast-ship-{batch}"))
+            .spawn(move || {
+                let done = match ship_part(&*services, &spec, &job, batch, &ship) {
+                    Ok(sh) => PartDone { shipped: Some(sh), ..done },
+                    Err(e) => PartDone { error: Some(e), ..done },
+                };
+                let notice = postcard::to_stdvec(&Notice::Part(done)).expect("serialisable");
+                if let Err(e) = services.publish(&topic(&spec.id), &notice, Dest::All) {
+                    tracing::warn!("blast plug-in: {e}");
+                }
+            })
+            .map_err(failed)?;
         Ok(())
     }
 
@@ -571,6 +590,7 @@ impl BlastPlugin {
                 write_seconds: 0.0,
                 part_bytes: 0,
                 written_unix: 0.0,
+                shipped: None,
             };
             (hsps, done)
         };
@@ -655,7 +675,17 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         std::fs::rename(&tmp, part).map_err(|e| e.to_string())
     })();
     let _ = std::fs::remove_dir_all(&scratch);
+    // ParaMEDIC's overlap: the part goes to the storage site now, while the search goes
+    // on (the master ships parts an earlier run left, see `master`).
+    let (result, shipped) = match (result, &spec.ship) {
+        (Ok(()), Some(ship)) => match ship_part(&*services, &spec, &job, batch, ship) {
+            Ok(s) => (Ok(()), Some(s)),
+            Err(e) => (Err(e), None),
+        },
+        (r, _) => (r, None),
+    };
     let done = PartDone {
+        shipped,
         error: result.err(),
         write_seconds: write_started.elapsed().as_secs_f64(),
         part_bytes,
@@ -669,6 +699,31 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
     }
     services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
     Ok(())
+}
+
+/// Hands batch `batch`'s finished part to the node's `paramedic` plug-in and waits for
+/// the storage site's acknowledgement.
+pub(crate) fn ship_part(
+    services: &dyn gepsea_agent::api::Services,
+    spec: &JobSpec,
+    job: &Path,
+    batch: usize,
+    ship: &crate::ship::ShipParts,
+) -> Result<crate::ship::Shipped, String> {
+    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
+    let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+    let req = crate::ship::ShipPart {
+        ship: ship.clone(),
+        part: abs(part)?,
+        queries: abs(&batch_file(job, batch))?,
+        of: crate::ship::PartOf {
+            job: spec.id.clone(),
+            index: batch as u32,
+            total: spec.batches.len() as u32,
+            outfmt: spec.outfmt.clone(),
+        },
+    };
+    crate::ship::ship_part(services, req).map_err(|e| format!("shipping part {batch} to the storage site {}: {e}", ship.storage))
 }
 
 impl Plugin for BlastPlugin {
@@ -752,6 +807,7 @@ mod tests {
             fragment_files: Vec::new(),
             parts: vec![PathBuf::from("/nonexistent/part0")],
             recording: None,
+            ship: None,
         }
     }
 

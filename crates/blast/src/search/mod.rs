@@ -80,6 +80,9 @@ pub struct SearchOptions {
     pub agent_cpu: Option<usize>,
     /// Where the finished output goes next (e.g. a distant storage site).
     pub deliver: Option<Deliver>,
+    /// Agent mode: ship each batch's part to a storage site as soon as it is written
+    /// (ParaMEDIC's overlap, [`crate::ship`]); reported in [`Summary::delivery`].
+    pub ship_parts: Option<crate::ship::ShipParts>,
     /// Record every BLAST+ search run, or replay recorded ones instead of searching
     /// (benchmarks: see [`crate::replay`]).
     pub replay: Option<crate::replay::ReplayRequest>,
@@ -759,6 +762,7 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
         // A virtual fragment has no files to stage: it is a view of the database itself.
         hot_swap: opts.hot_swap && a.manifest.has_fragment_files(),
         recording: a.recording.clone(),
+        ship: opts.ship_parts.clone(),
         parts: a.parts.clone(),
         // Searching a fragment reads its BLAST files and its statistics alias, never
         // the FASTA it was made from.
@@ -816,7 +820,10 @@ fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env
     progress.finish();
     std::fs::rename(&a.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let wall = a.started.elapsed().as_secs_f64();
-    let delivery = deliver(opts, cluster_client.or(own_client.as_ref()))?;
+    let delivery = match &stats.shipped {
+        Some(sh) => Some(serde_json::to_value(sh).map_err(|e| SearchError::Io(e.to_string()))?),
+        None => deliver(opts, cluster_client.or(own_client.as_ref()))?,
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in cleanup.children.iter_mut() {
         while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
