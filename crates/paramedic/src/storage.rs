@@ -324,3 +324,111 @@ impl Plugin for StoragePlugin {
         Some(v)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pairwise-style parts: each a complete report (header, its queries, footer).
+    fn parts(n: usize) -> Vec<String> {
+        (0..n)
+            .map(|i| {
+                format!(
+                    "BLASTP 2.x\n\nDatabase: T\n\nQuery= q{i}a\nhit {i}\n\nQuery= q{i}b\nhit {i}b\n\n  Database: T\n    Posted date: x\n"
+                )
+            })
+            .collect()
+    }
+
+    fn sealed(text: &str) -> Vec<u8> {
+        container::seal(&RawPlugin, text.as_bytes()).unwrap()
+    }
+
+    fn of(job: &str, index: u32, total: u32) -> PartOf {
+        PartOf { job: job.into(), index, total, outfmt: "0".into() }
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    }
+
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    fn dir(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("gepsea-storage-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    #[test]
+    fn parts_in_any_order_make_the_report_once_the_last_is_in() {
+        let d = dir("order");
+        let p = parts(4);
+        let want = gepsea_blast::parts::assemble(&p, 0).unwrap();
+        let mut site = StorageSite::new(&d.0, None, 1);
+        for (k, i) in [2u32, 0, 3, 1].into_iter().enumerate() {
+            assert!(!d.0.join("r.txt").exists(), "the report appeared before its last part");
+            assert_eq!(site.store("r.txt", Some(&of("j1", i, 4)), &sealed(&p[i as usize])), Ok(p[i as usize].len() as u64));
+            if k < 3 {
+                assert_eq!(site.stats().lock().reports_in_progress.get("r.txt"), Some(&(k as u32 + 1, 4)));
+            }
+        }
+        assert_eq!(std::fs::read_to_string(d.0.join("r.txt")).unwrap(), want);
+        let s = site.stats().lock().clone();
+        assert_eq!((s.reports_completed, s.reports_in_progress.len()), (1, 0));
+        assert_eq!(s.bytes_regenerated, p.iter().map(|x| x.len() as u64).sum::<u64>());
+        // Nothing but the report is left: no kept parts, no temporary file.
+        assert_eq!(files(&d.0), ["r.txt"]);
+    }
+
+    #[test]
+    fn a_restarted_site_finishes_the_report_from_the_parts_it_kept() {
+        let d = dir("restart");
+        let p = parts(3);
+        {
+            let mut site = StorageSite::new(&d.0, None, 1);
+            site.store("r.txt", Some(&of("j2", 0, 3)), &sealed(&p[0])).unwrap();
+            site.store("r.txt", Some(&of("j2", 2, 3)), &sealed(&p[2])).unwrap();
+        }
+        // The first site is gone: its temporary report with it, its parts kept.
+        assert_eq!(files(&d.0), [".r.txt.parts-j2"]);
+        let mut site = StorageSite::new(&d.0, None, 1);
+        site.store("r.txt", Some(&of("j2", 1, 3)), &sealed(&p[1])).unwrap();
+        assert_eq!(std::fs::read_to_string(d.0.join("r.txt")).unwrap(), gepsea_blast::parts::assemble(&p, 0).unwrap());
+        assert_eq!(files(&d.0), ["r.txt"]);
+    }
+
+    #[test]
+    fn damaged_foreign_or_inconsistent_parts_are_refused_and_nothing_is_written() {
+        let d = dir("refuse");
+        let p = parts(2);
+        let mut site = StorageSite::new(&d.0, None, 1);
+        let mut damaged = sealed(&p[0]);
+        let mid = damaged.len() / 2;
+        damaged[mid] ^= 1;
+        let e = site.store("r.txt", Some(&of("j3", 0, 2)), &damaged).unwrap_err();
+        assert!(e.contains("SHA-256") || e.contains("checksum"), "{e}");
+        // BLAST metadata at a site without a replica, a plug-in it lacks.
+        let foreign = container::wrap("blast", b"x");
+        assert!(site.store("r.txt", Some(&of("j3", 0, 2)), &foreign).unwrap_err().contains("no plug-in \"blast\""));
+        assert!(site.store("r.txt", Some(&of("../x", 0, 2)), &sealed(&p[0])).unwrap_err().contains("not a plain name"));
+        assert!(site.store("r.txt", Some(&of("j3", 2, 2)), &sealed(&p[0])).unwrap_err().contains("one of 2 parts"));
+        assert!(files(&d.0).is_empty(), "{:?}", files(&d.0));
+        site.store("r.txt", Some(&of("j3", 0, 2)), &sealed(&p[0])).unwrap();
+        let e = site.store("r.txt", Some(&of("j3", 1, 3)), &sealed(&p[1])).unwrap_err();
+        assert!(e.contains("earlier parts said 2"), "{e}");
+        assert!(!d.0.join("r.txt").exists());
+        // Another search's parts of a report of the same name do not mix with these.
+        site.store("r.txt", Some(&of("j4", 1, 2)), &sealed(&p[1])).unwrap();
+        assert!(!d.0.join("r.txt").exists());
+        site.store("r.txt", Some(&of("j3", 1, 2)), &sealed(&p[1])).unwrap();
+        assert_eq!(std::fs::read_to_string(d.0.join("r.txt")).unwrap(), gepsea_blast::parts::assemble(&p, 0).unwrap());
+    }
+}

@@ -518,6 +518,7 @@ pub fn storage_port(namespace: &str, listen: SocketAddr) -> Result<Port, NetErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::container;
     use crate::plugin::RawPlugin;
 
     /// Stores into memory.
@@ -605,7 +606,7 @@ mod tests {
             port.send(STORAGE, TAG_HEADER, vec![0xff, 0xff, 0xff]).unwrap();
             if k.is_none() {
                 // A header announcing 1 TiB, with a small body behind it.
-                let object = Object { name: "huge".into(), len: 1 << 40, sha256: [0; 32] };
+                let object = Object { name: "huge".into(), part: None, len: 1 << 40, sha256: [0; 32] };
                 let header = Header { reply_to: port.listen_addr(), object: Some(object), noise: None };
                 let ack = port.irecv(Some(STORAGE), Some(TAG_ACK), 1 << 16);
                 port.send(STORAGE, TAG_HEADER, postcard::to_stdvec(&header).unwrap()).unwrap();
