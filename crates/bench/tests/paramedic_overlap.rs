@@ -231,16 +231,24 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     assert_eq!((st["objects_refused"].as_u64(), st["objects_written"].as_u64()), (Some(1), Some(parts)), "{st}");
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1, "the refused object left something behind");
 
-    // 3. Encrypted, the parts compressed: the same report at the keyed site.
+    // 3. Encrypted, `--ship auto`: the first parts measure the link (one compressed,
+    // one as metadata), the others go as the measured model says; the same report at
+    // the keyed site.
     let (ns, _, out) = site(true);
-    let o = search("zstd.0", true, "zstd").wait_with_output().unwrap();
-    assert!(o.status.success(), "encrypted search: {}", String::from_utf8_lossy(&o.stderr));
+    let o = search("auto.0", true, "auto").wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "encrypted search: {log}");
     assert!(
-        std::fs::read(out.join("zstd.0")).unwrap() == std::fs::read(d.join("meta.0")).unwrap(),
+        std::fs::read(out.join("auto.0")).unwrap() == std::fs::read(d.join("meta.0")).unwrap(),
         "the keyed storage site's report differs"
     );
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("zstd.0.json")).unwrap()).unwrap();
-    assert_eq!((s["delivery"]["plugin"].as_str(), s["delivery"]["encrypted"].as_bool()), (Some("zstd"), Some(true)), "{}", s["delivery"]);
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("auto.0.json")).unwrap()).unwrap();
+    let shipped = &s["delivery"];
+    assert_eq!(shipped["encrypted"].as_bool(), Some(true), "{shipped}");
+    let chosen = shipped["chosen"].as_object().unwrap();
+    assert_eq!(chosen.values().map(|n| n.as_u64().unwrap()).sum::<u64>(), shipped["objects"].as_u64().unwrap(), "{shipped}");
+    assert!(chosen.contains_key("zstd") && chosen.contains_key("blast"), "the first two parts measure both: {shipped}");
+    assert!(shipped["reason"].as_str().is_some_and(|r| r.contains("Mbit/s delivered")), "{shipped}");
     assert_eq!(storage_status(&ns)["reports_completed"].as_u64(), Some(1));
 
     drop(children);

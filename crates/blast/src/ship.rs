@@ -47,6 +47,9 @@ pub enum PartEncoding {
     Zstd(i32),
     /// ParaMEDIC metadata: the batch's queries and the subjects they hit.
     Metadata,
+    /// Per part, whichever of the three the measured link and costs say is fastest
+    /// (`paramedic::choose`).
+    Auto,
 }
 
 /// One part of a report, as the storage site places it.
@@ -106,6 +109,12 @@ pub struct Shipped {
     /// When the last acknowledgement came (seconds since the Unix epoch).
     #[serde(default)]
     pub acked_unix: f64,
+    /// `--ship auto`: objects shipped per encoding (`raw`, `zstd`, `blast`).
+    #[serde(default)]
+    pub chosen: std::collections::BTreeMap<String, u64>,
+    /// `--ship auto`: why the last object went the way it did.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 impl Shipped {
@@ -113,6 +122,9 @@ impl Shipped {
     pub fn add(&mut self, o: &Shipped) {
         if self.plugin.is_empty() {
             self.plugin = o.plugin.clone();
+        } else if self.plugin != o.plugin {
+            // `--ship auto` sent parts different ways (`chosen` says how many each).
+            self.plugin = "mixed".into();
         }
         self.output_bytes += o.output_bytes;
         self.bytes += o.bytes;
@@ -125,7 +137,13 @@ impl Shipped {
         self.frames_resent += o.frames_resent;
         self.by_agent |= o.by_agent;
         self.objects += o.objects;
+        if o.acked_unix >= self.acked_unix {
+            self.reason = o.reason.clone().or(self.reason.take());
+        }
         self.acked_unix = self.acked_unix.max(o.acked_unix);
+        for (k, n) in &o.chosen {
+            *self.chosen.entry(k.clone()).or_default() += n;
+        }
     }
 }
 
@@ -179,12 +197,22 @@ mod tests {
             encode_seconds: 0.5,
             ..Default::default()
         };
-        let two =
-            Shipped { output_bytes: 20, bytes: 3, objects: 1, acked_unix: 4.0, encode_seconds: 0.25, by_agent: true, ..Default::default() };
+        let two = Shipped {
+            plugin: "blast".into(),
+            output_bytes: 20,
+            bytes: 3,
+            objects: 1,
+            acked_unix: 4.0,
+            encode_seconds: 0.25,
+            by_agent: true,
+            ..Default::default()
+        };
         let mut s = Shipped::default();
         s.add(&one);
         s.add(&two);
         assert_eq!((s.plugin.as_str(), s.output_bytes, s.bytes, s.objects, s.by_agent), ("blast", 30, 5, 2, true));
         assert_eq!((s.acked_unix, s.encode_seconds), (5.0, 0.75));
+        s.add(&Shipped { plugin: "zstd".into(), objects: 1, ..Default::default() });
+        assert_eq!((s.plugin.as_str(), s.objects), ("mixed", 3));
     }
 }

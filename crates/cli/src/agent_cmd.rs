@@ -253,7 +253,7 @@ pub fn run(a: &AgentArgs) -> Result<()> {
     let shutdown = Shutdown::new();
     let mut plugins = gepsea_agent::plugin::Registry::with_builtins();
     plugins.register(std::sync::Arc::new(gepsea_blast::accel::BlastPlugin::default())).map_err(anyhow::Error::msg)?;
-    plugins.register(std::sync::Arc::new(paramedic::agent::ShipPlugin)).map_err(anyhow::Error::msg)?;
+    plugins.register(std::sync::Arc::new(paramedic::agent::ShipPlugin::default())).map_err(anyhow::Error::msg)?;
     let storage = storage_site(&a.run.storage)?;
     if let Some(p) = &storage {
         plugins.register(p.clone()).map_err(anyhow::Error::msg)?;

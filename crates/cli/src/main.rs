@@ -192,9 +192,11 @@ struct SearchArgs {
     #[arg(long)]
     storage_site: Option<std::net::SocketAddr>,
     /// What goes to the --storage-site: the output itself, the output compressed
-    /// (zstd), or ParaMEDIC's BLAST metadata (a few hundred times smaller than pairwise
-    /// or XML output; the storage site searches again over the hits to regenerate it).
-    #[arg(long, requires = "storage_site", value_parser = ["output", "zstd", "metadata"], default_value = "output")]
+    /// (zstd), ParaMEDIC's BLAST metadata (a few hundred times smaller than pairwise
+    /// or XML output; the storage site searches again over the hits to regenerate it),
+    /// or, with agents, `auto`: per part, whichever the measured link and costs say is
+    /// fastest (the summary says what it chose and why).
+    #[arg(long, requires = "storage_site", value_parser = ["output", "zstd", "metadata", "auto"], default_value = "output")]
     ship: String,
     /// ParaMEDIC: the same as --ship metadata.
     #[arg(long, requires = "storage_site", conflicts_with = "ship")]
@@ -337,6 +339,9 @@ fn run() -> Result<()> {
             let ship = if a.paramedic { "metadata" } else { a.ship.as_str() };
             // With agents, each part goes as soon as it is written (ParaMEDIC's overlap);
             // without, the search process ships the whole output at the end.
+            if a.storage_site.is_some() && a.no_agent && ship == "auto" {
+                anyhow::bail!("--ship auto chooses per part from the agents' measured transfers: drop --no-agent, or choose --ship output, zstd or metadata");
+            }
             let (deliver, ship_parts) = match a.storage_site {
                 Some(storage) if a.no_agent => (
                     Some(paramedic_cmd::deliver_to(
@@ -426,6 +431,7 @@ fn run() -> Result<()> {
                         match sh.plugin.as_str() {
                             "blast" => "ParaMEDIC metadata",
                             "zstd" => "compressed output",
+                            "mixed" => "output, compressed output or metadata as chosen per part",
                             _ => "output",
                         },
                         a.storage_site.map(|s| s.to_string()).unwrap_or_default(),
@@ -442,6 +448,14 @@ fn run() -> Result<()> {
                         sh.reconnects,
                         sh.frames_resent
                     );
+                    if !sh.chosen.is_empty() {
+                        let chosen: Vec<String> = sh.chosen.iter().map(|(k, n)| format!("{n} as {k}")).collect();
+                        eprintln!(
+                            "gepsea search: --ship auto sent {}; last choice: {}",
+                            chosen.join(", "),
+                            sh.reason.as_deref().unwrap_or("-")
+                        );
+                    }
                 }
             }
             if let Some(p) = &a.summary_json {

@@ -176,7 +176,8 @@ pub fn ship_parts_to(
         key_file: key_file.map(abs).transpose()?,
         encoding: match ship {
             "metadata" => PartEncoding::Metadata,
-            "zstd" => PartEncoding::Zstd(ZSTD_LEVEL),
+            "zstd" => PartEncoding::Zstd(paramedic::plugin::ZSTD_LEVEL),
+            "auto" => PartEncoding::Auto,
             _ => PartEncoding::Output,
         },
         name,
@@ -184,9 +185,6 @@ pub fn ship_parts_to(
         blast_args: search.1.to_vec(),
     })
 }
-
-/// Level 3: 5x on BLAST reports at ≈200 MB/s; -19 gains another 20 % for 80x the time.
-const ZSTD_LEVEL: i32 = 3;
 
 /// `gepsea search --storage-site`: once the output is complete, ship it as `ship` says
 /// (`output`, `zstd`, or `metadata`: BLAST metadata of `search` = database, queries,
@@ -211,7 +209,7 @@ pub fn deliver_to(
                 blast_args: args.to_vec(),
             })
         }
-        "zstd" => paramedic::agent::Encoding::Zstd(ZSTD_LEVEL),
+        "zstd" => paramedic::agent::Encoding::Zstd(paramedic::plugin::ZSTD_LEVEL),
         _ => paramedic::agent::Encoding::Output,
     };
     Ok(gepsea_blast::search::Deliver(std::sync::Arc::new(move |out: &Path, agent: Option<&gepsea_client::Client>| {

@@ -16,7 +16,13 @@ use std::time::{Duration, Instant};
 use gepsea_agent::plugin::{Context, Plugin, PluginError as AgentPluginError, Uses};
 use serde::{Deserialize, Serialize};
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use gepsea_blast::ship::{PartEncoding, ShipOp, ShipPart};
+use parking_lot::Mutex;
+
+use crate::choose::{Chooser, Kind, Sample};
 
 use crate::blast::{BlastJob, BlastPlugin};
 use crate::plugin::{RawPlugin, ZstdPlugin};
@@ -91,6 +97,8 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     Ok(Shipped {
         objects: 1,
         acked_unix: unix_now(),
+        chosen: Default::default(),
+        reason: None,
         plugin: plugin.into(),
         output_bytes: output.len() as u64,
         bytes: sealed.len() as u64,
@@ -111,12 +119,28 @@ fn unix_now() -> f64 {
 
 /// Encodes and ships one part of a report in this process (see [`gepsea_blast::ship`]):
 /// the storage site joins the parts of `req.of.job` into the report `req.ship.name`.
-pub fn ship_part(req: &ShipPart) -> Result<Shipped, ShipError> {
+/// With [`PartEncoding::Auto`], `chooser` (the model of this storage site's link)
+/// picks the encoding and learns from the transfer.
+pub fn ship_part(req: &ShipPart, chooser: Option<&Mutex<Chooser>>) -> Result<Shipped, ShipError> {
     let ship = &req.ship;
     let key = ship.key_file.as_deref().map(Key::read).transpose()?;
     let output = std::fs::read(&req.part).map_err(|e| ShipError::Read(req.part.clone(), e))?;
     let started = Instant::now();
-    let (plugin, sealed) = match ship.encoding {
+    let (encoding, choice) = match (ship.encoding, chooser) {
+        (PartEncoding::Auto, Some(c)) => {
+            let choice = c.lock().choose(output.len() as u64);
+            let encoding = match choice.kind {
+                Kind::Output => PartEncoding::Output,
+                Kind::Zstd => PartEncoding::Zstd(crate::plugin::ZSTD_LEVEL),
+                Kind::Metadata => PartEncoding::Metadata,
+            };
+            (encoding, Some(choice))
+        }
+        (PartEncoding::Auto, None) => (PartEncoding::Zstd(crate::plugin::ZSTD_LEVEL), None),
+        (e, _) => (e, None),
+    };
+    let (plugin, sealed) = match encoding {
+        PartEncoding::Auto => unreachable!("chosen above"),
         PartEncoding::Metadata => {
             let job = BlastJob {
                 db_dir: ship.db.clone(),
@@ -133,7 +157,19 @@ pub fn ship_part(req: &ShipPart) -> Result<Shipped, ShipError> {
     let encode_seconds = started.elapsed().as_secs_f64();
     let sent = transfer::send_to(ship.storage, None, &ship.name, Some(&req.of), &sealed, key.as_ref())
         .map_err(|source| ShipError::Transfer { name: format!("{} part {}", ship.name, req.of.index), to: ship.storage, source })?;
+    if let (Some(c), Some(choice)) = (chooser, &choice) {
+        c.lock().observe(Sample {
+            kind: choice.kind,
+            output_bytes: output.len() as u64,
+            bytes: sealed.len() as u64,
+            encode_seconds,
+            transfer_seconds: sent.seconds,
+            storage_seconds: sent.ack.seconds,
+        });
+    }
     Ok(Shipped {
+        chosen: choice.as_ref().map(|c| [(c.kind.name().to_string(), 1)].into()).unwrap_or_default(),
+        reason: choice.map(|c| c.why),
         plugin: plugin.into(),
         output_bytes: output.len() as u64,
         bytes: sealed.len() as u64,
@@ -164,9 +200,12 @@ pub fn ship_via(client: &gepsea_client::Client, req: &ShipRequest) -> Result<Shi
     r.map_err(ShipError::Agent)
 }
 
-/// The agent plug-in (see the module docs).
+/// The agent plug-in (see the module docs). For `--ship auto` it keeps a model of the
+/// link to each storage site it ships to, which every part it ships refines.
 #[derive(Default)]
-pub struct ShipPlugin;
+pub struct ShipPlugin {
+    links: Mutex<HashMap<SocketAddr, Arc<Mutex<Chooser>>>>,
+}
 
 impl Plugin for ShipPlugin {
     fn name(&self) -> &str {
@@ -179,7 +218,10 @@ impl Plugin for ShipPlugin {
         let req: ShipOp<ShipRequest> = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
         let r = match &req {
             ShipOp::Whole(req) => ship(req),
-            ShipOp::Part(req) => ship_part(req),
+            ShipOp::Part(req) => {
+                let link = self.links.lock().entry(req.ship.storage).or_default().clone();
+                ship_part(req, Some(&link))
+            }
         };
         let r = r.map(|s| Shipped { by_agent: true, ..s }).map_err(|e| e.to_string());
         Ok(postcard::to_stdvec(&r).expect("serialisable"))

@@ -14,6 +14,7 @@
 
 pub mod agent;
 pub mod blast;
+pub mod choose;
 pub mod container;
 pub mod plugin;
 pub mod storage;
