@@ -17,7 +17,14 @@
 //! - **zstd -3**: the output compressed by the generic plug-in, the middle of the
 //!   trade-off (5× fewer bytes for ≈0.02 s at each end);
 //! - **ParaMEDIC**: BLAST metadata, from which the storage site's `paramedic serve`
-//!   regenerates the identical report from its replica, optionally encrypted.
+//!   regenerates the identical report from its replica, optionally encrypted;
+//! - **auto**: `--ship auto`, each part the way the agent's model of the link says.
+//!
+//! With agents, the parts go as soon as each batch is final (ParaMEDIC's overlap), so
+//! "delivery" and "storage site" seconds are work summed over parts, not wall time;
+//! the end-to-end time is what shows the overlap. Both sites share this machine's
+//! cores: the storage site runs with fewer CPU shares (`--storage-cpu-shares`, cgroup
+//! v1), and the CPU seconds of each site are reported beside the wall time.
 //!
 //! Every run's output at the storage site is compared byte for byte with the output of
 //! a search that shipped nothing (the reference run, measured in the same bench).
@@ -55,6 +62,19 @@ pub struct ParamedicBenchArgs {
     /// Write results as JSON here; the plots go to the same directory.
     #[arg(long, default_value = "bench/out/paramedic.json")]
     pub json: PathBuf,
+    /// Residues per query batch (`gepsea search --batch-residues`): smaller batches,
+    /// more parts, each shipped as soon as it is final.
+    #[arg(long)]
+    pub batch_residues: Option<usize>,
+    /// Only these variants, comma-separated (default: all): direct, direct-encrypted,
+    /// remote-fs, zstd, paramedic, paramedic-encrypted, auto.
+    #[arg(long, value_delimiter = ',')]
+    pub variants: Vec<String>,
+    /// CPU shares (cgroup v1 `cpu.shares`; a compute-site process has 1024) of the
+    /// storage site, which shares this machine's cores with the compute site: lower
+    /// keeps its regeneration from starving the search.
+    #[arg(long, default_value_t = 256)]
+    pub storage_cpu_shares: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -63,6 +83,8 @@ enum Ship {
     RemoteFs,
     Zstd,
     Paramedic,
+    /// `--ship auto`: per part, from the measured link.
+    Auto,
 }
 
 struct Variant {
@@ -71,13 +93,29 @@ struct Variant {
     encrypted: bool,
 }
 
-const VARIANTS: [Variant; 6] = [
+impl Variant {
+    /// Its name on the command line (`--variants`).
+    fn key(&self) -> &'static str {
+        match (self.ship, self.encrypted) {
+            (Ship::Direct, false) => "direct",
+            (Ship::Direct, true) => "direct-encrypted",
+            (Ship::RemoteFs, _) => "remote-fs",
+            (Ship::Zstd, _) => "zstd",
+            (Ship::Paramedic, false) => "paramedic",
+            (Ship::Paramedic, true) => "paramedic-encrypted",
+            (Ship::Auto, _) => "auto",
+        }
+    }
+}
+
+const VARIANTS: [Variant; 7] = [
     Variant { name: "direct", ship: Ship::Direct, encrypted: false },
     Variant { name: "direct, encrypted", ship: Ship::Direct, encrypted: true },
     Variant { name: "remote FS (sshfs, encrypted)", ship: Ship::RemoteFs, encrypted: true },
     Variant { name: "zstd -3", ship: Ship::Zstd, encrypted: false },
     Variant { name: "ParaMEDIC", ship: Ship::Paramedic, encrypted: false },
     Variant { name: "ParaMEDIC, encrypted", ship: Ship::Paramedic, encrypted: true },
+    Variant { name: "auto", ship: Ship::Auto, encrypted: false },
 ];
 
 /// One measured run.
@@ -88,8 +126,10 @@ struct Row {
     rtt_ms: f64,
     variant: &'static str,
     encrypted: bool,
-    /// Launch to the output complete at the storage site.
+    /// Launch to the end of `mpirun` (the output is complete at the storage site by then).
     wall_seconds: f64,
+    /// Launch to the output complete at the storage site (its modification time).
+    complete_seconds: f64,
     /// The search itself (inside `gepsea search`, before shipping).
     search_seconds: f64,
     /// Encoding and transfer, including the storage site's work (not for the remote
@@ -99,6 +139,14 @@ struct Row {
     /// Checking, regenerating and writing at the storage site.
     storage_seconds: Option<f64>,
     encode_seconds: Option<f64>,
+    /// CPU seconds spent at each site during the run (the compute site: every process
+    /// under `mpirun`; the storage site: its server and its BLAST+ runs).
+    compute_cpu_seconds: f64,
+    storage_cpu_seconds: f64,
+    /// Parts shipped (1: the whole output once the search was over).
+    objects: Option<u64>,
+    /// `--ship auto`: parts per encoding.
+    chosen: Option<serde_json::Value>,
 }
 
 /// Child processes killed when the bench ends, however it ends.
@@ -134,6 +182,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     if a.compute_nodes < 1 {
         bail!("--compute-nodes must be at least 1");
     }
+    if let Some(bad) = a.variants.iter().find(|n| !VARIANTS.iter().any(|v| v.key() == n.as_str())) {
+        bail!("--variants: no variant {bad:?} (there are {})", VARIANTS.iter().map(|v| v.key()).collect::<Vec<_>>().join(", "));
+    }
     let gepsea = crate::net::sibling("gepsea")?;
     let tools = std::env::current_exe()?;
     let dir = TempDir(std::env::temp_dir().join(format!("gepsea-bench-paramedic-{}", std::process::id())));
@@ -167,6 +218,10 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         c.stderr(std::fs::File::create(d.join(format!("serve-{out}.log")))?);
         servers.0.push(c.spawn().context("starting the storage site")?);
     }
+    let server_pids: Vec<u32> = servers.0.iter().map(|c| c.id()).collect();
+    // Both sites share this machine's cores: the storage site gets fewer CPU shares, so
+    // that regenerating does not starve the search (as it would not on its own host).
+    let storage_group = CpuGroup::new(&format!("gepsea-bench-storage-{}", std::process::id()), a.storage_cpu_shares, &server_pids);
     let mount = StorageMount::new(&sites.storage_ns, &sites.storage_ip, &sites.compute.ns[0], d)?;
     let export = d.join("storage-export");
     let subnet = sites.compute.subnet();
@@ -174,8 +229,8 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     let mut runs = 0usize;
 
     // One search under mpirun, delivering as `ship` says; returns the wall time, the
-    // summary and where the output must now be.
-    let mut search = |ship: Option<&Variant>| -> Result<(f64, serde_json::Value, PathBuf)> {
+    // summary, where the output must now be and the CPU seconds of each site.
+    let mut search = |ship: Option<&Variant>| -> Result<(f64, serde_json::Value, PathBuf, (f64, f64))> {
         runs += 1;
         let name = format!("run{runs}.out");
         let out = match ship {
@@ -193,6 +248,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
             .args(["--agent-net", &subnet, "--nodes", &a.compute_nodes.to_string()])
             .arg("--summary-json")
             .arg(&summary);
+        if let Some(r) = a.batch_residues {
+            c.args(["--batch-residues", &r.to_string()]);
+        }
         let mut at_storage = out.clone();
         if let Some(v) = ship.filter(|v| v.ship != Ship::RemoteFs) {
             c.args(["--storage-site", &storage_addr(if v.encrypted { KEYED_PORT } else { PLAIN_PORT })]);
@@ -203,6 +261,7 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
                 "--ship",
                 match v.ship {
                     Ship::Paramedic => "metadata",
+                    Ship::Auto => "auto",
                     Ship::Zstd => "zstd",
                     _ => "output",
                 },
@@ -212,9 +271,13 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
             at_storage = export.join(&name);
         }
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let storage_cpu = || server_pids.iter().filter_map(|&p| crate::procstat::cpu_seconds(p, true)).sum::<f64>();
+        let (compute0, storage0) = (children_cpu_seconds(), storage_cpu());
+        let launched = std::time::SystemTime::now();
         let t = Instant::now();
         let o = c.output()?;
         let wall = t.elapsed().as_secs_f64();
+        let cpu = (children_cpu_seconds() - compute0, storage_cpu() - storage0);
         if !o.status.success() {
             bail!(
                 "{}: mpirun failed: {}{}",
@@ -223,12 +286,17 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
                 String::from_utf8_lossy(&o.stderr)
             );
         }
-        let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
-        Ok((wall, s, at_storage))
+        let mut s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary)?)?;
+        // When the output was complete where it is needed (its last write: it is renamed
+        // into place complete), from the launch: free of `mpirun`'s tear-down, which
+        // varies by seconds from run to run here.
+        let complete = std::fs::metadata(&at_storage)?.modified()?;
+        s["bench_complete_seconds"] = complete.duration_since(launched).map_or(0.0, |d| d.as_secs_f64()).into();
+        Ok((wall, s, at_storage, cpu))
     };
 
     // The reference: the same search, delivering nothing.
-    let (ref_wall, ref_summary, reference) = search(None)?;
+    let (ref_wall, ref_summary, reference, _) = search(None)?;
     let output_bytes = std::fs::metadata(&reference)?.len();
     let ref_search = ref_summary["wall_seconds"].as_f64().unwrap_or(0.0);
     eprintln!(
@@ -258,8 +326,8 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
             };
             let rtt = measure_rtt(&sites, &tools)?;
             eprintln!("  link {rate} Mbit/s, one-way delay {delay} ms: measured RTT {rtt:.2} ms");
-            for v in &VARIANTS {
-                let (wall, s, at_storage) = search(Some(v))?;
+            for v in VARIANTS.iter().filter(|v| a.variants.is_empty() || a.variants.iter().any(|n| n == v.key())) {
+                let (wall, s, at_storage, (compute_cpu, storage_cpu)) = search(Some(v))?;
                 if !same_output(&at_storage, &reference)? {
                     bail!("{rate} Mbit/s, {delay} ms, {}: the output at the storage site differs from the reference run's", v.name);
                 }
@@ -272,20 +340,30 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
                     variant: v.name,
                     encrypted: v.encrypted,
                     wall_seconds: wall,
+                    complete_seconds: s["bench_complete_seconds"].as_f64().unwrap_or(f64::NAN),
                     search_seconds: s["wall_seconds"].as_f64().unwrap_or(0.0),
                     delivery_seconds: f(&ship["encode_seconds"]).zip(f(&ship["transfer_seconds"])).map(|(e, t)| e + t),
                     shipped_bytes: ship["bytes"].as_u64(),
                     storage_seconds: f(&ship["storage_seconds"]),
                     encode_seconds: f(&ship["encode_seconds"]),
+                    compute_cpu_seconds: compute_cpu,
+                    storage_cpu_seconds: storage_cpu,
+                    objects: ship["objects"].as_u64(),
+                    chosen: ship.get("chosen").filter(|c| c.as_object().is_some_and(|o| !o.is_empty())).cloned(),
                 };
                 let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2} s"));
                 eprintln!(
-                    "    {:<30} {wall:6.2} s end to end (search {:.2} s, delivery {}, storage site {}), {} bytes shipped; identical at the storage site",
+                    "    {:<30} {wall:6.2} s end to end, output complete at {:.2} s (search {:.2} s, delivery {}, storage site {}), {} bytes shipped in {} object(s){}; CPU {:.1} s compute site, {:.1} s storage site; identical at the storage site",
                     v.name,
+                    row.complete_seconds,
                     row.search_seconds,
                     opt(row.delivery_seconds),
                     opt(row.storage_seconds),
-                    row.shipped_bytes.map_or("-".to_string(), |b| b.to_string())
+                    row.shipped_bytes.map_or("-".to_string(), |b| b.to_string()),
+                    row.objects.unwrap_or(0),
+                    row.chosen.as_ref().map_or(String::new(), |c| format!(" (auto: {c})")),
+                    row.compute_cpu_seconds,
+                    row.storage_cpu_seconds,
                 );
                 rows.push(row);
                 let _ = std::fs::remove_file(&at_storage);
@@ -295,14 +373,61 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     }
     drop(mount);
     // Killed, the storage sites cannot remove their gepsea-net runtime directories.
-    let server_pids: Vec<u32> = servers.0.iter().map(|c| c.id()).collect();
     drop(servers);
+    drop(storage_group);
     for pid in server_pids {
         let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("paramedic-storage{pid}")));
     }
     drop(sites);
     let _ = std::fs::remove_file(&reference);
     report(a, &rows, output_bytes, ref_search)
+}
+
+/// CPU seconds of this process's reaped descendants (everything under `mpirun`).
+fn children_cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru
+    };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// A cgroup (v1 `cpu` controller) with the given CPU shares holding `pids` and, as they
+/// are forked, their children; removed when dropped (after its processes are gone).
+/// Where cgroups cannot be made, the bench says so and goes on without.
+struct CpuGroup(Option<PathBuf>);
+
+impl CpuGroup {
+    fn new(name: &str, shares: u64, pids: &[u32]) -> CpuGroup {
+        let dir = Path::new("/sys/fs/cgroup/cpu").join(name);
+        let made = std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(dir.join("cpu.shares"), shares.to_string()))
+            .and_then(|_| pids.iter().try_for_each(|p| std::fs::write(dir.join("cgroup.procs"), p.to_string())));
+        match made {
+            Ok(()) => CpuGroup(Some(dir)),
+            Err(e) => {
+                eprintln!("bench paramedic: cannot give the storage site {shares} CPU shares ({}: {e}); it competes with the search as an equal", dir.display());
+                let _ = std::fs::remove_dir(&dir);
+                CpuGroup(None)
+            }
+        }
+    }
+}
+
+impl Drop for CpuGroup {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            for _ in 0..50 {
+                if std::fs::remove_dir(dir).is_ok() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -315,29 +440,34 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f64) -> Result<()> {
     let wall = |rate: u32, delay: f64, variant: &str| {
-        rows.iter().find(|r| r.rate_mbit == rate && r.delay_ms == delay && r.variant == variant).map(|r| r.wall_seconds)
+        rows.iter().find(|r| r.rate_mbit == rate && r.delay_ms == delay && r.variant == variant).map(|r| r.complete_seconds)
     };
-    println!("\n| link | one-way delay | RTT | variant | end to end s | search s | delivery s | storage site s | bytes shipped | ParaMEDIC speed-up |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("\n| link | one-way delay | RTT | variant | output complete s | end to end s | search s | delivery s | storage site s | bytes shipped | objects | CPU s compute / storage | ParaMEDIC speed-up |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         // ParaMEDIC (same encryption) against this row's way of delivering.
         let pm = wall(r.rate_mbit, r.delay_ms, if r.encrypted { "ParaMEDIC, encrypted" } else { "ParaMEDIC" });
         let speedup = match (r.variant.starts_with("ParaMEDIC"), pm) {
-            (false, Some(pm)) => format!("{:.2}×", r.wall_seconds / pm),
+            (false, Some(pm)) => format!("{:.2}×", r.complete_seconds / pm),
             _ => String::new(),
         };
         let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
         println!(
-            "| {} Mbit/s | {} ms | {:.1} ms | {} | {:.2} | {:.2} | {} | {} | {} | {speedup} |",
+            "| {} Mbit/s | {} ms | {:.1} ms | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {}{} | {:.1} / {:.1} | {speedup} |",
             r.rate_mbit,
             r.delay_ms,
             r.rtt_ms,
             r.variant,
+            r.complete_seconds,
             r.wall_seconds,
             r.search_seconds,
             opt(r.delivery_seconds),
             opt(r.storage_seconds),
-            r.shipped_bytes.map_or("-".to_string(), |b| b.to_string())
+            r.shipped_bytes.map_or("-".to_string(), |b| b.to_string()),
+            r.objects.map_or("-".to_string(), |n| n.to_string()),
+            r.chosen.as_ref().map_or(String::new(), |c| format!(" {c}")),
+            r.compute_cpu_seconds,
+            r.storage_cpu_seconds,
         );
     }
     let pm_rows: Vec<&Row> = rows.iter().filter(|r| r.variant.starts_with("ParaMEDIC")).collect();
@@ -377,13 +507,14 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
             .map(|v| {
                 (
                     v.name.to_string(),
-                    rows.iter().filter(|r| r.rate_mbit == rate && r.variant == v.name).map(|r| (r.delay_ms, r.wall_seconds)).collect(),
+                    rows.iter().filter(|r| r.rate_mbit == rate && r.variant == v.name).map(|r| (r.delay_ms, r.complete_seconds)).collect(),
                 )
             })
+            .filter(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty())
             .collect();
         crate::plots::lines(
             &out_dir.join(format!("paramedic_wall_{rate}mbit.png")),
-            &format!("End-to-end time (s), {rate} Mbit/s link"),
+            &format!("Launch to output complete at the storage site (s), {rate} Mbit/s"),
             "one-way delay (ms)",
             &series,
         )?;

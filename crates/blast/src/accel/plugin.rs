@@ -543,26 +543,7 @@ impl BlastPlugin {
             written_unix: crate::trace::unix_now(),
             shipped: None,
         };
-        let Some(ship) = spec.ship.clone().filter(|_| done.error.is_none()) else {
-            ctx.services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
-            return Ok(());
-        };
-        // Shipping waits on the wide-area link: not on this job thread.
-        let (services, spec, job, batch) = (ctx.background.clone(), spec.clone(), job.clone(), *batch);
-        std::thread::Builder::new()
-            .name(format!("blast-ship-{batch}"))
-            .spawn(move || {
-                let done = match ship_part(&*services, &spec, &job, batch, &ship) {
-                    Ok(sh) => PartDone { shipped: Some(sh), ..done },
-                    Err(e) => PartDone { error: Some(e), ..done },
-                };
-                let notice = postcard::to_stdvec(&Notice::Part(done)).expect("serialisable");
-                if let Err(e) = services.publish(&topic(&spec.id), &notice, Dest::All) {
-                    tracing::warn!("blast plug-in: {e}");
-                }
-            })
-            .map_err(failed)?;
-        Ok(())
+        publish_part(ctx.background.clone(), spec.clone(), job.clone(), done).map_err(failed)
     }
 
     /// Writes the batch's part of the report once every query is settled.
@@ -675,17 +656,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         std::fs::rename(&tmp, part).map_err(|e| e.to_string())
     })();
     let _ = std::fs::remove_dir_all(&scratch);
-    // ParaMEDIC's overlap: the part goes to the storage site now, while the search goes
-    // on (the master ships parts an earlier run left, see `master`).
-    let (result, shipped) = match (result, &spec.ship) {
-        (Ok(()), Some(ship)) => match ship_part(&*services, &spec, &job, batch, ship) {
-            Ok(s) => (Ok(()), Some(s)),
-            Err(e) => (Err(e), None),
-        },
-        (r, _) => (r, None),
-    };
     let done = PartDone {
-        shipped,
         error: result.err(),
         write_seconds: write_started.elapsed().as_secs_f64(),
         part_bytes,
@@ -697,8 +668,36 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         // placed it has changed since).
         let _ = services.release(&merger_key(&spec, batch));
     }
-    services.publish(&topic(&spec.id), &postcard::to_stdvec(&Notice::Part(done)).map_err(failed)?, Dest::All)?;
-    Ok(())
+    publish_part(services, spec, job, done).map_err(failed)
+}
+
+/// Tells the job's master that a part is in place. With `JobSpec::ship` (ParaMEDIC's
+/// overlap) the part first goes to the storage site, on a thread of its own: the
+/// transfer waits on the wide-area link and the storage site, and neither the job
+/// thread nor the part writer should (the master ships parts an earlier run left, see
+/// `master`). A failed shipment fails the run, as a failed write does.
+fn publish_part(services: Arc<dyn gepsea_agent::api::Services>, spec: Arc<JobSpec>, job: PathBuf, done: PartDone) -> Result<(), String> {
+    let topic = topic(&spec.id);
+    let publish = move |services: &dyn gepsea_agent::api::Services, done: PartDone| -> Result<(), String> {
+        let notice = postcard::to_stdvec(&Notice::Part(done)).map_err(|e| e.to_string())?;
+        services.publish(&topic, &notice, Dest::All).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let Some(ship) = spec.ship.clone().filter(|_| done.error.is_none()) else {
+        return publish(&*services, done);
+    };
+    std::thread::Builder::new()
+        .name(format!("blast-ship-{}", done.batch))
+        .spawn(move || {
+            let done = match ship_part(&*services, &spec, &job, done.batch, &ship) {
+                Ok(sh) => PartDone { shipped: Some(sh), ..done },
+                Err(e) => PartDone { error: Some(e), ..done },
+            };
+            if let Err(e) = publish(&*services, done) {
+                tracing::warn!("blast plug-in: {e}");
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("starting a shipping thread: {e}"))
 }
 
 /// Hands batch `batch`'s finished part to the node's `paramedic` plug-in and waits for
