@@ -409,7 +409,10 @@ impl CpuGroup {
         match made {
             Ok(()) => CpuGroup(Some(dir)),
             Err(e) => {
-                eprintln!("bench paramedic: cannot give the storage site {shares} CPU shares ({}: {e}); it competes with the search as an equal", dir.display());
+                eprintln!(
+                    "bench paramedic: cannot give the storage site {shares} CPU shares ({}: {e}); it competes with the search as an equal",
+                    dir.display()
+                );
                 let _ = std::fs::remove_dir(&dir);
                 CpuGroup(None)
             }

@@ -344,49 +344,6 @@ fn plain_ack(port: &Port, to: Addr, ack: &Ack) -> Result<(), NetError> {
     port.send(to, TAG_ACK, postcard::to_stdvec(ack).expect("serialisable"))
 }
 
-/// One encrypted object from `from`, whose first handshake message is `first`: answers
-/// the handshake, takes the body, stores it and acknowledges, encrypted (a failed
-/// handshake is refused in clear: there are no session keys to answer with).
-fn serve_encrypted(port: &Port, sink: &mut dyn Sink, from: Addr, key: &Key, first: &[u8], max_object: u64) -> Result<Ack, TransferError> {
-    let malformed = |e: snow::Error| TransferError::Malformed { from, reason: e.to_string() };
-    let mut hs = key.handshake(false);
-    let mut payload = vec![0u8; NOISE_MAX];
-    let object = hs.read_message(first, &mut payload).ok().and_then(|n| postcard::from_bytes::<Object>(&payload[..n]).ok());
-    let Some(object) = object else {
-        let ack = Ack {
-            name: String::new(),
-            result: Err("handshake failed: the sender's key is not this storage site's key".into()),
-            seconds: 0.0,
-        };
-        plain_ack(port, from, &ack)?;
-        return Ok(ack);
-    };
-    if object.len > max_object {
-        // Refused in clear before the handshake completes: the sender sends no body.
-        let ack = Ack { result: Err(too_large(&object, max_object)), name: object.name, seconds: 0.0 };
-        plain_ack(port, from, &ack)?;
-        return Ok(ack);
-    }
-    let mut answer = vec![0u8; NOISE_MAX];
-    let n = hs.write_message(&[], &mut answer).map_err(malformed)?;
-    answer.truncate(n);
-    let mut t = hs.into_transport_mode().map_err(malformed)?;
-    port.send(from, TAG_HANDSHAKE, answer)?;
-    let body = port.recv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize)?;
-    let started = std::time::Instant::now();
-    let result = match open_body(&mut t, &body.data) {
-        Ok(plain) => store_checked(sink, &object, &plain),
-        Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),
-    };
-    let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
-    let bytes = postcard::to_stdvec(&ack).expect("serialisable");
-    let mut sealed = vec![0u8; bytes.len() + NOISE_TAG];
-    let n = t.write_message(&bytes, &mut sealed).map_err(malformed)?;
-    sealed.truncate(n);
-    port.send(from, TAG_ACK, sealed)?;
-    Ok(ack)
-}
-
 /// Largest object a storage site takes by default (`paramedic serve --max-object`): an
 /// object is received whole into memory before it is checked.
 pub const DEFAULT_MAX_OBJECT: u64 = 4 << 30;
@@ -401,6 +358,12 @@ fn too_large(object: &Object, max_object: u64) -> String {
 /// than `max_object` bytes is refused before anything is allocated for it; a header
 /// that does not decode is counted as refused (no answer: its sender is unknown) and
 /// the site serves on.
+///
+/// Objects arrive concurrently: every announced body is received while others are
+/// being announced, received or stored (each sender has a port of its own), so the
+/// round trips of many senders on a long link overlap; storing (regeneration) takes one
+/// object at a time, in the order their bodies complete. A sender that fails mid-object
+/// has that object refused; the site serves on.
 pub fn serve(
     port: &Port,
     sink: &mut dyn Sink,
@@ -410,84 +373,158 @@ pub fn serve(
     mut done: impl FnMut(&Ack),
 ) -> Result<(), TransferError> {
     let mut handled = 0;
-    while count.is_none_or(|c| handled < c) {
-        let h = match port.recv(None, Some(TAG_HEADER), 1 << 16) {
-            Ok(h) => h,
-            // A sender that went away between objects is no reason to stop serving.
-            Err(NetError::PeerFailed { peer, reason }) => {
-                tracing::debug!("storage site: sender {peer} went away: {reason}");
-                continue;
+    let mut header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
+    let mut bodies: Vec<Incoming> = Vec::new();
+    while count.is_none_or(|c| handled + bodies.len() < c) || !bodies.is_empty() {
+        let accepting = count.is_none_or(|c| handled + bodies.len() < c);
+        let reqs: Vec<gepsea_net::ReqId> = accepting.then_some(header).into_iter().chain(bodies.iter().map(|b| b.req)).collect();
+        let (i, completion) = port.wait_any(&reqs);
+        let ack = if accepting && i == 0 {
+            header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
+            let h = match completion {
+                Ok(gepsea_net::Completion::Received(h)) => h,
+                // A sender that went away between objects is no reason to stop serving.
+                Err(NetError::PeerFailed { peer, reason }) => {
+                    tracing::debug!("storage site: sender {peer} went away: {reason}");
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+                Ok(other) => return Err(TransferError::Malformed { from: STORAGE, reason: format!("unexpected completion {other:?}") }),
+            };
+            match announce(port, h.src, &h.data, key, max_object) {
+                Ok(Announced::Body(b)) => {
+                    bodies.push(b);
+                    continue;
+                }
+                Ok(Announced::Answered(ack)) => ack,
+                Err(e) => failed_mid_object(h.src, e)?,
             }
-            Err(e) => return Err(e.into()),
-        };
-        let from = h.src;
-        let ack = match serve_one(port, sink, from, &h.data, key, max_object) {
-            Ok(ack) => ack,
-            // That sender failed or vanished mid-object: nothing was written for it
-            // (its gepsea-net link could not be resumed); serve the others.
-            Err(TransferError::Net(e @ (NetError::PeerFailed { .. } | NetError::Unreachable { .. }))) => {
-                Ack { name: String::new(), result: Err(format!("the sender {from} failed mid-object: {e}")), seconds: 0.0 }
+        } else {
+            let b = bodies.remove(i - usize::from(accepting));
+            let from = b.from;
+            match completion.map_err(TransferError::from).and_then(|c| received(from, c)).and_then(|m| finish(port, sink, b, m)) {
+                Ok(ack) => ack,
+                Err(e) => failed_mid_object(from, e)?,
             }
-            Err(e) => return Err(e),
         };
         done(&ack);
         handled += 1;
     }
+    port.cancel(header);
     Ok(())
 }
 
-/// One object, from its header to its acknowledgement.
-fn serve_one(
-    port: &Port,
-    sink: &mut dyn Sink,
+/// The refusal of an object whose sender failed or vanished mid-object (nothing was
+/// written for it: its gepsea-net link could not be resumed); other errors stop the
+/// site.
+fn failed_mid_object(from: Addr, e: TransferError) -> Result<Ack, TransferError> {
+    match e {
+        TransferError::Net(e @ (NetError::PeerFailed { .. } | NetError::Unreachable { .. })) => {
+            Ok(Ack { name: String::new(), result: Err(format!("the sender {from} failed mid-object: {e}")), seconds: 0.0 })
+        }
+        e => Err(e),
+    }
+}
+
+/// A body being received.
+struct Incoming {
+    req: gepsea_net::ReqId,
     from: Addr,
-    header: &[u8],
-    key: Option<&Key>,
-    max_object: u64,
-) -> Result<Ack, TransferError> {
+    object: Object,
+    /// The session of an encrypted transfer.
+    session: Option<snow::TransportState>,
+}
+
+enum Announced {
+    /// Its body is on its way.
+    Body(Incoming),
+    /// Refused (and answered) from its header alone.
+    Answered(Ack),
+}
+
+/// Takes an object's header: refuses it at once, or answers an encrypted one's
+/// handshake, and posts the receive of its body.
+fn announce(port: &Port, from: Addr, header: &[u8], key: Option<&Key>, max_object: u64) -> Result<Announced, TransferError> {
     let refuse = |name: String, why: &str| Ack { name, result: Err(why.to_string()), seconds: 0.0 };
+    let answer = |ack: Ack| -> Result<Announced, TransferError> {
+        plain_ack(port, from, &ack)?;
+        Ok(Announced::Answered(ack))
+    };
     let header: Header = match postcard::from_bytes(header) {
         Ok(header) => header,
         // No answer: its sender is unknown.
-        Err(e) => return Ok(refuse(String::new(), &format!("malformed header from {from}: {e}"))),
+        Err(e) => return Ok(Announced::Answered(refuse(String::new(), &format!("malformed header from {from}: {e}")))),
     };
     if let Some(a) = header.reply_to {
         port.add_route(from, a);
     }
-    Ok(match (header.object, header.noise, key) {
+    match (header.object, header.noise, key) {
         (Some(object), None, _) if object.len > max_object => {
             // Its body is taken into no buffer at all: the receive ends truncated,
             // which also releases the sender.
             let _ = port.recv(Some(from), Some(TAG_BODY), 0);
-            let ack = refuse(object.name.clone(), &too_large(&object, max_object));
-            plain_ack(port, from, &ack)?;
-            ack
+            answer(refuse(object.name.clone(), &too_large(&object, max_object)))
         }
-        (Some(object), None, key) => {
-            let body = port.recv(Some(from), Some(TAG_BODY), object.len as usize)?;
-            // From here: the storage site's time excludes the transfer.
-            let started = std::time::Instant::now();
-            let ack = if key.is_some() {
-                refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)")
-            } else {
-                let result = store_checked(sink, &object, &body.data);
-                Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() }
-            };
-            plain_ack(port, from, &ack)?;
-            ack
+        (Some(object), None, None) => {
+            let req = port.irecv(Some(from), Some(TAG_BODY), object.len as usize);
+            Ok(Announced::Body(Incoming { req, from, object, session: None }))
+        }
+        (Some(object), None, Some(_)) => {
+            // Its body is not wanted: taken into no buffer, which releases the sender.
+            let _ = port.recv(Some(from), Some(TAG_BODY), 0);
+            answer(refuse(object.name, "this storage site accepts only encrypted transfers: give the sender the site's key (--key)"))
         }
         (None, Some(_), None) => {
-            let ack = refuse(String::new(), "the sender encrypts, but this storage site has no key: start it with --key");
-            plain_ack(port, from, &ack)?;
-            ack
+            answer(refuse(String::new(), "the sender encrypts, but this storage site has no key: start it with --key"))
         }
-        (None, Some(first), Some(key)) => serve_encrypted(port, sink, from, key, &first, max_object)?,
-        _ => {
-            let ack = refuse(String::new(), "malformed header: neither an object nor a handshake");
-            plain_ack(port, from, &ack)?;
-            ack
+        (None, Some(first), Some(key)) => {
+            let malformed = |e: snow::Error| TransferError::Malformed { from, reason: e.to_string() };
+            let mut hs = key.handshake(false);
+            let mut payload = vec![0u8; NOISE_MAX];
+            let object = hs.read_message(&first, &mut payload).ok().and_then(|n| postcard::from_bytes::<Object>(&payload[..n]).ok());
+            let Some(object) = object else {
+                // Refused in clear: there are no session keys to answer with.
+                return answer(refuse(String::new(), "handshake failed: the sender's key is not this storage site's key"));
+            };
+            if object.len > max_object {
+                // Refused in clear before the handshake completes: the sender sends no body.
+                return answer(Ack { result: Err(too_large(&object, max_object)), name: object.name, seconds: 0.0 });
+            }
+            let mut reply = vec![0u8; NOISE_MAX];
+            let n = hs.write_message(&[], &mut reply).map_err(malformed)?;
+            reply.truncate(n);
+            let session = hs.into_transport_mode().map_err(malformed)?;
+            let req = port.irecv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize);
+            port.send(from, TAG_HANDSHAKE, reply)?;
+            Ok(Announced::Body(Incoming { req, from, object, session: Some(session) }))
         }
-    })
+        _ => answer(refuse(String::new(), "malformed header: neither an object nor a handshake")),
+    }
+}
+
+/// A body has arrived: decrypt, check, store, acknowledge (encrypted in an encrypted
+/// session).
+fn finish(port: &Port, sink: &mut dyn Sink, b: Incoming, body: gepsea_net::Message) -> Result<Ack, TransferError> {
+    // From here: the storage site's time excludes the transfer.
+    let started = std::time::Instant::now();
+    let Incoming { from, object, session, .. } = b;
+    let Some(mut t) = session else {
+        let result = store_checked(sink, &object, &body.data);
+        let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
+        plain_ack(port, from, &ack)?;
+        return Ok(ack);
+    };
+    let result = match open_body(&mut t, &body.data) {
+        Ok(plain) => store_checked(sink, &object, &plain),
+        Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),
+    };
+    let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
+    let bytes = postcard::to_stdvec(&ack).expect("serialisable");
+    let mut sealed = vec![0u8; bytes.len() + NOISE_TAG];
+    let n = t.write_message(&bytes, &mut sealed).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
+    sealed.truncate(n);
+    port.send(from, TAG_ACK, sealed)?;
+    Ok(ack)
 }
 
 /// This host's address on the route to `to` (a connected UDP socket sends nothing).
