@@ -110,9 +110,11 @@ impl Chooser {
         if s.kind == Kind::Metadata || s.bytes < 64 << 10 {
             self.per_object = Some(self.per_object.map_or(net, |p| p.min(net)));
         }
-        // The rate from objects big enough for their bytes to show over the fixed cost,
-        // once that cost is known (earlier ones wait for it).
-        if s.bytes >= 64 << 10 {
+        // The rate from the objects whose bytes are not negligible (not metadata), net of
+        // the fixed cost once that is known (earlier ones wait for it). A small object's
+        // estimate is crude (a short transfer never leaves slow start), but it is what
+        // a part of that size will see.
+        if s.kind != Kind::Metadata {
             self.waiting.push((s.bytes, net));
         }
         if let Some(fixed) = self.per_object {
@@ -139,10 +141,13 @@ impl Chooser {
 
     /// The encoding for a part of `output_bytes` bytes.
     pub fn choose(&self, output_bytes: u64) -> Choice {
+        if self.costs[idx(Kind::Metadata)].storage.0.is_some() && self.rate.0.is_none() {
+            return Choice { kind: Kind::Zstd, why: "compressed, to measure the link's rate".into() };
+        }
         if self.costs[idx(Kind::Zstd)].storage.0.is_none() {
             return Choice { kind: Kind::Zstd, why: "first part: compressed, to measure the link's rate".into() };
         }
-        if self.costs[idx(Kind::Metadata)].storage.0.is_none() || self.rate.0.is_none() {
+        if self.costs[idx(Kind::Metadata)].storage.0.is_none() {
             return Choice {
                 kind: Kind::Metadata,
                 why: "second part: metadata, to measure the cost per object and of regeneration".into(),
@@ -225,6 +230,21 @@ mod tests {
         // mostly encoding) over the compressed output (0.2 s).
         let cheap = run(50.0, 0.0001, 1e-9, 6);
         assert!(cheap[2..].iter().all(|k| *k == Kind::Metadata), "{cheap:?}");
+    }
+
+    #[test]
+    fn small_compressed_parts_on_a_fast_link_do_not_leave_it_probing_metadata() {
+        // Parts of 230 KB compress to 46 KB: the rate comes from them all the same.
+        let mut c = Chooser::default();
+        let kinds: Vec<Kind> = (0..6)
+            .map(|_| {
+                let k = c.choose(230_000).kind;
+                c.observe(transfer(k, 230_000, 1000.0, 0.0001, 400e-9));
+                k
+            })
+            .collect();
+        assert_eq!(&kinds[..2], [Kind::Zstd, Kind::Metadata]);
+        assert!(kinds[2..].iter().all(|k| *k != Kind::Metadata), "{kinds:?}");
     }
 
     #[test]
