@@ -80,7 +80,9 @@ pub struct ShipPart {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ShipOp<W> {
     Whole(W),
-    Part(ShipPart),
+    // Boxed: the enum stays small whatever `W` is (postcard encodes a box as its
+    // contents).
+    Part(Box<ShipPart>),
 }
 
 /// What shipping measured (one object; or, summed by the master, every part).
@@ -151,7 +153,7 @@ impl Shipped {
 /// for the storage site's acknowledgement.
 pub fn ship_part(services: &dyn gepsea_agent::api::Services, req: ShipPart) -> Result<Shipped, String> {
     use gepsea_agent::api::Api;
-    let body = postcard::to_stdvec(&ShipOp::<()>::Part(req)).map_err(|e| e.to_string())?;
+    let body = postcard::to_stdvec(&ShipOp::<()>::Part(Box::new(req))).map_err(|e| e.to_string())?;
     let reply = services.plugin(PLUGIN, &body).map_err(|e| format!("the agent's {PLUGIN} plug-in: {e}"))?;
     postcard::from_bytes::<Result<Shipped, String>>(&reply).map_err(|e| format!("the {PLUGIN} plug-in's answer: {e}"))?
 }
@@ -175,7 +177,7 @@ mod tests {
             queries: "/w/batch3.fasta".into(),
             of: PartOf { job: "j".into(), index: 3, total: 7, outfmt: "0".into() },
         };
-        let bytes = postcard::to_stdvec(&ShipOp::<()>::Part(req.clone())).unwrap();
+        let bytes = postcard::to_stdvec(&ShipOp::<()>::Part(Box::new(req.clone()))).unwrap();
         match postcard::from_bytes::<ShipOp<(String, u64)>>(&bytes).unwrap() {
             ShipOp::Part(p) => {
                 assert_eq!(p.of, req.of);

@@ -374,7 +374,7 @@ pub fn serve(
 ) -> Result<(), TransferError> {
     let mut handled = 0;
     let mut header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
-    let mut bodies: Vec<Incoming> = Vec::new();
+    let mut bodies: Vec<Box<Incoming>> = Vec::new();
     while count.is_none_or(|c| handled + bodies.len() < c) || !bodies.is_empty() {
         let accepting = count.is_none_or(|c| handled + bodies.len() < c);
         let reqs: Vec<gepsea_net::ReqId> = accepting.then_some(header).into_iter().chain(bodies.iter().map(|b| b.req)).collect();
@@ -436,8 +436,8 @@ struct Incoming {
 }
 
 enum Announced {
-    /// Its body is on its way.
-    Body(Incoming),
+    /// Its body is on its way (boxed: a Noise session is large).
+    Body(Box<Incoming>),
     /// Refused (and answered) from its header alone.
     Answered(Ack),
 }
@@ -467,7 +467,7 @@ fn announce(port: &Port, from: Addr, header: &[u8], key: Option<&Key>, max_objec
         }
         (Some(object), None, None) => {
             let req = port.irecv(Some(from), Some(TAG_BODY), object.len as usize);
-            Ok(Announced::Body(Incoming { req, from, object, session: None }))
+            Ok(Announced::Body(Box::new(Incoming { req, from, object, session: None })))
         }
         (Some(object), None, Some(_)) => {
             // Its body is not wanted: taken into no buffer, which releases the sender.
@@ -496,7 +496,7 @@ fn announce(port: &Port, from: Addr, header: &[u8], key: Option<&Key>, max_objec
             let session = hs.into_transport_mode().map_err(malformed)?;
             let req = port.irecv(Some(from), Some(TAG_BODY), sealed_len(object.len) as usize);
             port.send(from, TAG_HANDSHAKE, reply)?;
-            Ok(Announced::Body(Incoming { req, from, object, session: Some(session) }))
+            Ok(Announced::Body(Box::new(Incoming { req, from, object, session: Some(session) })))
         }
         _ => answer(refuse(String::new(), "malformed header: neither an object nor a handshake")),
     }
@@ -504,10 +504,10 @@ fn announce(port: &Port, from: Addr, header: &[u8], key: Option<&Key>, max_objec
 
 /// A body has arrived: decrypt, check, store, acknowledge (encrypted in an encrypted
 /// session).
-fn finish(port: &Port, sink: &mut dyn Sink, b: Incoming, body: gepsea_net::Message) -> Result<Ack, TransferError> {
+fn finish(port: &Port, sink: &mut dyn Sink, b: Box<Incoming>, body: gepsea_net::Message) -> Result<Ack, TransferError> {
     // From here: the storage site's time excludes the transfer.
     let started = std::time::Instant::now();
-    let Incoming { from, object, session, .. } = b;
+    let Incoming { from, object, session, .. } = *b;
     let Some(mut t) = session else {
         let result = store_checked(sink, &object, &body.data);
         let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };

@@ -66,18 +66,8 @@ pub fn master(
     let mut reshipping = Vec::new();
     if let Some(ship) = &spec.ship {
         for &b in &done_batches {
-            let req = crate::ship::ShipPart {
-                ship: ship.clone(),
-                part: abs(&spec.parts[b])?,
-                queries: abs(&batch_file(job, b))?,
-                of: crate::ship::PartOf {
-                    job: spec.id.clone(),
-                    index: b as u32,
-                    total: spec.batches.len() as u32,
-                    outfmt: spec.outfmt.clone(),
-                },
-            };
-            let body = postcard::to_stdvec(&crate::ship::ShipOp::<()>::Part(req)).unwrap();
+            let req = super::plugin::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
+            let body = postcard::to_stdvec(&crate::ship::ShipOp::<()>::Part(Box::new(req))).unwrap();
             reshipping.push((b, client.start(gepsea_agent::wire::Op::Plugin { name: crate::ship::PLUGIN.into(), body })));
         }
     }
@@ -195,10 +185,6 @@ pub fn master(
     stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
     stats.parts = n;
     Ok(stats)
-}
-
-fn abs(p: &Path) -> Result<std::path::PathBuf, SearchError> {
-    std::fs::canonicalize(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))
 }
 
 /// Submits a task; a fragment search names its fragment, so that the scheduler prefers

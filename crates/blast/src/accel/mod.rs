@@ -194,7 +194,7 @@ pub struct PartDone {
     /// When the part was in place (seconds since the Unix epoch).
     pub written_unix: f64,
     /// What shipping the part to the storage site measured (with `JobSpec::ship`).
-    pub shipped: Option<crate::ship::Shipped>,
+    pub shipped: Option<Box<crate::ship::Shipped>>,
 }
 
 // ----- the master ----------------------------------------------------------------------

@@ -689,7 +689,7 @@ fn publish_part(services: Arc<dyn gepsea_agent::api::Services>, spec: Arc<JobSpe
         .name(format!("blast-ship-{}", done.batch))
         .spawn(move || {
             let done = match ship_part(&*services, &spec, &job, done.batch, &ship) {
-                Ok(sh) => PartDone { shipped: Some(sh), ..done },
+                Ok(sh) => PartDone { shipped: Some(Box::new(sh)), ..done },
                 Err(e) => PartDone { error: Some(e), ..done },
             };
             if let Err(e) = publish(&*services, done) {
@@ -698,6 +698,28 @@ fn publish_part(services: Arc<dyn gepsea_agent::api::Services>, spec: Arc<JobSpe
         })
         .map(|_| ())
         .map_err(|e| format!("starting a shipping thread: {e}"))
+}
+
+/// The request to ship batch `batch`'s finished part.
+pub(crate) fn part_request(
+    spec: &JobSpec,
+    job: &Path,
+    batch: usize,
+    ship: &crate::ship::ShipParts,
+) -> Result<crate::ship::ShipPart, String> {
+    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
+    let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+    Ok(crate::ship::ShipPart {
+        ship: ship.clone(),
+        part: abs(part)?,
+        queries: abs(&batch_file(job, batch))?,
+        of: crate::ship::PartOf {
+            job: spec.id.clone(),
+            index: batch as u32,
+            total: spec.batches.len() as u32,
+            outfmt: spec.outfmt.clone(),
+        },
+    })
 }
 
 /// Hands batch `batch`'s finished part to the node's `paramedic` plug-in and waits for
@@ -709,20 +731,8 @@ pub(crate) fn ship_part(
     batch: usize,
     ship: &crate::ship::ShipParts,
 ) -> Result<crate::ship::Shipped, String> {
-    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
-    let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
-    let req = crate::ship::ShipPart {
-        ship: ship.clone(),
-        part: abs(part)?,
-        queries: abs(&batch_file(job, batch))?,
-        of: crate::ship::PartOf {
-            job: spec.id.clone(),
-            index: batch as u32,
-            total: spec.batches.len() as u32,
-            outfmt: spec.outfmt.clone(),
-        },
-    };
-    crate::ship::ship_part(services, req).map_err(|e| format!("shipping part {batch} to the storage site {}: {e}", ship.storage))
+    crate::ship::ship_part(services, part_request(spec, job, batch, ship)?)
+        .map_err(|e| format!("shipping part {batch} to the storage site {}: {e}", ship.storage))
 }
 
 impl Plugin for BlastPlugin {
