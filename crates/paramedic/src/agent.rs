@@ -94,15 +94,16 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
         to: req.storage,
         source,
     })?;
-    Ok(Shipped {
-        objects: 1,
-        acked_unix: unix_now(),
-        chosen: Default::default(),
-        reason: None,
+    Ok(measured(plugin, output.len(), sealed.len(), key.is_some(), encode_seconds, &sent))
+}
+
+/// What one object's shipping measured.
+fn measured(plugin: &str, output: usize, sealed: usize, encrypted: bool, encode_seconds: f64, sent: &transfer::Sent) -> Shipped {
+    Shipped {
         plugin: plugin.into(),
-        output_bytes: output.len() as u64,
-        bytes: sealed.len() as u64,
-        encrypted: key.is_some(),
+        output_bytes: output as u64,
+        bytes: sealed as u64,
+        encrypted,
         encode_seconds,
         transfer_seconds: sent.seconds,
         storage_seconds: sent.ack.seconds,
@@ -110,7 +111,11 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
         reconnects: sent.reconnects,
         frames_resent: sent.frames_resent,
         by_agent: false,
-    })
+        objects: 1,
+        acked_unix: unix_now(),
+        chosen: Default::default(),
+        reason: None,
+    }
 }
 
 fn unix_now() -> f64 {
@@ -170,19 +175,7 @@ pub fn ship_part(req: &ShipPart, chooser: Option<&Mutex<Chooser>>) -> Result<Shi
     Ok(Shipped {
         chosen: choice.as_ref().map(|c| [(c.kind.name().to_string(), 1)].into()).unwrap_or_default(),
         reason: choice.map(|c| c.why),
-        plugin: plugin.into(),
-        output_bytes: output.len() as u64,
-        bytes: sealed.len() as u64,
-        encrypted: key.is_some(),
-        encode_seconds,
-        transfer_seconds: sent.seconds,
-        storage_seconds: sent.ack.seconds,
-        bytes_written_at_storage: sent.ack.result.as_ref().copied().unwrap_or(0),
-        reconnects: sent.reconnects,
-        frames_resent: sent.frames_resent,
-        by_agent: false,
-        objects: 1,
-        acked_unix: unix_now(),
+        ..measured(plugin, output.len(), sealed.len(), key.is_some(), encode_seconds, &sent)
     })
 }
 

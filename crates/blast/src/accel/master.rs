@@ -66,7 +66,7 @@ pub fn master(
     let mut reshipping = Vec::new();
     if let Some(ship) = &spec.ship {
         for &b in &done_batches {
-            let req = super::plugin::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
+            let req = super::writer::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
             let body = postcard::to_stdvec(&crate::ship::ShipOp::<()>::Part(Box::new(req))).unwrap();
             reshipping.push((b, client.start(gepsea_agent::wire::Op::Plugin { name: crate::ship::PLUGIN.into(), body })));
         }

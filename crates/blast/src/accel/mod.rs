@@ -45,6 +45,7 @@ mod local;
 mod master;
 mod plugin;
 mod worker;
+mod writer;
 
 use self::master::submit_task;
 use self::plugin::failed;

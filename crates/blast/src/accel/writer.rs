@@ -1,0 +1,161 @@
+//! Writing a batch's part and telling the master, on the plug-in's writer threads;
+//! with `JobSpec::ship`, shipping the part to the storage site first (ParaMEDIC's
+//! overlap, see `crate::ship`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gepsea_agent::api::Api;
+use gepsea_agent::plugin::PluginError;
+use gepsea_agent::wire::Dest;
+
+use crate::plan::*;
+use crate::report;
+
+use super::plugin::merger_key;
+use super::*;
+
+/// A batch's part to write (see [`write_part`]).
+pub(crate) struct WriteJob {
+    pub(crate) spec: Arc<JobSpec>,
+    pub(crate) job: PathBuf,
+    pub(crate) batch: usize,
+    pub(crate) hsps: Vec<String>,
+    pub(crate) done: PartDone,
+    pub(crate) services: Arc<dyn gepsea_agent::api::Services>,
+    /// Where the statistics runs and the formatter work: in the plug-in's node-local
+    /// scratch, since the job directory is shared storage, where their files would
+    /// cross the network.
+    pub(crate) scratch: PathBuf,
+}
+
+/// Parts are written by as many threads as the node has cores (at most 4): one node's
+/// merges never hold more, and a batch waits for a writer rather than for a job thread.
+pub(crate) fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
+    let (tx, rx) = crossbeam_channel::unbounded::<WriteJob>();
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    for i in 0..n {
+        let rx = rx.clone();
+        let spawned = std::thread::Builder::new().name(format!("blast-writer-{i}")).spawn(move || {
+            for job in rx {
+                if let Err(e) = write_part(job) {
+                    tracing::warn!("blast plug-in: {e}");
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("blast plug-in: cannot start a part writer: {e}");
+        }
+    }
+    tx
+}
+
+/// Writes a batch's part of the report, then tells the job's master (a failure too:
+/// the master fails the run with it).
+fn write_part(w: WriteJob) -> Result<(), PluginError> {
+    let WriteJob { spec, job, batch, hsps, done, services, scratch } = w;
+    let write_started = Instant::now();
+    let mut part_bytes = 0;
+    let result = (|| -> Result<(), String> {
+        std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+        let queries = batch_file(&job, batch);
+        let rs = report::Spec {
+            program: &spec.program,
+            blastdb: spec.blastdb.as_ref(),
+            db_name: &spec.db_name,
+            queries: &queries,
+            outfmt: &spec.outfmt,
+            blast_args: &spec.blast_args,
+            scratch: &scratch,
+        };
+        let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+        let tmp = part_tmp(part, "merged");
+        report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
+        part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
+        std::fs::rename(&tmp, part).map_err(|e| e.to_string())
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    let done = PartDone {
+        error: result.err(),
+        write_seconds: write_started.elapsed().as_secs_f64(),
+        part_bytes,
+        written_unix: crate::trace::unix_now(),
+        ..done
+    };
+    if spec.assign == MergeAssign::Dynamic {
+        // The batch no longer weighs on this agent (nothing to do if the scheduler that
+        // placed it has changed since).
+        let _ = services.release(&merger_key(&spec, batch));
+    }
+    publish_part(services, spec, job, done).map_err(failed)
+}
+
+/// Tells the job's master that a part is in place. With `JobSpec::ship` (ParaMEDIC's
+/// overlap) the part first goes to the storage site, on a thread of its own: the
+/// transfer waits on the wide-area link and the storage site, and neither the job
+/// thread nor the part writer should (the master ships parts an earlier run left, see
+/// `master`). A failed shipment fails the run, as a failed write does.
+pub(crate) fn publish_part(
+    services: Arc<dyn gepsea_agent::api::Services>,
+    spec: Arc<JobSpec>,
+    job: PathBuf,
+    done: PartDone,
+) -> Result<(), String> {
+    let topic = topic(&spec.id);
+    let publish = move |services: &dyn gepsea_agent::api::Services, done: PartDone| -> Result<(), String> {
+        let notice = postcard::to_stdvec(&Notice::Part(done)).map_err(|e| e.to_string())?;
+        services.publish(&topic, &notice, Dest::All).map(|_| ()).map_err(|e| e.to_string())
+    };
+    let Some(ship) = spec.ship.clone().filter(|_| done.error.is_none()) else {
+        return publish(&*services, done);
+    };
+    std::thread::Builder::new()
+        .name(format!("blast-ship-{}", done.batch))
+        .spawn(move || {
+            let done = match ship_part(&*services, &spec, &job, done.batch, &ship) {
+                Ok(sh) => PartDone { shipped: Some(Box::new(sh)), ..done },
+                Err(e) => PartDone { error: Some(e), ..done },
+            };
+            if let Err(e) = publish(&*services, done) {
+                tracing::warn!("blast plug-in: {e}");
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("starting a shipping thread: {e}"))
+}
+
+/// The request to ship batch `batch`'s finished part.
+pub(crate) fn part_request(
+    spec: &JobSpec,
+    job: &Path,
+    batch: usize,
+    ship: &crate::ship::ShipParts,
+) -> Result<crate::ship::ShipPart, String> {
+    let abs = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
+    let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+    Ok(crate::ship::ShipPart {
+        ship: ship.clone(),
+        part: abs(part)?,
+        queries: abs(&batch_file(job, batch))?,
+        of: crate::ship::PartOf {
+            job: spec.id.clone(),
+            index: batch as u32,
+            total: spec.batches.len() as u32,
+            outfmt: spec.outfmt.clone(),
+        },
+    })
+}
+
+/// Hands batch `batch`'s finished part to the node's `paramedic` plug-in and waits for
+/// the storage site's acknowledgement.
+pub(crate) fn ship_part(
+    services: &dyn gepsea_agent::api::Services,
+    spec: &JobSpec,
+    job: &Path,
+    batch: usize,
+    ship: &crate::ship::ShipParts,
+) -> Result<crate::ship::Shipped, String> {
+    crate::ship::ship_part(services, part_request(spec, job, batch, ship)?)
+        .map_err(|e| format!("shipping part {batch} to the storage site {}: {e}", ship.storage))
+}
