@@ -66,6 +66,12 @@ pub struct ParamedicBenchArgs {
     /// more parts, each shipped as soon as it is final.
     #[arg(long)]
     pub batch_residues: Option<usize>,
+    /// Replay the searches' BLAST+ runs from this recording instead of searching (the
+    /// compute site's CPU then goes to formatting, shipping and the storage site; see
+    /// `gepsea-bench cluster --replay`). If DIR holds no recording yet, the reference
+    /// search records into it for real. Splits by fragments (the recording's layout).
+    #[arg(long, value_name = "DIR")]
+    pub replay: Option<PathBuf>,
     /// Only these variants, comma-separated (default: all): direct, direct-encrypted,
     /// remote-fs, zstd, paramedic, paramedic-encrypted, auto.
     #[arg(long, value_delimiter = ',')]
@@ -250,6 +256,11 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
             .arg(&summary);
         if let Some(r) = a.batch_residues {
             c.args(["--batch-residues", &r.to_string()]);
+        }
+        if let Some(dir) = &a.replay {
+            // The reference run records when there is nothing to replay yet.
+            let recorded = std::fs::read_dir(dir.join("runs")).is_ok_and(|mut d| d.next().is_some());
+            c.args(["--split", "fragments"]).arg(if ship.is_none() && !recorded { "--record" } else { "--replay" }).arg(dir);
         }
         let mut at_storage = out.clone();
         if let Some(v) = ship.filter(|v| v.ship != Ship::RemoteFs) {
