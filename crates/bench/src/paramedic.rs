@@ -551,7 +551,10 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
             speedups.push((format!("{rate} Mbit/s, vs {base}"), pts));
         }
     }
-    crate::plots::lines(&out_dir.join("paramedic_speedup.png"), "ParaMEDIC speed-up", "one-way delay (ms)", &speedups)?;
+    speedups.retain(|(_, pts): &(String, Vec<(f64, f64)>)| !pts.is_empty());
+    if !speedups.is_empty() {
+        crate::plots::lines(&out_dir.join("paramedic_speedup.png"), "ParaMEDIC speed-up", "one-way delay (ms)", &speedups)?;
+    }
     eprintln!("bench paramedic: JSON {} and plots paramedic_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
 }
