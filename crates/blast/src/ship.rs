@@ -152,10 +152,25 @@ impl Shipped {
 /// Asks the `paramedic` plug-in of the agent behind `services` to ship a part; waits
 /// for the storage site's acknowledgement.
 pub fn ship_part(services: &dyn gepsea_agent::api::Services, req: ShipPart) -> Result<Shipped, String> {
-    use gepsea_agent::api::Api;
-    let body = postcard::to_stdvec(&ShipOp::<()>::Part(Box::new(req))).map_err(|e| e.to_string())?;
-    let reply = services.plugin(PLUGIN, &body).map_err(|e| format!("the agent's {PLUGIN} plug-in: {e}"))?;
-    postcard::from_bytes::<Result<Shipped, String>>(&reply).map_err(|e| format!("the {PLUGIN} plug-in's answer: {e}"))?
+    let reply = services.call(part_op(req)).map_err(|e| format!("the agent's {PLUGIN} plug-in: {e}"))?;
+    answer(reply)
+}
+
+/// The agent operation that asks its `paramedic` plug-in to ship a part (started
+/// asynchronously by the master, see [`answer`]).
+pub(crate) fn part_op(req: ShipPart) -> gepsea_agent::wire::Op {
+    let body = postcard::to_stdvec(&ShipOp::<()>::Part(Box::new(req))).expect("serialisable");
+    gepsea_agent::wire::Op::Plugin { name: PLUGIN.into(), body }
+}
+
+/// What the plug-in answered to [`part_op`].
+pub(crate) fn answer(reply: gepsea_agent::wire::Reply) -> Result<Shipped, String> {
+    match reply {
+        gepsea_agent::wire::Reply::Data(d) => {
+            postcard::from_bytes::<Result<Shipped, String>>(&d).map_err(|e| format!("the {PLUGIN} plug-in's answer: {e}"))?
+        }
+        r => Err(format!("the {PLUGIN} plug-in answered {r:?}")),
+    }
 }
 
 #[cfg(test)]

@@ -237,17 +237,8 @@ fn stop_cleanly_on_signal(namespace: String, out: PathBuf) -> Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     std::thread::spawn(move || {
         if let Some(sig) = signals.forever().next() {
-            let pid = std::process::id();
             let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&namespace));
-            let ours = |dir: &Path, is_ours: &dyn Fn(&str) -> bool| {
-                for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-                    if is_ours(&e.file_name().to_string_lossy()) {
-                        let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
-                    }
-                }
-            };
-            ours(&out, &|n| n.ends_with(&format!(".gepsea-tmp{pid}")));
-            ours(&std::env::temp_dir(), &|n| n.starts_with("gepsea-paramedic-") && n.contains(&format!("-{pid}-")));
+            paramedic::storage::StorageSite::remove_temporaries(&out, std::process::id());
             eprintln!("gepsea paramedic: storage site stopped by signal {sig}");
             std::process::exit(128 + sig);
         }

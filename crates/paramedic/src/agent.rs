@@ -82,11 +82,7 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
     let key = req.key_file.as_deref().map(Key::read).transpose()?;
     let output = std::fs::read(&req.output).map_err(|e| ShipError::Read(req.output.clone(), e))?;
     let started = Instant::now();
-    let (plugin, sealed) = match &req.encoding {
-        Encoding::Blast(job) => ("blast", crate::container::seal(&BlastPlugin::compute_site(job.clone()), &output)),
-        Encoding::Zstd(level) => ("zstd", crate::container::seal(&ZstdPlugin { level: *level }, &output)),
-        Encoding::Output => ("raw", crate::container::seal(&RawPlugin, &output)),
-    };
+    let (plugin, sealed) = seal(&req.encoding, &output);
     let sealed = sealed.map_err(|e| ShipError::Encode(req.output.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();
     let sent = transfer::send_to(req.storage, None, &req.name, None, &sealed, key.as_ref()).map_err(|source| ShipError::Transfer {
@@ -95,6 +91,16 @@ pub fn ship(req: &ShipRequest) -> Result<Shipped, ShipError> {
         source,
     })?;
     Ok(measured(plugin, output.len(), sealed.len(), key.is_some(), encode_seconds, &sent))
+}
+
+/// Encodes `output` as `encoding` says into a checked container; with the plug-in's
+/// name.
+fn seal(encoding: &Encoding, output: &[u8]) -> (&'static str, Result<Vec<u8>, crate::container::ContainerError>) {
+    match encoding {
+        Encoding::Blast(job) => ("blast", crate::container::seal(&BlastPlugin::compute_site(job.clone()), output)),
+        Encoding::Zstd(level) => ("zstd", crate::container::seal(&ZstdPlugin { level: *level }, output)),
+        Encoding::Output => ("raw", crate::container::seal(&RawPlugin, output)),
+    }
 }
 
 /// What one object's shipping measured.
@@ -144,20 +150,18 @@ pub fn ship_part(req: &ShipPart, chooser: Option<&Mutex<Chooser>>) -> Result<Shi
         (PartEncoding::Auto, None) => (PartEncoding::Zstd(crate::plugin::ZSTD_LEVEL), None),
         (e, _) => (e, None),
     };
-    let (plugin, sealed) = match encoding {
+    let encoding = match encoding {
         PartEncoding::Auto => unreachable!("chosen above"),
-        PartEncoding::Metadata => {
-            let job = BlastJob {
-                db_dir: ship.db.clone(),
-                query: req.queries.clone(),
-                outfmt: req.of.outfmt.clone(),
-                blast_args: ship.blast_args.clone(),
-            };
-            ("blast", crate::container::seal(&BlastPlugin::compute_site(job), &output))
-        }
-        PartEncoding::Zstd(level) => ("zstd", crate::container::seal(&ZstdPlugin { level }, &output)),
-        PartEncoding::Output => ("raw", crate::container::seal(&RawPlugin, &output)),
+        PartEncoding::Metadata => Encoding::Blast(BlastJob {
+            db_dir: ship.db.clone(),
+            query: req.queries.clone(),
+            outfmt: req.of.outfmt.clone(),
+            blast_args: ship.blast_args.clone(),
+        }),
+        PartEncoding::Zstd(level) => Encoding::Zstd(level),
+        PartEncoding::Output => Encoding::Output,
     };
+    let (plugin, sealed) = seal(&encoding, &output);
     let sealed = sealed.map_err(|e| ShipError::Encode(req.part.clone(), e))?;
     let encode_seconds = started.elapsed().as_secs_f64();
     let sent = transfer::send_to(ship.storage, None, &ship.name, Some(&req.of), &sealed, key.as_ref())

@@ -112,11 +112,12 @@ impl StorageSite {
     /// `threads` BLAST+ processes at once.
     pub fn new(dir: &Path, replica: Option<&Path>, threads: usize) -> StorageSite {
         let replica = replica.map(Path::to_path_buf);
-        StorageSite::with_decoders(dir, Box::new(move |name: &str| decoder(name, replica.as_deref(), threads)))
-    }
-
-    pub fn with_decoders(dir: &Path, decoders: Decoders) -> StorageSite {
-        StorageSite { dir: dir.to_path_buf(), decoders, assembling: HashMap::new(), stats: Default::default() }
+        StorageSite {
+            dir: dir.to_path_buf(),
+            decoders: Box::new(move |name: &str| decoder(name, replica.as_deref(), threads)),
+            assembling: HashMap::new(),
+            stats: Default::default(),
+        }
     }
 
     /// Its counters, live.
@@ -204,15 +205,21 @@ impl StorageSite {
         Ok(())
     }
 
-    /// Removes what a storage site of process `pid` leaves half-done in `dir` (its
-    /// temporary files; kept parts stay, a restarted site resumes from them).
+    /// Removes what a storage site of process `pid` leaves half-done: its temporary
+    /// files in `dir` (a report being assembled, an output being written) and its
+    /// regeneration scratch in the system's temporary directory (`blast.rs`). Kept parts
+    /// stay: a restarted site resumes from them.
     pub fn remove_temporaries(dir: &Path, pid: u32) {
-        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            if n.ends_with(&format!(".gepsea-tmp{pid}")) {
-                let _ = std::fs::remove_file(e.path());
+        let remove = |dir: &Path, is_ours: &dyn Fn(&str) -> bool| {
+            for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if is_ours(&e.file_name().to_string_lossy()) {
+                    let _ = std::fs::remove_dir_all(e.path()).or_else(|_| std::fs::remove_file(e.path()));
+                }
             }
-        }
+        };
+        let (tmp_suffix, scratch_infix) = (format!(".gepsea-tmp{pid}"), format!("-{pid}-"));
+        remove(dir, &|n| n.ends_with(&tmp_suffix));
+        remove(&std::env::temp_dir(), &|n| n.starts_with("gepsea-paramedic-") && n.contains(&scratch_infix));
     }
 }
 

@@ -102,10 +102,7 @@ pub enum KeyError {
 impl Key {
     /// A fresh random key (from the kernel's generator).
     pub fn generate() -> std::io::Result<Key> {
-        use std::io::Read;
-        let mut k = [0u8; 32];
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut k)?;
-        Ok(Key(k))
+        random_bytes().map(Key)
     }
 
     pub fn to_hex(&self) -> String {
@@ -296,14 +293,19 @@ pub fn send_to(
     })
 }
 
+/// `N` bytes from the kernel's random source.
+fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b)
+}
+
 /// A node id for one sending port: random, so that senders on many hosts, and several
 /// at once in one process (every agent thread shipping a part), never share one: the
 /// storage site would take a second sender with the same id for the first one restarted.
 fn sender_id() -> u32 {
-    let mut b = [0u8; 4];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).is_err() {
-        b = std::process::id().to_le_bytes();
-    }
+    let b = random_bytes().unwrap_or_else(|_| std::process::id().to_le_bytes());
     // Below the storage site's id, never 0.
     (u32::from_le_bytes(b) % (STORAGE.node - 1)) + 1
 }
@@ -375,8 +377,12 @@ pub fn serve(
     let mut handled = 0;
     let mut header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
     let mut bodies: Vec<Box<Incoming>> = Vec::new();
-    while count.is_none_or(|c| handled + bodies.len() < c) || !bodies.is_empty() {
+    loop {
+        // New objects are taken until `count` are handled or under way.
         let accepting = count.is_none_or(|c| handled + bodies.len() < c);
+        if !accepting && bodies.is_empty() {
+            break;
+        }
         let reqs: Vec<gepsea_net::ReqId> = accepting.then_some(header).into_iter().chain(bodies.iter().map(|b| b.req)).collect();
         let (i, completion) = port.wait_any(&reqs);
         let ack = if accepting && i == 0 {

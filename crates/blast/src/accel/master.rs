@@ -67,8 +67,7 @@ pub fn master(
     if let Some(ship) = &spec.ship {
         for &b in &done_batches {
             let req = super::writer::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
-            let body = postcard::to_stdvec(&crate::ship::ShipOp::<()>::Part(Box::new(req))).unwrap();
-            reshipping.push((b, client.start(gepsea_agent::wire::Op::Plugin { name: crate::ship::PLUGIN.into(), body })));
+            reshipping.push((b, client.start(crate::ship::part_op(req))));
         }
     }
     let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
@@ -142,13 +141,7 @@ pub fn master(
     }
     for (b, id) in reshipping {
         // The wide-area link may be slow and regeneration long: as long as it takes.
-        let sh = match client.finish(id, Duration::from_secs(24 * 3600)) {
-            Ok(gepsea_agent::wire::Reply::Data(d)) => {
-                postcard::from_bytes::<Result<crate::ship::Shipped, String>>(&d).map_err(|e| e.to_string()).and_then(|r| r)
-            }
-            Ok(r) => Err(format!("unexpected reply {r:?}")),
-            Err(e) => Err(e.to_string()),
-        };
+        let sh = client.finish(id, Duration::from_secs(24 * 3600)).map_err(|e| e.to_string()).and_then(crate::ship::answer);
         let sh = sh.map_err(|e| SearchError::Io(format!("shipping part {b} (from an earlier run) to the storage site: {e}")))?;
         stats.shipped.get_or_insert_with(Default::default).add(&sh);
     }
