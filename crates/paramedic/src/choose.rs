@@ -26,6 +26,7 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The container plug-in that carries it (as the summary counts choices).
     pub fn name(self) -> &'static str {
         match self {
             Kind::Output => "raw",
@@ -77,6 +78,7 @@ struct Costs {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
     pub kind: Kind,
+    /// The reasoning, for the search's summary.
     pub why: String,
 }
 

@@ -252,11 +252,17 @@ impl Sink for StorageSite {
 
 /// How a storage-site agent serves (`gepsea agent --storage-listen`).
 pub struct StorageConfig {
+    /// Where compute sites send (port 0: any).
     pub listen: std::net::SocketAddr,
+    /// Where reports are written.
     pub out: PathBuf,
+    /// This site's replica of the database (BLAST metadata needs it).
     pub replica: Option<PathBuf>,
+    /// Accept only transfers encrypted under this key.
     pub key: Option<Key>,
+    /// BLAST+ processes at once per regeneration.
     pub threads: usize,
+    /// Largest object taken (see [`transfer::DEFAULT_MAX_OBJECT`]).
     pub max_object: u64,
 }
 
