@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic demo clean
+.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic bench-paramedic-scale demo clean
 
 all: build
 
@@ -90,6 +90,11 @@ bench-spare-core: build | $(OUT)
 # The ParaMEDIC experiments: two namespace sites behind an emulated wide-area link (root).
 bench-paramedic: build | $(OUT)
 	./target/release/gepsea-bench paramedic --json $(OUT)/paramedic.json
+
+# ParaMEDIC on a 317.5 MB workload and the paper's sweeps (about 2 hours: records the
+# searches once, then replays them on 16 namespace nodes; see the script's header).
+bench-paramedic-scale: build | $(OUT)
+	bash bench/paramedic-scale.sh
 
 bench: bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic
 

@@ -14,6 +14,7 @@ mod db;
 mod model;
 mod net;
 mod paramedic;
+mod paramedic_figures;
 mod plots;
 mod procstat;
 mod search;
@@ -48,6 +49,9 @@ enum Cmd {
     /// The ParaMEDIC experiments: two sites joined by an emulated wide-area link, the
     /// output written directly vs shipped as metadata (needs root).
     Paramedic(paramedic::ParamedicBenchArgs),
+    /// The ParaMEDIC paper's figures (time breakdown, sweeps, break-even) from the JSON
+    /// files of `paramedic` runs, as PNGs with their tables.
+    ParamedicFigures(paramedic_figures::FiguresArgs),
     /// Chaos soak: repeated searches on 3 namespace nodes under mpirun while faults are
     /// injected at random moments (needs root; `make soak`).
     Soak(soak::SoakArgs),
@@ -65,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Cluster(a) => cluster::run(&a),
         Cmd::SpareCore(a) => spare_core::run(&a),
         Cmd::Paramedic(a) => paramedic::run(&a),
+        Cmd::ParamedicFigures(a) => paramedic_figures::run(&a),
         Cmd::Soak(a) => soak::run(&a),
         Cmd::Testbed(t) => testbed::run(&t),
     };

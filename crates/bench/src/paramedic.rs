@@ -81,6 +81,13 @@ pub struct ParamedicBenchArgs {
     /// keeps its regeneration from starving the search.
     #[arg(long, default_value_t = 256)]
     pub storage_cpu_shares: u64,
+    /// Only the reference search (with `--replay` and no recording yet: record it and
+    /// stop), so that recordings can be made on a quiet machine ahead of the runs.
+    #[arg(long)]
+    pub reference_only: bool,
+    /// BLAST+ options for every search, after `--` (e.g. `-- -max_target_seqs 100`).
+    #[arg(last = true, allow_hyphen_values = true)]
+    pub blast_args: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -199,6 +206,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         std::fs::create_dir_all(d.join(sub))?;
     }
     a.workload.prepare(&gepsea, d)?;
+    if let Some(rec) = &a.replay {
+        keep_recorded_database(rec, &d.join("g"))?;
+    }
     // The storage site's replica: the same database files, its own copy.
     run_ok(Command::new("cp").arg("-a").arg(d.join("g")).arg(d.join("replica")))?;
     run_ok(Command::new(&gepsea).args(["paramedic", "keygen", "--out"]).arg(d.join("key")))?;
@@ -281,6 +291,9 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
         } else if ship.is_some() {
             at_storage = export.join(&name);
         }
+        if !a.blast_args.is_empty() {
+            c.arg("--").args(&a.blast_args);
+        }
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         let storage_cpu = || server_pids.iter().filter_map(|&p| crate::procstat::cpu_seconds(p, true)).sum::<f64>();
         let (compute0, storage0) = (children_cpu_seconds(), storage_cpu());
@@ -320,7 +333,8 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     );
 
     let mut rows: Vec<Row> = Vec::new();
-    for &rate in &a.rates_mbit {
+    let rates: &[u32] = if a.reference_only { &[] } else { &a.rates_mbit };
+    for &rate in rates {
         sites.set_rate(rate)?;
         for &delay in &a.delays_ms {
             let _daemon = if delay > 0.0 {
@@ -391,7 +405,26 @@ pub fn run(a: &ParamedicBenchArgs) -> Result<()> {
     }
     drop(sites);
     let _ = std::fs::remove_file(&reference);
+    if a.reference_only {
+        return Ok(());
+    }
     report(a, &rows, output_bytes, ref_search)
+}
+
+/// A recording is of one formatted database, and a database's files carry the minute
+/// they were formatted (so replay refuses another formatting of the same sequences):
+/// the recording keeps the database it was made on as `REC/database`, and later runs
+/// search that copy instead of the one they formatted.
+fn keep_recorded_database(rec: &Path, formatted: &Path) -> Result<()> {
+    let kept = rec.join("database");
+    if kept.join("manifest.json").exists() {
+        std::fs::remove_dir_all(formatted)?;
+        run_ok(Command::new("cp").arg("-a").arg(&kept).arg(formatted)).map(drop)
+    } else {
+        let _ = std::fs::remove_dir_all(&kept);
+        std::fs::create_dir_all(rec)?;
+        run_ok(Command::new("cp").arg("-a").arg(formatted).arg(&kept)).map(drop)
+    }
 }
 
 /// CPU seconds of this process's reaped descendants (everything under `mpirun`).
@@ -444,7 +477,7 @@ impl Drop for CpuGroup {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
@@ -516,7 +549,9 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
     std::fs::write(
         &a.json,
         serde_json::to_string_pretty(&json!({
-            "queries": a.workload.queries, "fragments": a.workload.fragments, "compute_nodes": a.compute_nodes, "outfmt": a.outfmt,
+            "queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "fragments": a.workload.fragments,
+            "compute_nodes": a.compute_nodes, "outfmt": a.outfmt, "blast_args": a.blast_args, "batch_residues": a.batch_residues,
+            "replayed": a.replay.is_some(), "storage_cpu_shares": a.storage_cpu_shares,
             "output_bytes": output_bytes, "metadata_bytes": meta, "reference_search_seconds": ref_search,
             "encode_seconds": encode, "regenerate_seconds": regen, "break_even_mbit": break_even_mbit, "break_even_vs_zstd_mbit": break_even_zstd_mbit,
             "tcp": "BBR, 64 MiB buffers", "runs": rows,

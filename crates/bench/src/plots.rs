@@ -6,13 +6,33 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
-/// Draws `series` (name, points) as lines over a shared x axis.
-pub fn lines(path: &Path, y_label: &str, x_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
-    let pts = series.iter().flat_map(|(_, p)| p.iter().copied());
+/// One named line: its points, (x, y).
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// Draws `series` as lines over a shared, linear x axis.
+pub fn lines(path: &Path, y_label: &str, x_label: &str, series: &[Series]) -> Result<()> {
+    let (x0, x1, y1) = extent(path, series)?;
+    let pad = ((x1 - x0) * 0.05).max(0.25);
+    draw_lines(path, y_label, x_label, (x0 - pad)..(x1 + pad), y1, series)
+}
+
+/// Draws `series` as lines over a shared, logarithmic x axis (every x > 0): link rates
+/// from 1 to 1,000 Mbit/s, where a linear axis would crowd the slow end.
+pub fn lines_log_x(path: &Path, y_label: &str, x_label: &str, series: &[Series]) -> Result<()> {
+    let (x0, x1, y1) = extent(path, series)?;
+    if x0 <= 0.0 {
+        return Err(anyhow!("{}: a logarithmic axis needs x > 0 (got {x0})", path.display()));
+    }
+    draw_lines(path, y_label, x_label, (x0 / 1.2..x1 * 1.2).log_scale(), y1, series)
+}
+
+/// The smallest and largest x and the largest y of every point.
+fn extent(path: &Path, series: &[Series]) -> Result<(f64, f64, f64)> {
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);
-    for (x, y) in pts {
+    for &(x, y) in series.iter().flat_map(|(_, p)| p) {
         x0 = x0.min(x);
         x1 = x1.max(x);
         y1 = y1.max(y);
@@ -20,7 +40,14 @@ pub fn lines(path: &Path, y_label: &str, x_label: &str, series: &[(String, Vec<(
     if x0 > x1 {
         return Err(anyhow!("{}: nothing to plot", path.display()));
     }
-    let pad = ((x1 - x0) * 0.05).max(0.25);
+    Ok((x0, x1, y1))
+}
+
+fn draw_lines<X>(path: &Path, y_label: &str, x_label: &str, x: X, y1: f64, series: &[Series]) -> Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("plotting {}: {e}", path.display());
     root.fill(&WHITE).map_err(err)?;
@@ -29,7 +56,7 @@ pub fn lines(path: &Path, y_label: &str, x_label: &str, series: &[(String, Vec<(
         .margin(20)
         .x_label_area_size(45)
         .y_label_area_size(60)
-        .build_cartesian_2d((x0 - pad)..(x1 + pad), 0.0..(y1 * 1.15).max(1e-9))
+        .build_cartesian_2d(x, 0.0..(y1 * 1.15).max(1e-9))
         .map_err(err)?;
     chart.configure_mesh().x_desc(x_label).y_desc(y_label).x_labels(8).draw().map_err(err)?;
     for (i, (name, points)) in series.iter().enumerate() {
@@ -51,3 +78,83 @@ pub fn lines(path: &Path, y_label: &str, x_label: &str, series: &[(String, Vec<(
     root.present().map_err(err)?;
     Ok(())
 }
+
+/// Draws one bar per category, its `layers` (name, one value per category) stacked
+/// from the bottom, and, when given, a named mark per category (a black bar across,
+/// e.g. the end-to-end time beside work that overlapped).
+pub fn stacked_bars(path: &Path, y_label: &str, categories: &[String], layers: &[Series1], mark: Option<&Series1>) -> Result<()> {
+    let top = (0..categories.len())
+        .map(|c| {
+            let stack: f64 = layers.iter().map(|(_, v)| v.get(c).copied().unwrap_or(0.0)).sum();
+            stack.max(mark.and_then(|(_, m)| m.get(c).copied()).unwrap_or(0.0))
+        })
+        .fold(0.0f64, f64::max);
+    if categories.is_empty() || top <= 0.0 {
+        return Err(anyhow!("{}: nothing to plot", path.display()));
+    }
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("plotting {}: {e}", path.display());
+    root.fill(&WHITE).map_err(err)?;
+    let n = categories.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(y_label, ("sans-serif", 24))
+        .margin(20)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.5..n - 0.5, 0.0..top * 1.3)
+        .map_err(err)?;
+    let names = categories.to_vec();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(categories.len())
+        .x_label_formatter(&move |x: &f64| {
+            let i = x.round();
+            if (x - i).abs() < 1e-6 && i >= 0.0 {
+                names.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc(y_label)
+        .draw()
+        .map_err(err)?;
+    let mut base = vec![0.0f64; categories.len()];
+    for (i, (name, values)) in layers.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let bars: Vec<_> = values
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| {
+                let r = Rectangle::new([(c as f64 - 0.3, base[c]), (c as f64 + 0.3, base[c] + v)], color.filled());
+                base[c] += v;
+                r
+            })
+            .collect();
+        chart
+            .draw_series(bars)
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.filled()));
+    }
+    if let Some((name, values)) = mark {
+        let marks = values.iter().enumerate().map(|(c, &v)| PathElement::new(vec![(c as f64 - 0.4, v), (c as f64 + 0.4, v)], BLACK.stroke_width(4)));
+        chart
+            .draw_series(marks)
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(4)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One named value per category.
+pub type Series1 = (String, Vec<f64>);

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use gepsea_blast::ship::{PartEncoding, ShipOp, ShipPart};
 use parking_lot::Mutex;
 
-use crate::choose::{Chooser, Kind, Sample};
+use crate::choose::{Choice, Kind, Sample, Shared};
 
 use crate::blast::{BlastJob, BlastPlugin};
 use crate::plugin::{RawPlugin, ZstdPlugin};
@@ -132,20 +132,20 @@ fn unix_now() -> f64 {
 /// the storage site joins the parts of `req.of.job` into the report `req.ship.name`.
 /// With [`PartEncoding::Auto`], `chooser` (the model of this storage site's link)
 /// picks the encoding and learns from the transfer.
-pub fn ship_part(req: &ShipPart, chooser: Option<&Mutex<Chooser>>) -> Result<Shipped, ShipError> {
+pub fn ship_part(req: &ShipPart, chooser: Option<&dyn LinkModel>) -> Result<Shipped, ShipError> {
     let ship = &req.ship;
     let key = ship.key_file.as_deref().map(Key::read).transpose()?;
     let output = std::fs::read(&req.part).map_err(|e| ShipError::Read(req.part.clone(), e))?;
     let started = Instant::now();
     let (encoding, choice) = match (ship.encoding, chooser) {
         (PartEncoding::Auto, Some(c)) => {
-            let choice = c.lock().choose(output.len() as u64);
+            let (choice, probe) = c.choose(output.len() as u64);
             let encoding = match choice.kind {
                 Kind::Output => PartEncoding::Output,
                 Kind::Zstd => PartEncoding::Zstd(crate::plugin::ZSTD_LEVEL),
                 Kind::Metadata => PartEncoding::Metadata,
             };
-            (encoding, Some(choice))
+            (encoding, Some((choice, probe)))
         }
         (PartEncoding::Auto, None) => (PartEncoding::Zstd(crate::plugin::ZSTD_LEVEL), None),
         (e, _) => (e, None),
@@ -162,20 +162,30 @@ pub fn ship_part(req: &ShipPart, chooser: Option<&Mutex<Chooser>>) -> Result<Shi
         PartEncoding::Output => Encoding::Output,
     };
     let (plugin, sealed) = seal(&encoding, &output);
-    let sealed = sealed.map_err(|e| ShipError::Encode(req.part.clone(), e))?;
+    let sealed = sealed.map_err(|e| {
+        // A probe that never left still releases its claim.
+        if let (Some(c), Some((_, probe))) = (chooser, &choice) {
+            c.finished(*probe, None);
+        }
+        ShipError::Encode(req.part.clone(), e)
+    })?;
     let encode_seconds = started.elapsed().as_secs_f64();
     let sent = transfer::send_to(ship.storage, None, &ship.name, Some(&req.of), &sealed, key.as_ref())
-        .map_err(|source| ShipError::Transfer { name: format!("{} part {}", ship.name, req.of.index), to: ship.storage, source })?;
-    if let (Some(c), Some(choice)) = (chooser, &choice) {
-        c.lock().observe(Sample {
-            kind: choice.kind,
-            output_bytes: output.len() as u64,
-            bytes: sealed.len() as u64,
-            encode_seconds,
-            transfer_seconds: sent.seconds,
-            storage_seconds: sent.ack.seconds,
-        });
-    }
+        .map_err(|source| ShipError::Transfer { name: format!("{} part {}", ship.name, req.of.index), to: ship.storage, source });
+    let choice = choice.map(|(choice, probe)| {
+        if let Some(c) = chooser {
+            c.finished(probe, sent.as_ref().ok().map(|sent| Sample {
+                kind: choice.kind,
+                output_bytes: output.len() as u64,
+                bytes: sealed.len() as u64,
+                encode_seconds,
+                transfer_seconds: sent.seconds,
+                storage_seconds: sent.ack.seconds,
+            }));
+        }
+        choice
+    });
+    let sent = sent?;
     Ok(Shipped {
         chosen: choice.as_ref().map(|c| [(c.kind.name().to_string(), 1)].into()).unwrap_or_default(),
         reason: choice.map(|c| c.why),
@@ -197,11 +207,94 @@ pub fn ship_via(client: &gepsea_client::Client, req: &ShipRequest) -> Result<Shi
     r.map_err(ShipError::Agent)
 }
 
-/// The agent plug-in (see the module docs). For `--ship auto` it keeps a model of the
-/// link to each storage site it ships to, which every part it ships refines.
+/// `--ship auto`'s model of one storage site's link, as [`ship_part`] consults it.
+pub trait LinkModel {
+    /// The encoding for a part of `output_bytes` bytes, and whether this choice claimed
+    /// the metadata probe (handed back to [`LinkModel::finished`]).
+    fn choose(&self, output_bytes: u64) -> (Choice, bool);
+    /// The transfer is over: `sample` is what it measured (`None`: it failed).
+    fn finished(&self, probe: bool, sample: Option<Sample>);
+}
+
+/// One process's own model (a test's, or an agent's should its board fail).
+#[derive(Default)]
+pub struct LocalLink(Mutex<Shared>);
+
+impl LinkModel for LocalLink {
+    fn choose(&self, output_bytes: u64) -> (Choice, bool) {
+        self.0.lock().choose(output_bytes, unix_now())
+    }
+    fn finished(&self, probe: bool, sample: Option<Sample>) {
+        self.0.lock().finished(sample, probe);
+    }
+}
+
+/// The model every agent of the job shares for a storage site: a [`Shared`] on the
+/// agents' bulletin board under `paramedic/link/<address>`, read and updated with
+/// compare-and-swap (a part takes seconds; two board operations are noise beside it).
+/// If the board fails, the agent's own model stands in, with a warning.
+pub struct BoardLink<'a> {
+    services: &'a dyn gepsea_agent::api::Services,
+    key: String,
+    local: &'a LocalLink,
+}
+
+impl<'a> BoardLink<'a> {
+    pub fn new(services: &'a dyn gepsea_agent::api::Services, storage: SocketAddr, local: &'a LocalLink) -> Self {
+        BoardLink { services, key: format!("paramedic/link/{storage}"), local }
+    }
+
+    /// Applies `change` (its result, and whether it changed the model) to the shared
+    /// model until the write lands; returns the result, or the board's error.
+    fn update<T>(&self, mut change: impl FnMut(&mut Shared) -> (T, bool)) -> Result<T, gepsea_agent::api::ApiError> {
+        use gepsea_agent::api::{Api, Cas};
+        loop {
+            let (version, mut shared) = match self.services.board_get(&self.key)? {
+                Some(v) => (v.version, postcard::from_bytes(&v.value).unwrap_or_default()),
+                None => (0, Shared::default()),
+            };
+            let (out, changed) = change(&mut shared);
+            if !changed {
+                return Ok(out);
+            }
+            let bytes = postcard::to_stdvec(&shared).expect("the model serialises");
+            if let Cas::Written(_) = self.services.board_cas(&self.key, version, &bytes)? {
+                return Ok(out);
+            }
+        }
+    }
+}
+
+impl LinkModel for BoardLink<'_> {
+    fn choose(&self, output_bytes: u64) -> (Choice, bool) {
+        let now = unix_now();
+        self.update(|shared| {
+            let (choice, probe) = shared.choose(output_bytes, now);
+            ((choice, probe), probe)
+        })
+        .unwrap_or_else(|e| {
+            tracing::warn!("--ship auto: the bulletin board failed ({e}); this agent chooses from its own measurements");
+            self.local.choose(output_bytes)
+        })
+    }
+    fn finished(&self, probe: bool, sample: Option<Sample>) {
+        if let Err(e) = self.update(|shared| {
+            shared.finished(sample, probe);
+            ((), true)
+        }) {
+            tracing::warn!("--ship auto: the bulletin board failed ({e}); the measurement stays with this agent");
+        }
+        // The agent's own model learns too, should the board fail later.
+        self.local.finished(probe, sample);
+    }
+}
+
+/// The agent plug-in (see the module docs). For `--ship auto` the agents of a job share
+/// a model of the link to each storage site on their bulletin board ([`BoardLink`]),
+/// which every part any of them ships refines; each agent also keeps its own.
 #[derive(Default)]
 pub struct ShipPlugin {
-    links: Mutex<HashMap<SocketAddr, Arc<Mutex<Chooser>>>>,
+    links: Mutex<HashMap<SocketAddr, Arc<LocalLink>>>,
 }
 
 impl Plugin for ShipPlugin {
@@ -211,13 +304,13 @@ impl Plugin for ShipPlugin {
     fn uses(&self) -> &[Uses] {
         &[Uses::Compression, Uses::DataStreaming]
     }
-    fn handle(&self, _ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, AgentPluginError> {
+    fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, AgentPluginError> {
         let req: ShipOp<ShipRequest> = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
         let r = match &req {
             ShipOp::Whole(req) => ship(req),
             ShipOp::Part(req) => {
-                let link = self.links.lock().entry(req.ship.storage).or_default().clone();
-                ship_part(req, Some(&link))
+                let local = self.links.lock().entry(req.ship.storage).or_default().clone();
+                ship_part(req, Some(&BoardLink::new(ctx.services, req.ship.storage, &local)))
             }
         };
         let r = r.map(|s| Shipped { by_agent: true, ..s }).map_err(|e| e.to_string());

@@ -13,7 +13,16 @@
 //! link's rate with many bytes), the second as metadata (it measures the per-object
 //! cost with few bytes, and what regeneration costs); from then on each part goes the
 //! way the model says, and each transfer refines the model (exponentially weighted).
-//! Sans-IO: [`Chooser`] only sees numbers, so it is tested without a network.
+//!
+//! Every agent of a job ships parts to the same storage site, so they share one model
+//! ([`Shared`], kept on the agents' bulletin board by `crate::agent`): the probes are
+//! made once per job, not once per agent, and every transfer refines what all of them
+//! choose from. A metadata probe (regenerating a whole part at the storage site, the
+//! dearest way to learn) is claimed by one agent at a time; the others ship compressed
+//! until it has measured.
+//!
+//! Sans-IO: [`Chooser`] and [`Shared`] only see numbers, so they are tested without a
+//! network.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +61,7 @@ pub struct Sample {
 }
 
 /// Per output byte (or per object), exponentially weighted.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 struct Ewma(Option<f64>);
 
 impl Ewma {
@@ -64,7 +73,7 @@ impl Ewma {
 }
 
 /// What is known of one encoding.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 struct Costs {
     /// Encoding seconds per output byte.
     encode: Ewma,
@@ -83,7 +92,7 @@ pub struct Choice {
 }
 
 /// The model of one storage site's link (see the module docs).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Chooser {
     costs: [Costs; 3],
     /// Seconds per object that do not depend on its size (the smallest transfer time
@@ -180,6 +189,50 @@ impl Chooser {
     }
 }
 
+/// How long a claimed metadata probe keeps other agents from probing: longer than a
+/// part takes to encode, cross a slow link and be regenerated, so that only an agent
+/// that died with the claim holds the others back, and only this long.
+pub const PROBE_CLAIM_SECONDS: f64 = 600.0;
+
+/// The model that every agent of a job shares for one storage site, with the metadata
+/// probe in flight, if any (see the module docs).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Shared {
+    model: Chooser,
+    /// When (Unix seconds) an agent claimed the metadata probe that is in flight.
+    probe_claimed: Option<f64>,
+}
+
+impl Shared {
+    /// The encoding for a part, and whether this choice claims the metadata probe (the
+    /// caller then writes the claim back before shipping, and reports the transfer with
+    /// [`Shared::finished`] whatever its outcome). `now`: Unix seconds.
+    pub fn choose(&mut self, output_bytes: u64, now: f64) -> (Choice, bool) {
+        let choice = self.model.choose(output_bytes);
+        let probe = choice.kind == Kind::Metadata && self.model.costs[idx(Kind::Metadata)].storage.0.is_none();
+        if !probe {
+            return (choice, false);
+        }
+        if self.probe_claimed.is_some_and(|t| now - t < PROBE_CLAIM_SECONDS) {
+            let why = "compressed, while another agent measures regeneration with a metadata part".into();
+            return (Choice { kind: Kind::Zstd, why }, false);
+        }
+        self.probe_claimed = Some(now);
+        (choice, true)
+    }
+
+    /// A transfer is over: `sample` is what it measured (`None`: it failed). `probe`:
+    /// its choice claimed the metadata probe, which is released either way.
+    pub fn finished(&mut self, sample: Option<Sample>, probe: bool) {
+        if probe {
+            self.probe_claimed = None;
+        }
+        if let Some(s) = sample {
+            self.model.observe(s);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +312,50 @@ mod tests {
         assert!((95.0..105.0).contains(&mbit), "{mbit} Mbit/s");
         let why = c.choose(5_000_000).why;
         assert!(why.contains("Mbit/s delivered") && why.contains("blast") && why.contains("zstd"), "{why}");
+    }
+
+    #[test]
+    fn agents_sharing_a_model_probe_metadata_once() {
+        // Four agents start at once: each ships its first part compressed (nothing is
+        // known yet), then one claims the metadata probe while the others go on
+        // compressing; once it has measured, everyone follows the model.
+        let mut shared = Shared::default();
+        let firsts: Vec<(Choice, bool)> = (0..4).map(|_| shared.choose(5_000_000, 0.0)).collect();
+        assert!(firsts.iter().all(|(c, probe)| c.kind == Kind::Zstd && !probe), "{firsts:?}");
+        shared.finished(Some(transfer(Kind::Zstd, 5_000_000, 2.0, 0.1, 400e-9)), false);
+        let (probe, claimed) = shared.choose(5_000_000, 1.0);
+        assert_eq!((probe.kind, claimed), (Kind::Metadata, true));
+        let (other, claimed_too) = shared.choose(5_000_000, 2.0);
+        assert_eq!((other.kind, claimed_too), (Kind::Zstd, false), "{}", other.why);
+        assert!(other.why.contains("another agent"), "{}", other.why);
+        shared.finished(Some(transfer(Kind::Metadata, 5_000_000, 2.0, 0.1, 400e-9)), true);
+        // On a 2 Mbit/s link metadata now wins for every agent, without another probe.
+        for t in 3..7 {
+            let (c, claimed) = shared.choose(5_000_000, t as f64);
+            assert_eq!((c.kind, claimed), (Kind::Metadata, false), "{}", c.why);
+        }
+    }
+
+    #[test]
+    fn a_failed_or_abandoned_probe_lets_another_agent_probe() {
+        let mut shared = Shared::default();
+        shared.finished(Some(transfer(Kind::Zstd, 5_000_000, 2.0, 0.1, 400e-9)), false);
+        assert!(shared.choose(5_000_000, 0.0).1);
+        // The probe's transfer failed: the claim is released, nothing is learnt.
+        shared.finished(None, true);
+        assert!(shared.choose(5_000_000, 1.0).1);
+        // This one's agent died with the claim: others wait, then probe themselves.
+        assert!(!shared.choose(5_000_000, 1.0 + PROBE_CLAIM_SECONDS / 2.0).1);
+        assert!(shared.choose(5_000_000, 2.0 + PROBE_CLAIM_SECONDS).1);
+    }
+
+    #[test]
+    fn the_shared_model_survives_its_encoding() {
+        let mut shared = Shared::default();
+        shared.finished(Some(transfer(Kind::Zstd, 5_000_000, 100.0, 0.05, 400e-9)), false);
+        assert!(shared.choose(5_000_000, 10.0).1);
+        let back: Shared = postcard::from_bytes(&postcard::to_stdvec(&shared).unwrap()).unwrap();
+        assert_eq!(back.probe_claimed, Some(10.0));
+        assert_eq!(format!("{:?}", back.model), format!("{:?}", shared.model));
     }
 }

@@ -1,0 +1,103 @@
+#!/bin/bash
+# ParaMEDIC at scale (issue #19; `make bench-paramedic-scale`, as root): records the
+# searches once on a quiet machine, then runs every variant on a compute site of
+# COMPUTE_NODES namespace nodes that replay those searches, and draws the paper's
+# figures from the runs' JSON files.
+#
+# Measured: everything but the searches themselves (formatting, shipping, the link,
+# receiving, regeneration, writing), and every output is checked byte for byte against
+# the run's own reference search. Emulated: the compute site's search, which takes the
+# recorded duration of each task (recorded with 2 workers on this machine's 2 cores) on
+# each of COMPUTE_NODES workers, so a 16-node site searches about 8 times as fast as
+# this machine can. The storage site regenerates for real on this machine's cores.
+#
+# Each stage writes OUT/<stage>.json and is skipped when that file exists, so an
+# interrupted run continues where it stopped. Recordings stay in REC.
+set -euo pipefail
+OUT=${OUT:-bench/out/paramedic-scale}
+REC=${REC:-bench/out/paramedic-recordings}
+COMPUTE_NODES=${COMPUTE_NODES:-16}
+ONLY=${ONLY:-}
+B=./target/release/gepsea-bench
+mkdir -p "$OUT" "$REC"
+
+# stage NAME RECORDING [bench paramedic options...] [-- BLAST+ options]
+stage() {
+    local name=$1 rec=$2
+    shift 2
+    if [[ -n $ONLY && " $ONLY " != *" $name "* ]]; then return; fi
+    if [[ -e $OUT/$name.json ]]; then
+        echo "== $name: $OUT/$name.json exists, skipped"
+        return
+    fi
+    echo "== $name ($(date +%T))"
+    $B paramedic --batch-residues 25000 --replay "$REC/$rec" --json "$OUT/$name.json" "$@"
+}
+
+# record NAME [workload options] [-- BLAST+ options]: the search on 2 nodes, for real.
+record() {
+    local name=$1
+    shift
+    if [[ -n $ONLY && " $ONLY " != *" record-$name "* ]]; then return; fi
+    if [[ -e $REC/$name/recording.json ]]; then return; fi
+    echo "== recording $name ($(date +%T))"
+    $B paramedic --reference-only --batch-residues 25000 --replay "$REC/$name" --json /dev/null "$@"
+}
+
+Q500=(--queries 500)
+Q1000=(--queries 500 --queries-from-db 500)
+Q2200=(--queries 500 --queries-from-db 1700)
+Q3900=(--queries 500 --queries-from-db 3400)
+
+record q500 "${Q500[@]}"
+record q1000 "${Q1000[@]}"
+record q2200 "${Q2200[@]}"
+record q3900 "${Q3900[@]}"
+for n in 50 250; do record m$n "${Q1000[@]}" -- -max_target_seqs $n; done
+
+SITE=(--compute-nodes "$COMPUTE_NODES")
+WAN=(--rates-mbit 100 --delays-ms 100)
+SWEEP=(--variants direct-encrypted,remote-fs,zstd,paramedic-encrypted)
+# The large workload (317.5 MB of pairwise output) at the acceptance links; `auto` last.
+stage large-100mbit-100ms q3900 "${Q3900[@]}" "${SITE[@]}" "${WAN[@]}" --variants direct-encrypted,remote-fs,zstd,paramedic-encrypted
+stage large-10mbit-100ms q3900 "${Q3900[@]}" "${SITE[@]}" --rates-mbit 10 --delays-ms 100 --variants direct-encrypted,zstd,paramedic-encrypted
+# Query-set sweep (Fig. 9a; encrypted vs remote FS, Figs. 10-13).
+stage queries-500 q500 "${Q500[@]}" "${SITE[@]}" "${WAN[@]}" "${SWEEP[@]}"
+stage queries-1000 q1000 "${Q1000[@]}" "${SITE[@]}" "${WAN[@]}" "${SWEEP[@]}"
+stage queries-2200 q2200 "${Q2200[@]}" "${SITE[@]}" "${WAN[@]}" "${SWEEP[@]}"
+# -max_target_seqs sweep on 1,000 queries (Fig. 9b; 500 is queries-1000).
+for n in 50 250; do
+    stage targets-$n m$n "${Q1000[@]}" "${SITE[@]}" "${WAN[@]}" "${SWEEP[@]}" -- -max_target_seqs $n
+done
+# The split of this machine's 2 cores between search and regeneration (Fig. 8): real
+# searches (no replay) on 2 nodes, the storage site under different CPU shares.
+for s in 128 512 2048; do
+    if [[ -n $ONLY && " $ONLY " != *" shares-$s "* ]] || [[ -e $OUT/shares-$s.json ]]; then continue; fi
+    echo "== shares-$s ($(date +%T))"
+    $B paramedic "${Q500[@]}" --batch-residues 25000 "${WAN[@]}" --variants paramedic-encrypted,zstd \
+        --storage-cpu-shares "$s" --json "$OUT/shares-$s.json"
+done
+
+stage large-1000mbit-0ms q3900 "${Q3900[@]}" "${SITE[@]}" --rates-mbit 1000 --delays-ms 0 --variants direct,zstd,paramedic,auto
+stage large-auto-100mbit-100ms q3900 "${Q3900[@]}" "${SITE[@]}" "${WAN[@]}" --variants auto
+
+IMG=${IMG:-$OUT}
+large=$OUT/large-all.json
+python3 - "$OUT" "$large" <<'EOF'
+import json, sys, glob, os
+out, large = sys.argv[1], sys.argv[2]
+parts = sorted(glob.glob(os.path.join(out, "large-*mbit-*ms.json")))
+merged = None
+for p in parts:
+    j = json.load(open(p))
+    if merged is None:
+        merged = j
+    else:
+        merged["runs"] += j["runs"]
+if merged:
+    json.dump(merged, open(large, "w"), indent=1)
+EOF
+$B paramedic-figures --out "$IMG" --link 100,100 --breakdown "$large" \
+    --queries-sweep "$OUT/queries-500.json,$OUT/queries-1000.json,$OUT/queries-2200.json,$OUT/large-100mbit-100ms.json" \
+    --targets-sweep "$OUT/targets-50.json,$OUT/targets-250.json,$OUT/queries-1000.json" \
+    --shares-sweep "$OUT/shares-128.json,$OUT/shares-512.json,$OUT/shares-2048.json"
