@@ -6,8 +6,11 @@
 //! `-max_target_seqs`, the storage site's CPU shares); each run measures its own
 //! reference search and checks every output byte for byte, so the figures only gather
 //! and draw. Which numbers are measured and which are modelled is said on each figure:
-//! the break-even curve is the only model here (the link rate at which each way of
-//! shipping would deliver, from costs measured in the run).
+//! two things here are models, labelled so on their figures: the break-even curve (the
+//! time each way of shipping would take after the search, from costs measured in the
+//! run), and the overlap model ([`Overlap`]), calibrated on the large run, checked
+//! against every measured point, and used to say what compute and storage sites the
+//! paper's speed-ups need.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,6 +45,9 @@ pub struct FiguresArgs {
     pub out: PathBuf,
 }
 
+/// The setting a sweep varies, read from each of its runs.
+type SweptSetting = fn(&Bench) -> f64;
+
 /// What a `gepsea-bench paramedic` JSON holds that the figures use.
 #[derive(Deserialize, Debug)]
 struct Bench {
@@ -54,6 +60,8 @@ struct Bench {
     blast_args: Vec<String>,
     #[serde(default)]
     storage_cpu_shares: Option<u64>,
+    #[serde(default)]
+    compute_nodes: usize,
     runs: Vec<Run>,
 }
 
@@ -64,10 +72,13 @@ struct Run {
     variant: String,
     complete_seconds: f64,
     search_seconds: f64,
-    delivery_seconds: Option<f64>,
     storage_seconds: Option<f64>,
     encode_seconds: Option<f64>,
     shipped_bytes: Option<u64>,
+    #[serde(default)]
+    objects: Option<u64>,
+    #[serde(default)]
+    rtt_ms: f64,
     compute_cpu_seconds: f64,
     storage_cpu_seconds: f64,
 }
@@ -102,8 +113,9 @@ pub fn run(a: &FiguresArgs) -> Result<()> {
         breakdown(a, &b, rate, delay)?;
         against_link(a, &b)?;
         break_even(a, &b)?;
+        overlap_model(a, &b, rate, delay)?;
     }
-    let sweeps: [(&[PathBuf], &str, &str, fn(&Bench) -> f64); 3] = [
+    let sweeps: [(&[PathBuf], &str, &str, SweptSetting); 3] = [
         (&a.queries_sweep, "queries", "queries", |b| b.total_queries() as f64),
         (&a.targets_sweep, "max_target_seqs", "BLAST+ -max_target_seqs", Bench::max_target_seqs),
         (&a.shares_sweep, "storage_shares", "storage site's CPU shares (the search's: 1024 per process)", |b| {
@@ -119,8 +131,10 @@ pub fn run(a: &FiguresArgs) -> Result<()> {
     Ok(())
 }
 
-/// Fig. 7: per variant, the work of each stage summed over parts, stacked, and the
-/// end-to-end time (with overlap the stages run at once, so the stack is taller).
+/// Fig. 7: per variant, the time of each stage, stacked, and the end-to-end time (with
+/// overlap the stages run at once, so the stack is taller than the end-to-end time).
+/// Shipping is shown as its parts' encoding and its bytes' time on the link: the
+/// measured transfer times also hold each part's wait for the storage site's queue.
 fn breakdown(a: &FiguresArgs, b: &Bench, rate: u32, delay: f64) -> Result<()> {
     let runs: Vec<&Run> = b.at(rate, delay).collect();
     if runs.is_empty() {
@@ -131,14 +145,18 @@ fn breakdown(a: &FiguresArgs, b: &Bench, rate: u32, delay: f64) -> Result<()> {
         b.total_queries(),
         b.output_bytes as f64 / 1e6
     );
-    println!("| variant | search s | shipping s (summed over parts) | storage site s (summed) | output complete s | bytes shipped | CPU s compute / storage |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("The search alone (the reference run, shipping nothing): {:.1} s.\n", b.reference_search_seconds);
+    println!("| variant | search s (until the last part was acknowledged) | encoding s (summed over parts) | on the link s (bytes ÷ rate) | storage site busy s (summed) | output complete s | bytes shipped | CPU s compute / storage |");
+    println!("|---|---|---|---|---|---|---|---|");
+    // A remote file system ships the output itself (its run counts no objects).
+    let on_link = |r: &Run| r.shipped_bytes.unwrap_or(b.output_bytes) as f64 * 8.0 / 1e6 / r.rate_mbit as f64;
     for r in &runs {
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} / {:.1} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.1} / {:.1} |",
             r.variant,
             r.search_seconds,
-            r.delivery_seconds.unwrap_or(0.0),
+            r.encode_seconds.unwrap_or(0.0),
+            on_link(r),
             r.storage_seconds.unwrap_or(0.0),
             r.complete_seconds,
             r.shipped_bytes.map_or("-".into(), |b| b.to_string()),
@@ -147,13 +165,14 @@ fn breakdown(a: &FiguresArgs, b: &Bench, rate: u32, delay: f64) -> Result<()> {
         );
     }
     let names: Vec<String> = runs.iter().map(|r| r.variant.clone()).collect();
-    let layer = |name: &str, f: fn(&Run) -> f64| (name.to_string(), runs.iter().map(|r| f(r)).collect::<Vec<f64>>());
+    let layer = |name: &str, f: &dyn Fn(&Run) -> f64| (name.to_string(), runs.iter().map(|r| f(r)).collect::<Vec<f64>>());
     let layers: Vec<Series1> = vec![
-        layer("search", |r| r.search_seconds),
-        layer("shipping (encode + transfer, summed over parts)", |r| r.delivery_seconds.unwrap_or(0.0)),
-        layer("storage site (receive, regenerate, write; summed)", |r| r.storage_seconds.unwrap_or(0.0)),
+        layer("search alone (the reference run)", &|_| b.reference_search_seconds),
+        layer("encoding (summed over parts)", &|r| r.encode_seconds.unwrap_or(0.0)),
+        layer("on the link (bytes / rate)", &on_link),
+        layer("storage site busy (summed over parts)", &|r| r.storage_seconds.unwrap_or(0.0)),
     ];
-    let mark = layer("output complete at the storage site", |r| r.complete_seconds);
+    let mark = layer("output complete at the storage site", &|r| r.complete_seconds);
     crate::plots::stacked_bars(
         &a.out.join("paramedic_breakdown.png"),
         &format!("Work per stage and end to end (s), {rate} Mbit/s, {delay} ms"),
@@ -248,9 +267,107 @@ fn break_even_mbit(output_bytes: f64, bytes: f64, work: f64) -> Option<f64> {
     (work > 0.0).then(|| (output_bytes - bytes) * 8.0 / 1e6 / work)
 }
 
+/// The overlap model of one way of shipping, calibrated on a measured run: with parts
+/// shipped as they are final, the search, the link and the storage site work at once,
+/// so the end-to-end time is the slowest of the three plus what the last part still
+/// needs after it (its share of the link and of the storage site, and a few round
+/// trips for its connection, rendezvous and acknowledgement).
+#[derive(Clone, Copy, Debug)]
+struct Overlap {
+    /// Bytes on the link.
+    bytes: f64,
+    /// The storage site's CPU seconds (receiving, checking, regenerating, writing).
+    storage_cpu: f64,
+    /// The storage site's busy seconds, summed over objects (it stores one at a time).
+    storage_busy: f64,
+    /// Objects shipped.
+    parts: f64,
+    /// Seconds per round trip.
+    rtt: f64,
+}
+
+impl Overlap {
+    fn of(r: &Run) -> Option<Overlap> {
+        Some(Overlap {
+            bytes: r.shipped_bytes? as f64,
+            storage_cpu: r.storage_cpu_seconds,
+            storage_busy: r.storage_seconds.unwrap_or(0.0),
+            parts: r.objects?.max(1) as f64,
+            rtt: r.rtt_ms / 1e3,
+        })
+    }
+
+    /// Seconds from launch to the output complete at the storage site, for a search of
+    /// `search` seconds, a link of `mbit` Mbit/s and a storage site of `cores` cores.
+    /// `as_built`: the storage site stores one object at a time, as now (it cannot be
+    /// faster than its measured busy time); otherwise it is assumed to spread objects
+    /// over all its cores (not built yet: `docs/paramedic.md`, left alone).
+    fn predict(&self, search: f64, mbit: f64, cores: f64, as_built: bool) -> f64 {
+        let link = self.bytes * 8.0 / 1e6 / mbit;
+        let spread = self.storage_cpu / cores;
+        let storage = if as_built { spread.max(self.storage_busy) } else { spread };
+        search.max(link).max(storage) + (link + storage) / self.parts + 4.0 * self.rtt
+    }
+}
+
+/// The overlap model (modelled): checked against every run of the large workload (the
+/// storage site had this machine's 2 cores, which the replayed compute site leaves
+/// nearly idle), then ParaMEDIC's speed-up at the `--link` rate for larger compute
+/// sites (the replayed search scaled by nodes) and storage sites of more cores.
+fn overlap_model(a: &FiguresArgs, b: &Bench, rate: u32, delay: f64) -> Result<()> {
+    const CORES_HERE: f64 = 2.0;
+    println!("\n### Overlap model against the measured runs (modelled vs measured)\n");
+    println!("| link | variant | measured s | modelled s | error |");
+    println!("|---|---|---|---|---|");
+    for r in &b.runs {
+        if let Some(m) = Overlap::of(r) {
+            let p = m.predict(b.reference_search_seconds, r.rate_mbit as f64, CORES_HERE, true);
+            println!(
+                "| {} Mbit/s, {} ms | {} | {:.1} | {p:.1} | {:+.1} % |",
+                r.rate_mbit,
+                r.delay_ms,
+                r.variant,
+                r.complete_seconds,
+                (p / r.complete_seconds - 1.0) * 100.0
+            );
+        }
+    }
+    let model = |variant: &str| b.at(rate, delay).find(|r| r.variant == variant).and_then(Overlap::of);
+    let (Some(pm), Some(direct)) = (model("ParaMEDIC, encrypted"), model("direct, encrypted")) else {
+        return Ok(());
+    };
+    let zstd = model("zstd -3");
+    let nodes_here = b.compute_nodes.max(1) as f64;
+    let cores: Vec<f64> = (0..=7).map(|i| f64::from(1u32 << i)).collect();
+    let mut series: Vec<Series> = Vec::new();
+    println!(
+        "\n### ParaMEDIC, encrypted: modelled speed-up at {rate} Mbit/s, {delay} ms, objects regenerated concurrently on every core\n"
+    );
+    println!("| compute nodes (search s) | storage-site cores | vs direct, encrypted | vs zstd -3 |");
+    println!("|---|---|---|---|");
+    for nodes in [nodes_here, nodes_here * 4.0, nodes_here * 16.0] {
+        let search = b.reference_search_seconds * nodes_here / nodes;
+        let speedup = |other: &Overlap, c: f64| other.predict(search, rate as f64, c, false) / pm.predict(search, rate as f64, c, false);
+        series.push((format!("vs direct, encrypted: {nodes} compute nodes"), cores.iter().map(|&c| (c, speedup(&direct, c))).collect()));
+        if let Some(z) = &zstd {
+            series.push((format!("vs zstd -3: {nodes} compute nodes"), cores.iter().map(|&c| (c, speedup(z, c))).collect()));
+        }
+        for &c in &cores {
+            let vs_zstd = zstd.as_ref().map_or("-".into(), |z| format!("{:.2}×", speedup(z, c)));
+            println!("| {nodes} ({search:.1} s) | {c} | {:.2}× | {vs_zstd} |", speedup(&direct, c));
+        }
+    }
+    crate::plots::lines_log_x(
+        &a.out.join("paramedic_model_speedup.png"),
+        &format!("ParaMEDIC's speed-up, modelled (concurrent regeneration), {rate} Mbit/s, {delay} ms"),
+        "storage-site cores (log scale)",
+        &series,
+    )
+}
+
 /// A sweep: end-to-end time per variant against the swept setting, and ParaMEDIC's
 /// speed-up over the encrypted direct and remote-file-system transfers.
-fn sweep(a: &FiguresArgs, benches: &[Bench], rate: u32, delay: f64, name: &str, x_label: &str, x_of: fn(&Bench) -> f64) -> Result<()> {
+fn sweep(a: &FiguresArgs, benches: &[Bench], rate: u32, delay: f64, name: &str, x_label: &str, x_of: SweptSetting) -> Result<()> {
     let mut benches: Vec<&Bench> = benches.iter().collect();
     benches.sort_by(|p, q| x_of(p).total_cmp(&x_of(q)));
     let variants: Vec<String> = dedup(benches.iter().flat_map(|b| b.at(rate, delay).map(|r| r.variant.clone())));
@@ -316,6 +433,7 @@ mod tests {
             reference_search_seconds: 0.0,
             blast_args: blast_args.iter().map(|s| s.to_string()).collect(),
             storage_cpu_shares: None,
+            compute_nodes: 16,
             runs: Vec::new(),
         }
     }
@@ -336,6 +454,23 @@ mod tests {
         let (output, metadata) = (delivery_seconds(100e6, 0.0, rate), delivery_seconds(1e6, 40.0, rate));
         assert!((output - metadata).abs() < 1e-9, "{output} vs {metadata}");
         assert_eq!(break_even_mbit(100e6, 20e6, 0.0), None);
+    }
+
+    #[test]
+    fn the_overlap_model_takes_the_slowest_stage_plus_the_last_part() {
+        // 100 MB in 10 parts at 100 Mbit/s (8 s on the link), 20 CPU-s at the storage
+        // site, 50 ms round trips.
+        // 100 MB in 10 parts at 100 Mbit/s (8 s on the link), 20 CPU-s at the storage
+        // site that were 16 s of its time one object at a time, 50 ms round trips.
+        let m = Overlap { bytes: 100e6, storage_cpu: 20.0, storage_busy: 16.0, parts: 10.0, rtt: 0.05 };
+        let tail = |storage: f64| (8.0 + storage) / 10.0 + 0.2;
+        // A 60 s search hides both; a 1 s search leaves the storage site (1 core: 20 s)
+        // or, with 4 cores, the link (8 s) as the slowest stage.
+        assert!((m.predict(60.0, 100.0, 2.0, false) - (60.0 + tail(10.0))).abs() < 1e-9);
+        assert!((m.predict(1.0, 100.0, 1.0, false) - (20.0 + tail(20.0))).abs() < 1e-9);
+        assert!((m.predict(1.0, 100.0, 4.0, false) - (8.0 + tail(5.0))).abs() < 1e-9);
+        // As built, one object at a time: no faster than its busy time.
+        assert!((m.predict(1.0, 100.0, 4.0, true) - (16.0 + tail(16.0))).abs() < 1e-9);
     }
 
     #[test]

@@ -138,7 +138,10 @@ pub fn stacked_bars(path: &Path, y_label: &str, categories: &[String], layers: &
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], color.filled()));
     }
     if let Some((name, values)) = mark {
-        let marks = values.iter().enumerate().map(|(c, &v)| PathElement::new(vec![(c as f64 - 0.4, v), (c as f64 + 0.4, v)], BLACK.stroke_width(4)));
+        let marks = values
+            .iter()
+            .enumerate()
+            .map(|(c, &v)| PathElement::new(vec![(c as f64 - 0.4, v), (c as f64 + 0.4, v)], BLACK.stroke_width(4)));
         chart
             .draw_series(marks)
             .map_err(err)?

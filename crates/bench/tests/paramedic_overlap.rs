@@ -254,10 +254,7 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     // The last part's reason: a probe's, compressed while another agent's probe was
     // out, or the model's prediction once both probes were back.
     let reason = shipped["reason"].as_str().unwrap_or("");
-    assert!(
-        ["to measure", "another agent measures", "Mbit/s delivered"].iter().any(|r| reason.contains(r)),
-        "{shipped}"
-    );
+    assert!(["to measure", "another agent measures", "Mbit/s delivered"].iter().any(|r| reason.contains(r)), "{shipped}");
     assert_eq!(storage_status(&ns)["reports_completed"].as_u64(), Some(1));
 
     drop(children);

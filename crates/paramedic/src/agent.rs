@@ -174,14 +174,17 @@ pub fn ship_part(req: &ShipPart, chooser: Option<&dyn LinkModel>) -> Result<Ship
         .map_err(|source| ShipError::Transfer { name: format!("{} part {}", ship.name, req.of.index), to: ship.storage, source });
     let choice = choice.map(|(choice, probe)| {
         if let Some(c) = chooser {
-            c.finished(probe, sent.as_ref().ok().map(|sent| Sample {
-                kind: choice.kind,
-                output_bytes: output.len() as u64,
-                bytes: sealed.len() as u64,
-                encode_seconds,
-                transfer_seconds: sent.seconds,
-                storage_seconds: sent.ack.seconds,
-            }));
+            c.finished(
+                probe,
+                sent.as_ref().ok().map(|sent| Sample {
+                    kind: choice.kind,
+                    output_bytes: output.len() as u64,
+                    bytes: sealed.len() as u64,
+                    encode_seconds,
+                    transfer_seconds: sent.seconds,
+                    storage_seconds: sent.ack.seconds,
+                }),
+            );
         }
         choice
     });
