@@ -287,7 +287,9 @@ impl LinkModel for BoardLink<'_> {
         }) {
             tracing::warn!("--ship auto: the bulletin board failed ({e}); the measurement stays with this agent");
         }
-        // The agent's own model learns too, should the board fail later.
+        // The agent's own model learns too, should the board fail later. (A probe this
+        // agent claimed locally while the board failed releases the board's claim if
+        // the board is back: at worst one more probe.)
         self.local.finished(probe, sample);
     }
 }
@@ -305,7 +307,7 @@ impl Plugin for ShipPlugin {
         PLUGIN
     }
     fn uses(&self) -> &[Uses] {
-        &[Uses::Compression, Uses::DataStreaming]
+        &[Uses::Compression, Uses::DataStreaming, Uses::BulletinBoard]
     }
     fn handle(&self, ctx: &Context<'_>, request: &[u8]) -> Result<Vec<u8>, AgentPluginError> {
         let req: ShipOp<ShipRequest> = postcard::from_bytes(request).map_err(|e| AgentPluginError::BadRequest(e.to_string()))?;
