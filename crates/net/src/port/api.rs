@@ -467,10 +467,10 @@ impl Port {
             st.set_awake(true);
         }
         let mut spin_until = started + self.sh.spin;
-        // Rendezvous bytes in flight when the spin was last extended: it is extended
-        // again only if that changed (a transfer began or moved on), so a stalled peer
-        // is not spun for without end.
-        let mut extended_for: Option<usize> = None;
+        // Rendezvous bytes in flight when the spin was last extended, and when: it is
+        // extended again only if a transfer began, or moved on fast enough to be worth
+        // a core (`spin_extension`), so a stalled or slow peer is not spun for.
+        let mut extended_for: Option<SpinMark> = None;
         // This waiter took the TCP sockets from the event thread (`State::quiet_tcp`).
         let mut quiet = false;
         loop {
@@ -499,10 +499,10 @@ impl Port {
                 // then ours: 30-40 µs each here) to each message. Spin for about as
                 // long as the bytes take. A transfer that began while we spun (the
                 // peer's announcement came in) counts too.
-                let bulk = st.proto.bulk_bytes_in_flight();
-                if bulk > 0 && extended_for != Some(bulk) {
-                    extended_for = Some(bulk);
-                    spin_until = now + Duration::from_nanos(bulk as u64 * SPIN_NS_PER_KIB / 1024);
+                let seen = SpinMark { in_flight: st.proto.bulk_bytes_in_flight(), moved: st.proto.bulk_bytes_moved(), at: now };
+                if let Some(more) = spin_extension(extended_for, seen) {
+                    extended_for = Some(seen);
+                    spin_until = now + more;
                     if !quiet && self.sh.progress == Progress::Thread {
                         st.quiet_tcp();
                         quiet = true;

@@ -62,6 +62,7 @@ impl State {
             let n = out.frame.header.encode_compact(out.frame.payload.len(), &mut hdr);
             if c.tx.try_push(&[&hdr[..n], &out.frame.payload]) {
                 pushed = true;
+                proto.bulk_sent(&out.frame);
                 proto.frame_sent(out.completes);
             } else {
                 let len = out.frame.payload.len();
@@ -125,6 +126,7 @@ impl State {
         while c.queued() < (8 << 20) {
             let Some(out) = proto.pop_frame(peer) else { break };
             let OutFrame { mut frame, completes } = out;
+            proto.bulk_sent(&frame);
             frame.header.ack = link.recv.take_ack();
             link.ack_due = None;
             let frame = link.send.stamp(frame);

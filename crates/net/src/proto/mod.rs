@@ -305,6 +305,7 @@ pub struct Proto {
     single_copy_pid: Option<u32>,
     copies: VecDeque<CopyJob>,
     pub stats: ProtoStats,
+    bulk_moved: u64,
 }
 
 impl Proto {
@@ -330,6 +331,7 @@ impl Proto {
             single_copy_pid: None,
             copies: VecDeque::new(),
             stats: ProtoStats::default(),
+            bulk_moved: 0,
         }
     }
 
@@ -634,6 +636,12 @@ impl Proto {
             .sum()
     }
 
+    /// Rendezvous bytes moved so far (pieces written or received, single copies made):
+    /// with [`Proto::bulk_bytes_in_flight`], how fast the transfers under way move.
+    pub fn bulk_bytes_moved(&self) -> u64 {
+        self.bulk_moved
+    }
+
     /// The next single copy the transport should carry out.
     pub fn next_copy(&mut self) -> Option<CopyJob> {
         self.copies.pop_front()
@@ -652,6 +660,7 @@ impl Proto {
         h.id = msg;
         if copied {
             self.stats.single_copies += 1;
+            self.bulk_moved += len as u64;
             h.flags |= FLAG_SINGLE_COPY;
             self.complete(req, Ok(Completion::Received(Message { src, tag, data: buf })));
         } else {

@@ -83,6 +83,14 @@ impl Proto {
         }
     }
 
+    /// The transport has written `frame` (as [`Proto::frame_sent`]): counts the
+    /// rendezvous bytes it carried, for [`Proto::bulk_bytes_moved`].
+    pub fn bulk_sent(&mut self, frame: &Frame) {
+        if matches!(frame.header.kind, Kind::Data | Kind::GetReply) {
+            self.bulk_moved += frame.payload.len() as u64;
+        }
+    }
+
     /// Handles one received frame. An error means the peer broke the protocol; the
     /// transport should drop its connection.
     pub fn on_frame(&mut self, h: &Header, payload: &[u8]) -> Result<(), NetError> {
@@ -349,6 +357,7 @@ impl Proto {
             buf[off..off + payload.len()].copy_from_slice(payload);
         }
         *got += payload.len();
+        self.bulk_moved += payload.len() as u64;
         if *got == *total {
             self.incoming.remove(&(src, h.id));
             let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(id) else { unreachable!() };
@@ -451,6 +460,7 @@ impl Proto {
         }
         buf[off..off + payload.len()].copy_from_slice(payload);
         *got += payload.len();
+        self.bulk_moved += payload.len() as u64;
         if h.flags & FLAG_LAST != 0 {
             let Some(Req::Get { buf, .. }) = self.reqs.remove(h.id) else { unreachable!() };
             self.complete(h.id, Ok(Completion::Got(buf)));
