@@ -11,17 +11,17 @@ impl Agent {
         self.net.insert(r, NetOp::RecvPeer);
     }
 
+    /// Sends are detached: a failed one shows up as its peer's failure (an agent's
+    /// `PeerFailed`, a client's closed registration socket), and taking a completion
+    /// event for each would cost the loop more than the send.
     pub(super) fn send_env(&mut self, dst: Addr, tag: u64, body: Vec<u8>) {
         if body.len() <= SMALL_MAX {
-            let r = self.port.isend(dst, tag, encode(&Envelope::Inline(body)));
-            self.net.insert(r, NetOp::Send);
+            self.port.send_detached(dst, tag, encode(&Envelope::Inline(body)));
         } else {
             self.large_counter += 1;
             let ltag = TAG_LARGE | self.large_counter;
-            let r = self.port.isend(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
-            self.net.insert(r, NetOp::Send);
-            let r = self.port.isend(dst, ltag, Bytes::from(body));
-            self.net.insert(r, NetOp::Send);
+            self.port.send_detached(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
+            self.port.send_detached(dst, ltag, Bytes::from(body));
         }
     }
 
@@ -72,7 +72,6 @@ impl Agent {
             }
             (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, m.data),
             (NetOp::RecvLarge { src, .. }, Err(e)) => warn!("node {}: large message from {src} lost: {e}", self.me),
-            (NetOp::Send, Err(e)) => debug!("node {}: send failed: {e}", self.me),
             (NetOp::Rma { reply_to_port, id, .. }, res) => {
                 let reply = match res {
                     Ok(Completion::Put) => Reply::Ok,

@@ -282,6 +282,9 @@ struct State {
     scratch_ids: Vec<usize>,
     next_id: usize,
     awake: u32,
+    /// The application polls the port itself ([`Port::start_polling`]; counted in
+    /// `awake` while set).
+    app_polling: bool,
     waiters: u32,
     app_bell: Bell,
     app_bell_set: bool,

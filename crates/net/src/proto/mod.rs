@@ -295,6 +295,8 @@ pub struct Proto {
     regions: HashMap<u64, Vec<u8>>,
     events: VecDeque<Event>,
     events_enabled: bool,
+    /// Requests whose completion nobody will ask about ([`Proto::detach`]).
+    detached: HashSet<ReqId>,
     dirty: HashSet<Addr>,
     /// Ids of sends finished at once ([`Proto::direct_eager`]), which never enter the
     /// table.
@@ -330,6 +332,7 @@ impl Proto {
             completions: 0,
             single_copy_pid: None,
             copies: VecDeque::new(),
+            detached: HashSet::default(),
             stats: ProtoStats::default(),
             bulk_moved: 0,
         }
@@ -378,6 +381,10 @@ impl Proto {
     /// Bookkeeping for a request that just finished.
     fn completed(&mut self, id: ReqId) {
         self.completions += 1;
+        if !self.detached.is_empty() && self.detached.remove(&id) {
+            self.reqs.take_done(id);
+            return;
+        }
         if self.events_enabled {
             self.events.push_back(Event::Completed(id));
         }
@@ -446,7 +453,17 @@ impl Proto {
     /// oversized messages). If the transport cannot write it after all it must call
     /// [`Proto::direct_eager_unsent`].
     pub fn direct_eager(&mut self, dst: Addr, channel: Channel, tag: u64, len: usize) -> Option<(Header, ReqId)> {
-        if len > self.cfg.eager_threshold || self.events_enabled || channel == Channel::Open || channel == Channel::Control {
+        // With events on, the application expects an event for every send it made.
+        if self.events_enabled {
+            return None;
+        }
+        self.direct_eager_detached(dst, channel, tag, len)
+    }
+
+    /// [`Proto::direct_eager`] for a send nobody will ask about (see
+    /// [`Proto::detach`]): taken even when events are on, since it raises none.
+    pub fn direct_eager_detached(&mut self, dst: Addr, channel: Channel, tag: u64, len: usize) -> Option<(Header, ReqId)> {
+        if len > self.cfg.eager_threshold || channel == Channel::Open || channel == Channel::Control {
             return None;
         }
         let p = self.peers.get_mut(&dst)?;
@@ -696,6 +713,20 @@ impl Proto {
             true
         } else {
             false
+        }
+    }
+
+    /// Forgets request `id` (a send): its completion raises no event and is not kept
+    /// for `test`/`wait`. For replies and notifications whose sender has nothing to do
+    /// once they are out; a send that cannot be delivered shows up as its peer's
+    /// failure ([`Event::PeerFailed`]) all the same.
+    pub fn detach(&mut self, id: ReqId) {
+        if self.reqs.is_done(id) {
+            // Failed at once: its event, if any, is already queued.
+            self.reqs.take_done(id);
+            self.events.retain(|e| !matches!(e, Event::Completed(c) if *c == id));
+        } else if self.reqs.is_known(id) {
+            self.detached.insert(id);
         }
     }
 
