@@ -240,3 +240,67 @@ fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
     assert_eq!(b.recv(None, Some(8), 1).unwrap().data, b"x");
     assert_eq!(a.stats().recent_errors, Vec::<String>::new());
 }
+
+/// The agent's loop: detached sends raise no events, in order with everything else;
+/// a port that says it polls is written to without doorbells, and whatever came in
+/// while it polled is announced on its event descriptor once it stops.
+#[test]
+fn detached_sends_and_a_polling_event_loop_miss_nothing() {
+    let ns = unique("det");
+    let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    let fd = a.enable_events();
+    // Connect both ways first (a first message opens the rings).
+    b.send(a.addr(), 1, &b"hi"[..]).unwrap();
+    let r = a.irecv(Some(b.addr()), Some(1), 2);
+    assert!(matches!(a.wait(r), Ok(Completion::Received(_))));
+    let mut evs = Vec::new();
+    a.drain_events(&mut evs);
+    assert_eq!(evs, vec![Event::Completed(r)]);
+    assert!(!poll_readable(fd, 0));
+
+    // Small (straight into the ring) and large (rendezvous) detached sends: they
+    // arrive in order and leave no event behind.
+    let body = |i: usize| -> Vec<u8> { (0..if i == 3 { 200_000 } else { 10 + i }).map(|k| (i + k) as u8).collect() };
+    for i in 0..6 {
+        a.send_detached(b.addr(), 2, body(i));
+    }
+    for i in 0..6 {
+        assert_eq!(b.recv(Some(a.addr()), Some(2), 200_000).unwrap().data, body(i), "message {i}");
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    a.drain_events(&mut evs);
+    assert_eq!(evs, vec![Event::Completed(r)], "a detached send raised an event");
+    assert!(!poll_readable(fd, 0));
+
+    // Polling: b writes into a's ring without a doorbell...
+    let r = a.irecv(Some(b.addr()), Some(3), 10);
+    a.start_polling();
+    let rung = b.stats().doorbells;
+    for i in 0..20u8 {
+        b.send(a.addr(), 4, vec![i]).unwrap();
+    }
+    assert_eq!(b.stats().doorbells, rung, "a polling port was rung");
+    b.send(a.addr(), 3, &b"last"[..]).unwrap();
+    // ...and nothing of it is lost when a stops polling without having looked.
+    a.stop_polling();
+    assert!(poll_readable(fd, 0), "what came in while polling must make the descriptor readable");
+    let mut evs = Vec::new();
+    a.drain_events(&mut evs);
+    assert_eq!(evs, vec![Event::Completed(r)]);
+    assert!(!poll_readable(fd, 0));
+    for i in 0..20u8 {
+        assert_eq!(a.recv(Some(b.addr()), Some(4), 1).unwrap().data, vec![i]);
+    }
+    // (Those receives raised their events too.)
+    let mut evs = Vec::new();
+    a.drain_events(&mut evs);
+    assert_eq!(evs.len(), 20);
+    // Asleep again: the next message rings the doorbell and the descriptor.
+    let r = a.irecv(Some(b.addr()), Some(5), 10);
+    b.send(a.addr(), 5, &b"x"[..]).unwrap();
+    assert!(poll_readable(fd, 10_000));
+    let mut evs = Vec::new();
+    a.drain_events(&mut evs);
+    assert_eq!(evs, vec![Event::Completed(r)]);
+}
