@@ -8,6 +8,9 @@
 //! 4. Four nodes (network namespaces on a bridge when root, else loopback agents):
 //!    every node runs the same mix at once; aggregate operations per second and each
 //!    agent's CPU share while serving that steady stream.
+//! 5. Two nodes with nothing else running: the gepsea-net TCP round trip between them,
+//!    then one client putting board keys and taking locks the other node's agent owns
+//!    (p10/p50/p90 per operation), and the cost per hop derived from the three.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -150,6 +153,11 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     stop(agents);
     drop(bed);
     cleanup(&ns4);
+
+    // 5. Two nodes, one client, remote operations.
+    let bed = if netns { Some(gepsea_net::testbed::NetnsBridge::new("gr", 2)?) } else { None };
+    let remote = remote_phase(&gepsea, &probe, &netpeer, &format!("{tag}two"), bed.as_ref(), &rv.join("two"), a.requests)?;
+    drop(bed);
     let _ = std::fs::remove_dir_all(&rv);
 
     println!("gepsea-bench agent ({} requests of each kind per client)", a.requests);
@@ -181,6 +189,29 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
         "agent CPU while serving the 4-node phases: {} % of a core",
         busy_pct.iter().map(|p| format!("{p:.0}")).collect::<Vec<_>>().join(" / ")
     );
+    println!();
+    println!(
+        "2 nodes ({}), nothing else running; one client on node 1, keys and locks owned by node 2 (p10 / p50 / p90 µs):",
+        if netns { "network namespaces on a bridge" } else { "loopback" }
+    );
+    let tcp = remote.tcp_rtt;
+    println!("| operation | p10 | p50 | p90 | target: 2 TCP round trips + 20 µs | p50 vs target |");
+    println!("|---|---|---|---|---|---|");
+    // The target for either: a put is one trip to the owner and back, a lock
+    // pair two, so the pair is the harder of the two.
+    let target = 2.0 * tcp + 20.0;
+    for (k, p) in [("remote board put", remote.put), ("remote lock acquire + release", remote.lockpair)] {
+        println!("| {k} | {:.1} | {:.1} | {:.1} | {target:.1} | {:.2}× |", p[0], p[1], p[2], p[1] / target);
+    }
+    println!("gepsea-net TCP round trip between the two nodes (8 B): {tcp:.2} µs");
+    // Where a remote put's time goes (derived): the client's request to its agent and
+    // the reply (as the one-node ping), the wire (gepsea-net's own round trip), and
+    // what is left: the two agents' loops and the thread hand-offs between them.
+    let loops = remote.put[1] - one["ping"] - tcp;
+    println!(
+        "per hop, remote put at p50 (derived): client <-> its agent {:.2} µs (one-node ping), agent <-> agent wire {tcp:.2} µs (gepsea-net TCP round trip), both agents' loops and hand-offs {loops:.2} µs",
+        one["ping"]
+    );
     if let Some(p) = &a.json {
         let j = json!({
             "requests": a.requests,
@@ -188,11 +219,79 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
             "one_node_us": one,
             "ratio_ping_to_net_rtt": one["ping"] / net_rtt,
             "idle_cpu_percent": idle_pct,
+            "two_nodes": {"netns": netns, "tcp_rtt_us": tcp, "remote_put_us": remote.put, "remote_lockpair_us": remote.lockpair, "loops_and_handoffs_us": loops},
             "four_nodes": {"netns": netns, "phases": four.iter().map(|(k, (us, rate))| (k.clone(), json!({"per_client_us": us, "aggregate_ops_per_s": rate}))).collect::<serde_json::Map<_, _>>(), "agent_cpu_percent": busy_pct},
         });
         std::fs::write(p, serde_json::to_string_pretty(&j)?)?;
     }
     Ok(())
+}
+
+/// Percentiles (p10, p50, p90) in µs.
+type Percentiles = [f64; 3];
+
+struct Remote {
+    tcp_rtt: f64,
+    put: Percentiles,
+    lockpair: Percentiles,
+}
+
+fn remote_phase(
+    gepsea: &Path,
+    probe: &Path,
+    netpeer: &Path,
+    ns: &str,
+    bed: Option<&gepsea_net::testbed::NetnsBridge>,
+    rv: &Path,
+    requests: u32,
+) -> Result<Remote> {
+    // The wire: gepsea-net's 8 B round trip between the two nodes.
+    let dir = rv.join("ports");
+    std::fs::create_dir_all(&dir)?;
+    let peer = |i: usize| -> Command {
+        let mut c = match bed {
+            Some(b) => b.cmd(i, netpeer),
+            None => Command::new(netpeer),
+        };
+        let ip = bed.map_or("127.0.0.1".to_string(), |b| b.ip[i].clone());
+        c.args(["--ns", &format!("{ns}net"), "--node", &(i + 1).to_string(), "--port", "1", "--listen", &format!("{ip}:0"), "--directory"])
+            .arg(&dir);
+        c
+    };
+    let mut echo = peer(1);
+    echo.args(["echo", "--peer", "1:1", "--count", "1000000000", "--max", "4096"]);
+    let guard = Kill(vec![spawn_ready(echo, "echo")?]);
+    let mut ping = peer(0);
+    ping.args(["pingpong", "--peer", "2:1", "--sizes", "8", "--scale", "1"]);
+    let (lat, _) = collect(ping, "pingpong")?;
+    drop(guard);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("{ns}net")));
+    let tcp_rtt = 2.0 * lat.get(&8).copied().context("no 8 B latency")?;
+
+    let agents = start_agents(gepsea, ns, 2, bed, rv)?;
+    let run = |kind: &str| -> Result<Percentiles> {
+        let mut c = match bed {
+            Some(b) => b.cmd(0, probe),
+            None => Command::new(probe),
+        };
+        c.env("GEPSEA_NAMESPACE", ns).env("GEPSEA_NODE", "1").args(["lat-remote", kind, &requests.to_string(), "2"]);
+        let out = c.stderr(Stdio::piped()).output()?;
+        if !out.status.success() {
+            bail!("probe lat-remote {kind} failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().find(|l| l.starts_with(kind)).with_context(|| format!("no result from lat-remote {kind}: {text}"))?;
+        let f: Vec<f64> = line.split_whitespace().skip(2).step_by(2).filter_map(|v| v.parse().ok()).collect();
+        if f.len() != 3 {
+            bail!("unreadable result from lat-remote {kind}: {line}");
+        }
+        Ok([f[0], f[1], f[2]])
+    };
+    let put = run("put");
+    let lockpair = run("lockpair");
+    stop(agents);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
+    Ok(Remote { tcp_rtt, put: put?, lockpair: lockpair? })
 }
 
 const KINDS: [&str; 4] = ["ping", "put", "lockpair", "publish"];

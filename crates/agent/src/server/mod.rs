@@ -66,9 +66,11 @@ mod peers;
 mod requests;
 mod routed;
 mod sessions;
+mod spin;
 mod status;
 
 use jobs::*;
+use spin::SpinPolicy;
 
 /// How to run an agent.
 #[derive(Clone, Debug)]
@@ -561,19 +563,17 @@ impl Agent {
     /// Serves until [`Shutdown::trigger`].
     pub fn run(mut self) -> Result<(), AgentError> {
         let mut events = Events::with_capacity(256);
-        // Spin, then sleep: right after work, poll without blocking for a short while
-        // so that a client's next request is picked up without two thread wake-ups
-        // (the port's event thread, then this loop); idle, block until the next event.
-        // While spinning the port knows it is polled (clients need not ring its
-        // doorbell), and the registration sockets are looked at every few rounds only:
-        // an `epoll_wait` per round was a third of a local request's cost.
-        const SPIN: Duration = Duration::from_micros(50);
+        // Spin, then sleep (`spin` says when). While spinning the port knows it is
+        // polled (clients need not ring its doorbell), and the registration sockets are
+        // looked at every few rounds only: an `epoll_wait` per round was a third of a
+        // local request's cost.
         const ROUNDS_PER_EPOLL: u32 = 16;
-        let mut last_work = Instant::now() - SPIN;
+        let mut spin = SpinPolicy::new(Instant::now());
         let mut polling = false;
         let mut round = 0u32;
         while !self.shutdown.is_set() {
-            let spinning = last_work.elapsed() < SPIN;
+            let awaiting_peer = !self.routed.is_empty() || !self.peer_ops.is_empty();
+            let spinning = spin.spinning(Instant::now(), awaiting_peer);
             if spinning != polling {
                 polling = spinning;
                 if spinning {
@@ -583,9 +583,12 @@ impl Agent {
                 }
             }
             round = round.wrapping_add(1);
+            let peer_messages = self.peer_messages;
             if spinning && !round.is_multiple_of(ROUNDS_PER_EPOLL) {
                 if self.turn(true) {
-                    last_work = Instant::now();
+                    spin.worked(Instant::now(), self.peer_messages != peer_messages);
+                } else if spin.idle_round(Instant::now(), awaiting_peer) {
+                    std::thread::yield_now();
                 }
                 continue;
             }
@@ -604,7 +607,7 @@ impl Agent {
                 }
             }
             if self.turn(spinning) || !events.is_empty() {
-                last_work = Instant::now();
+                spin.worked(Instant::now(), self.peer_messages != peer_messages);
             }
         }
         info!("agent of node {} stopping", self.me);

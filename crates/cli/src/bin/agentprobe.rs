@@ -215,6 +215,43 @@ fn main() -> Result<()> {
             v.sort_by(|a, b| a.partial_cmp(b).unwrap());
             say(format!("p10 {:.1} p50 {:.1} p90 {:.1} max {:.1}", v[v.len() / 10], v[v.len() / 2], v[v.len() * 9 / 10], v[v.len() - 1]));
         }
+        // lat-remote KIND N AGENTS: per-operation latency percentiles of N board puts
+        // (KIND put) or lock acquire + release pairs (KIND lockpair) on keys and locks
+        // that another of the AGENTS agents (1..=AGENTS) owns, after N/10 unmeasured.
+        "lat-remote" => {
+            let kind: String = arg(&a, 1, "kind")?;
+            let n: usize = arg(&a, 2, "count")?;
+            let agents: u32 = arg(&a, 3, "agents")?;
+            let view: Vec<u32> = (1..=agents).collect();
+            let me = c.node();
+            let owned_elsewhere = |k: &String| gepsea_agent::core::board::ranked(k, &view).first() != Some(&me);
+            let keys: Vec<String> = (0..).map(|i| format!("remote/{me}/{i}")).filter(owned_elsewhere).take(16).collect();
+            let locks: Vec<String> = (0..)
+                .map(|i| format!("remote-lock/{me}/{i}"))
+                .filter(|l| owned_elsewhere(&gepsea_agent::core::lock_key(l)))
+                .take(4)
+                .collect();
+            let mut v = Vec::with_capacity(n);
+            for i in 0..n + n / 10 {
+                let t = Instant::now();
+                match kind.as_str() {
+                    "put" => {
+                        c.board_put(&keys[i % keys.len()], &(i as u64).to_le_bytes())?;
+                    }
+                    "lockpair" => {
+                        let l = &locks[i % locks.len()];
+                        c.lock(l, LockMode::Exclusive)?;
+                        c.unlock(l)?;
+                    }
+                    k => bail!("unknown kind {k}"),
+                }
+                if i >= n / 10 {
+                    v.push(t.elapsed().as_secs_f64() * 1e6);
+                }
+            }
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            say(format!("{kind} p10 {:.2} p50 {:.2} p90 {:.2}", v[v.len() / 10], v[v.len() / 2], v[v.len() * 9 / 10]));
+        }
         // bench-op KIND N: N operations of one kind (after N/10 unmeasured); prints µs per op.
         "bench-op" => {
             let kind: String = arg(&a, 1, "kind")?;

@@ -457,6 +457,7 @@ impl Port {
     pub fn poll_events(&self, out: &mut Vec<Event>) {
         self.with(|st| {
             st.poll_tcp();
+            st.flush_quieted();
             st.progress();
             while let Some(ev) = st.proto.next_event() {
                 out.push(ev);
@@ -467,13 +468,18 @@ impl Port {
     /// Declares that the application polls the port itself from now on, as an event
     /// loop that spins for a while after work does ([`Port::poll_events`] in a loop):
     /// processes on this node then write into this port's rings without ringing its
-    /// doorbell (a system call on their side, a wake-up of the event thread on ours).
-    /// Call [`Port::stop_polling`] before blocking.
+    /// doorbell (a system call on their side, a wake-up of the event thread on ours),
+    /// and the event thread stops watching the TCP connections, which `poll_events`
+    /// reads (it would be woken by every segment, to compete for a core with the loop
+    /// that reads it anyway). Call [`Port::stop_polling`] before blocking.
     pub fn start_polling(&self) {
         let mut st = self.sh.st.lock();
         if !st.app_polling {
             st.app_polling = true;
             st.set_awake(true);
+            if self.sh.progress == Progress::Thread {
+                st.quiet_tcp();
+            }
         }
     }
 
@@ -486,6 +492,9 @@ impl Port {
             return;
         }
         st.app_polling = false;
+        if self.sh.progress == Progress::Thread {
+            st.unquiet_tcp();
+        }
         while st.set_awake(false) {
             st.set_awake(true);
             progress_all(&mut st);
@@ -618,10 +627,12 @@ impl Port {
                         if now >= spin_until {
                             break;
                         }
-                        if extended {
-                            // Spinning on behalf of a long transfer: let anything else
-                            // runnable on this core (another process's event thread
-                            // doing the copy, say) go first.
+                        if extended || now.saturating_duration_since(started) > SNOOZE_AFTER {
+                            // Spinning on behalf of a long transfer, or for longer than
+                            // a peer on this machine takes to answer when it has a core:
+                            // let anything else runnable on this core (the peer that is
+                            // to answer, another process's event thread doing the
+                            // copy) go first. Spin, snooze, then park.
                             MutexGuard::unlocked(&mut st, std::thread::yield_now);
                         }
                     }

@@ -216,6 +216,12 @@ fn is_presettled(req: ReqId) -> bool {
 /// moves, so the spin covers the transfer).
 const SPIN_NS_PER_KIB: u64 = 250;
 
+/// How long a waiter spins before it starts yielding its core between looks: a peer
+/// with a core of its own answers a small message within a few µs; one that answers
+/// later may be waiting for this very core (more processes than cores), and pure
+/// spinning would keep it off until the spin runs out.
+const SNOOZE_AFTER: Duration = Duration::from_micros(10);
+
 /// A transfer is spun for again only while it moves at least this fast (4 µs per KiB,
 /// ≈256 MB/s). Below it the bytes take milliseconds, against which the two wake-ups a
 /// sleep costs (30-40 µs each here) are small; spinning on a 10 Mbit/s link for the

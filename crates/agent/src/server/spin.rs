@@ -1,0 +1,127 @@
+//! When the agent's loop spins instead of sleeping, and when a spinning loop yields its
+//! core: a pure policy (the loop feeds it times and what it saw), so that the rule is
+//! tested without processes or clocks.
+//!
+//! Right after work the loop polls without blocking for a while, so that a client's
+//! next request is picked up without two thread wake-ups (the port's event thread, then
+//! the loop: 30-40 µs each on these VMs). How long depends on what the next thing to
+//! arrive is:
+//! - after local work only, [`LOCAL`]: a client's next request comes within µs or not
+//!   soon;
+//! - after serving another agent, [`REMOTE`]: that agent's next request is a network
+//!   round trip and its own client's turn away;
+//! - with an operation out at another agent, [`AWAITING_PEER`]: its answer is a round
+//!   trip away, and sleeping would cost more wake-ups than the wire takes.
+//!
+//! While remote work is under way, idle rounds yield the core now and then: with more
+//! busy processes than cores (a client and two agents on this 2-core machine), the
+//! process that has to answer next may be waiting for this very core. Local work does
+//! not yield: a client placed on the agent's core then waits for the scheduler to move
+//! one of them (a yield does not reliably hand the core over; each local request took
+//! 15 µs instead of 1 in that placement).
+
+use std::time::{Duration, Instant};
+
+/// Spin after local work.
+pub(super) const LOCAL: Duration = Duration::from_micros(50);
+/// Spin after work for another agent.
+pub(super) const REMOTE: Duration = Duration::from_micros(200);
+/// Spin while an operation is out at another agent.
+pub(super) const AWAITING_PEER: Duration = Duration::from_micros(500);
+/// Idle spinning rounds between two yields, during remote work.
+const IDLE_ROUNDS_PER_YIELD: u32 = 8;
+
+#[derive(Debug)]
+pub(super) struct SpinPolicy {
+    last_work: Instant,
+    last_peer_work: Option<Instant>,
+    idle_rounds: u32,
+}
+
+impl SpinPolicy {
+    pub(super) fn new(now: Instant) -> Self {
+        SpinPolicy { last_work: now - AWAITING_PEER, last_peer_work: None, idle_rounds: 0 }
+    }
+
+    /// The loop did work (`for_peer`: some of it for another agent).
+    pub(super) fn worked(&mut self, now: Instant, for_peer: bool) {
+        self.last_work = now;
+        self.idle_rounds = 0;
+        if for_peer {
+            self.last_peer_work = Some(now);
+        }
+    }
+
+    fn remote_work(&self, now: Instant, awaiting_peer: bool) -> bool {
+        awaiting_peer || self.last_peer_work.is_some_and(|t| now.saturating_duration_since(t) < REMOTE)
+    }
+
+    /// Whether to poll without blocking now.
+    pub(super) fn spinning(&self, now: Instant, awaiting_peer: bool) -> bool {
+        let window = match (awaiting_peer, self.remote_work(now, false)) {
+            (true, _) => AWAITING_PEER,
+            (false, true) => REMOTE,
+            _ => LOCAL,
+        };
+        now.saturating_duration_since(self.last_work) < window
+    }
+
+    /// A spinning round found nothing to do: whether to yield the core now.
+    pub(super) fn idle_round(&mut self, now: Instant, awaiting_peer: bool) -> bool {
+        self.idle_rounds += 1;
+        self.remote_work(now, awaiting_peer) && self.idle_rounds.is_multiple_of(IDLE_ROUNDS_PER_YIELD)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn idle_from_the_start_sleeps() {
+        let t = Instant::now();
+        assert!(!SpinPolicy::new(t).spinning(t, false));
+    }
+
+    #[test]
+    fn local_work_spins_briefly_and_never_yields() {
+        let t = Instant::now();
+        let mut p = SpinPolicy::new(t);
+        p.worked(t, false);
+        assert!(p.spinning(t + 49 * US, false));
+        assert!(!p.spinning(t + 50 * US, false));
+        assert!((0..100).all(|_| !p.idle_round(t + US, false)));
+    }
+
+    #[test]
+    fn work_for_a_peer_spins_longer_and_yields_every_few_idle_rounds() {
+        let t = Instant::now();
+        let mut p = SpinPolicy::new(t);
+        p.worked(t, true);
+        assert!(p.spinning(t + 199 * US, false));
+        assert!(!p.spinning(t + 200 * US, false));
+        let yields: Vec<bool> = (0..16).map(|_| p.idle_round(t + US, false)).collect();
+        assert_eq!(yields.iter().filter(|y| **y).count(), 2);
+        assert!(yields[7] && yields[15]);
+        // Later local work spins as local work again once the peer's is long past.
+        p.worked(t + 300 * US, false);
+        assert!(!p.spinning(t + 351 * US, false));
+        assert!((0..16).all(|_| !p.idle_round(t + 310 * US, false)));
+    }
+
+    #[test]
+    fn an_operation_out_at_a_peer_keeps_the_loop_spinning_and_yielding() {
+        let t = Instant::now();
+        let mut p = SpinPolicy::new(t);
+        p.worked(t, false);
+        assert!(p.spinning(t + 499 * US, true));
+        assert!(!p.spinning(t + 500 * US, true));
+        assert!((0..8).any(|_| p.idle_round(t + US, true)));
+        // Work resets the count of idle rounds.
+        p.worked(t + 2 * US, false);
+        assert!((0..7).all(|_| !p.idle_round(t + 3 * US, true)));
+        assert!(p.idle_round(t + 3 * US, true));
+    }
+}
