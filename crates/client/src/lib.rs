@@ -116,7 +116,12 @@ impl Client {
             s.set_read_timeout(None)?;
         }
         let me = Addr::new(node, port);
-        let port = Port::open(PortConfig::new(&namespace, me))?;
+        // The agent shares this node's cores: after 10 µs a wait lets it have ours (a
+        // request to another node's agent waited for the client's spin to end when the
+        // agent that was to answer had been placed on the client's core).
+        let mut pc = PortConfig::new(&namespace, me);
+        pc.snooze_after = Some(Duration::from_micros(10));
+        let port = Port::open(pc)?;
         Ok(Client {
             port,
             agent: Addr::new(node, 0),

@@ -45,6 +45,7 @@ impl Port {
             u64::from_le_bytes(b) | 1
         };
         let spin = cfg.spin;
+        let snooze_after = cfg.snooze_after;
         let lease = cfg.lease;
         let progress = cfg.progress;
         let linger = cfg.linger;
@@ -107,6 +108,7 @@ impl Port {
             sock_path,
             dir_entry,
             spin,
+            snooze_after,
             lease,
             progress,
             linger,
@@ -627,12 +629,13 @@ impl Port {
                         if now >= spin_until {
                             break;
                         }
-                        if extended || now.saturating_duration_since(started) > SNOOZE_AFTER {
+                        let snooze = self.sh.snooze_after.is_some_and(|s| now.saturating_duration_since(started) > s);
+                        if extended || snooze {
                             // Spinning on behalf of a long transfer, or for longer than
-                            // a peer on this machine takes to answer when it has a core:
-                            // let anything else runnable on this core (the peer that is
-                            // to answer, another process's event thread doing the
-                            // copy) go first. Spin, snooze, then park.
+                            // a peer on this machine takes to answer when it has a core
+                            // (`PortConfig::snooze_after`): let anything else runnable
+                            // on this core (the peer that is to answer, another
+                            // process's event thread doing the copy) go first.
                             MutexGuard::unlocked(&mut st, std::thread::yield_now);
                         }
                     }

@@ -92,6 +92,12 @@ pub struct PortConfig {
     pub max_frame: usize,
     /// How long `wait` spins before sleeping.
     pub spin: Duration,
+    /// After this much of its spin, `wait` yields its core between looks (spin, snooze,
+    /// park). For a process whose peer shares its cores and may need this very core to
+    /// answer: a client of the local agent, with more busy processes than cores. `None`
+    /// (the default): pure spinning, which peers with cores of their own answer
+    /// soonest (a yield per look slowed a 64 KiB TCP ping-pong from 34 to 50-100 µs).
+    pub snooze_after: Option<Duration>,
     /// How long after a library call returns the port still counts as awake, so that
     /// shared-memory peers skip the doorbell between back-to-back calls. The event
     /// thread takes over when it expires; it bounds the delay before event-driven
@@ -128,6 +134,7 @@ impl PortConfig {
             single_copy: true,
             max_frame: 1 << 20,
             spin: Duration::from_micros(50),
+            snooze_after: None,
             lease: Duration::from_micros(50),
             reconnect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(5),
@@ -215,12 +222,6 @@ fn is_presettled(req: ReqId) -> bool {
 /// Extra spin per KiB of rendezvous data in flight (≈4 GB/s, below what shared memory
 /// moves, so the spin covers the transfer).
 const SPIN_NS_PER_KIB: u64 = 250;
-
-/// How long a waiter spins before it starts yielding its core between looks: a peer
-/// with a core of its own answers a small message within a few µs; one that answers
-/// later may be waiting for this very core (more processes than cores), and pure
-/// spinning would keep it off until the spin runs out.
-const SNOOZE_AFTER: Duration = Duration::from_micros(10);
 
 /// A transfer is spun for again only while it moves at least this fast (4 µs per KiB,
 /// ≈256 MB/s). Below it the bytes take milliseconds, against which the two wake-ups a
@@ -332,6 +333,7 @@ struct Shared {
     sock_path: PathBuf,
     dir_entry: Option<PathBuf>,
     spin: Duration,
+    snooze_after: Option<Duration>,
     lease: Duration,
     progress: Progress,
     linger: Duration,
