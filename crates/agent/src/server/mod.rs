@@ -42,6 +42,7 @@ use gepsea_net::{namespace_dir, Addr, Completion, Event, Port, PortConfig, ReqId
 use mio::net::{UnixListener, UnixStream};
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
+use rustc_hash::FxHashMap;
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
@@ -295,7 +296,9 @@ pub struct Agent {
     engine: Arc<Engine>,
     sessions: HashMap<Token, Session>,
     next_session: usize,
-    clients: HashMap<u32, ClientInfo>,
+    // The maps every request touches hash with Fx (ids and ports are ours, not an
+    // attacker's): SipHash was ≈0.1 µs of a 1 µs local request.
+    clients: FxHashMap<u32, ClientInfo>,
     next_port: u32,
     // membership
     known: BTreeMap<u32, Option<(u32, u64)>>,
@@ -303,7 +306,7 @@ pub struct Agent {
     view: Vec<u32>,
     ready: bool,
     // gepsea-net
-    net: HashMap<ReqId, NetOp>,
+    net: FxHashMap<ReqId, NetOp>,
     large_counter: u64,
     loopback: VecDeque<PeerMsg>,
     loopback_from: VecDeque<(u32, PeerMsg)>,
@@ -327,7 +330,7 @@ pub struct Agent {
     next_op: u64,
     routed: HashMap<u64, Routed>,
     peer_ops: HashMap<u64, (u32, ReplyTo)>,
-    cancellable: HashMap<(u32, u64), u64>,
+    cancellable: FxHashMap<(u32, u64), u64>,
     my_tasks: BTreeMap<u64, Task>,
     next_task: u64,
     holding: HashMap<u64, Client>,
@@ -487,13 +490,13 @@ impl Agent {
             engine,
             sessions: HashMap::new(),
             next_session: FIRST_SESSION,
-            clients: HashMap::new(),
+            clients: FxHashMap::default(),
             next_port: 1,
             known,
             dead: BTreeSet::new(),
             view: vec![me],
             ready: false,
-            net: HashMap::new(),
+            net: FxHashMap::default(),
             large_counter: 0,
             loopback: VecDeque::new(),
             loopback_from: VecDeque::new(),
@@ -516,7 +519,7 @@ impl Agent {
             next_op: incarnation,
             routed: HashMap::new(),
             peer_ops: HashMap::new(),
-            cancellable: HashMap::new(),
+            cancellable: FxHashMap::default(),
             my_tasks: BTreeMap::new(),
             // Task ids are (node << 40 | n): n starts from the clock (µs, 39 bits) so a
             // restarted agent of the node never reuses its predecessor's ids.
@@ -572,8 +575,11 @@ impl Agent {
         let mut polling = false;
         let mut round = 0u32;
         while !self.shutdown.is_set() {
+            // One clock reading per round (a fifth of the spinning loop's time went to
+            // reading it three times).
+            let now = Instant::now();
             let awaiting_peer = !self.routed.is_empty() || !self.peer_ops.is_empty();
-            let spinning = spin.spinning(Instant::now(), awaiting_peer);
+            let spinning = spin.spinning(now, awaiting_peer);
             if spinning != polling {
                 polling = spinning;
                 if spinning {
@@ -585,9 +591,9 @@ impl Agent {
             round = round.wrapping_add(1);
             let peer_messages = self.peer_messages;
             if spinning && !round.is_multiple_of(ROUNDS_PER_EPOLL) {
-                if self.turn(true) {
-                    spin.worked(Instant::now(), self.peer_messages != peer_messages);
-                } else if spin.idle_round(Instant::now(), awaiting_peer) {
+                if self.turn(true, now) {
+                    spin.worked(now, self.peer_messages != peer_messages);
+                } else if spin.idle_round(now, awaiting_peer) {
                     std::thread::yield_now();
                 }
                 continue;
@@ -606,7 +612,7 @@ impl Agent {
                     t => self.session_ready(t),
                 }
             }
-            if self.turn(spinning) || !events.is_empty() {
+            if self.turn(spinning, Instant::now()) || !events.is_empty() {
                 spin.worked(Instant::now(), self.peer_messages != peer_messages);
             }
         }
@@ -618,7 +624,7 @@ impl Agent {
     /// One pass over everything that may have happened. `spinning`: the loop is not
     /// going to block, so it reads the TCP connections itself rather than wait for the
     /// port's event thread to be woken by them.
-    fn turn(&mut self, spinning: bool) -> bool {
+    fn turn(&mut self, spinning: bool, now: Instant) -> bool {
         let mut any = false;
         loop {
             let mut progressed = false;
@@ -660,7 +666,7 @@ impl Agent {
             }
             any = true;
         }
-        self.timers();
+        self.timers(now);
         any
     }
 
@@ -682,8 +688,8 @@ impl Agent {
         t.saturating_duration_since(now)
     }
 
-    fn timers(&mut self) {
-        let now = Instant::now();
+    /// Deadlines due at `now` (read when the pass began: timers are milliseconds apart).
+    fn timers(&mut self, now: Instant) {
         if now >= self.next_heartbeat {
             self.next_heartbeat = now + self.cfg.heartbeat;
             self.discover();
