@@ -109,6 +109,10 @@ pub struct StorageArgs {
     /// BLAST+ processes at once per regeneration (default: this machine's cores).
     #[arg(long, requires = "storage_listen", help_heading = "Storage site")]
     storage_threads: Option<usize>,
+    /// Objects (parts) the storage site checks and regenerates at once, each on a
+    /// thread of its own.
+    #[arg(long, requires = "storage_listen", help_heading = "Storage site", default_value_t = paramedic::storage::DEFAULT_OBJECTS_AT_ONCE, value_parser = clap::value_parser!(u64).range(1..=256))]
+    storage_objects_at_once: u64,
 }
 
 /// Starts the storage site's plug-in, if asked for.
@@ -128,6 +132,7 @@ fn storage_site(a: &StorageArgs) -> Result<Option<std::sync::Arc<paramedic::stor
         key,
         threads: a.storage_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1),
         max_object: paramedic::transfer::DEFAULT_MAX_OBJECT,
+        objects_at_once: a.storage_objects_at_once as usize,
     };
     let p = paramedic::storage::StoragePlugin::start(cfg).with_context(|| format!("storage site on --storage-listen {listen}"))?;
     eprintln!("gepsea agent: storage site listening on {}, writing to {}", p.listen_addr(), out.display());

@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// BLAST+ threads per regeneration (default: this machine's cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Objects (parts) checked and regenerated at once, each on a thread of its own.
+    #[arg(long, default_value_t = paramedic::storage::DEFAULT_OBJECTS_AT_ONCE, value_parser = clap::value_parser!(u64).range(1..=256))]
+    objects_at_once: u64,
     /// Largest object accepted, in bytes: an object is received whole into memory, so
     /// a larger one is refused before anything is allocated for it.
     #[arg(long, default_value_t = transfer::DEFAULT_MAX_OBJECT)]
@@ -260,9 +263,9 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 if key.is_some() { " (encrypted transfers only)" } else { "" },
                 a.out.display()
             );
-            let mut site = paramedic::storage::StorageSite::new(&a.out, a.db.as_deref(), a.threads.unwrap_or_else(cores));
+            let site = paramedic::storage::StorageSite::new(&a.out, a.db.as_deref(), a.threads.unwrap_or_else(cores));
             let stats = site.stats();
-            transfer::serve(&port, &mut site, a.count, key.as_ref(), a.max_object, |ack| match &ack.result {
+            transfer::serve(&port, &site, a.count, key.as_ref(), a.max_object, a.objects_at_once as usize, |ack| match &ack.result {
                 Ok(n) => {
                     let mut s = stats.lock();
                     s.acknowledged(ack);

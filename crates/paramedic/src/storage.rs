@@ -92,14 +92,16 @@ struct Assembly {
     asm: Assembler<std::io::BufWriter<std::fs::File>>,
 }
 
-type Decoders = Box<dyn Fn(&str) -> Option<Box<dyn MetadataPlugin>> + Send>;
+type Decoders = Box<dyn Fn(&str) -> Option<Box<dyn MetadataPlugin>> + Send + Sync>;
 
 /// Regenerates each object with the plug-in named in its container and writes it into
 /// `dir` (see the module docs).
 pub struct StorageSite {
     dir: PathBuf,
     decoders: Decoders,
-    assembling: HashMap<(String, String), Assembly>,
+    /// Reports being assembled, by (name, job): parts are regenerated on several
+    /// threads at once, and fed into their report in order under this lock.
+    assembling: Mutex<HashMap<(String, String), Assembly>>,
     stats: Arc<Mutex<SiteStats>>,
 }
 
@@ -115,7 +117,7 @@ impl StorageSite {
         StorageSite {
             dir: dir.to_path_buf(),
             decoders: Box::new(move |name: &str| decoder(name, replica.as_deref(), threads)),
-            assembling: HashMap::new(),
+            assembling: Mutex::new(HashMap::new()),
             stats: Default::default(),
         }
     }
@@ -135,7 +137,7 @@ impl StorageSite {
         self.dir.join(format!(".{name}.parts-{job}"))
     }
 
-    fn store_part(&mut self, name: &str, part: &PartOf, data: &[u8]) -> Result<u64, String> {
+    fn store_part(&self, name: &str, part: &PartOf, data: &[u8]) -> Result<u64, String> {
         if !job_name_ok(&part.job) {
             return Err(format!("part of {name}: job id {:?} is not a plain name", part.job));
         }
@@ -143,30 +145,42 @@ impl StorageSite {
             return Err(format!("part {} of {name} announced as one of {} parts", part.index, part.total));
         }
         let key = (name.to_string(), part.job.clone());
-        if let Some(a) = self.assembling.get(&key) {
+        let consistent = |a: &Assembly| -> Result<(), String> {
             if a.total != part.total || a.outfmt != part.outfmt {
                 return Err(format!(
                     "part {} of {name} says {} parts of -outfmt {:?}; earlier parts said {} of {:?}",
                     part.index, part.total, part.outfmt, a.total, a.outfmt
                 ));
             }
+            Ok(())
+        };
+        if let Some(a) = self.assembling.lock().get(&key) {
+            consistent(a)?;
         }
+        // Regenerated without the lock: other parts regenerate meanwhile.
         let output = self.regenerate(data)?;
         let dir = self.parts_dir(name, &part.job);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        write_atomically(&dir.join(part.index.to_string()), &output).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let part_file = dir.join(part.index.to_string());
+        let mut assembling = self.assembling.lock();
+        // Checked again: another part may have begun the report while this one
+        // regenerated.
+        if let Some(a) = assembling.get(&key) {
+            consistent(a)?;
+        }
+        write_atomically(&part_file, &output).map_err(|e| format!("{}: {e}", dir.display()))?;
         let regenerated = output.len() as u64;
         drop(output);
-        if !self.assembling.contains_key(&key) {
+        if !assembling.contains_key(&key) {
             let tmp = self.dir.join(format!(".{name}.{}.gepsea-tmp{}", part.job, std::process::id()));
             let file = std::fs::File::create(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
             let asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), gepsea_blast::report::base_format(&part.outfmt));
             let have = (0..part.total).filter(|i| dir.join(i.to_string()).is_file()).collect();
-            self.assembling.insert(key.clone(), Assembly { total: part.total, outfmt: part.outfmt.clone(), next: 0, have, tmp, asm });
+            assembling.insert(key.clone(), Assembly { total: part.total, outfmt: part.outfmt.clone(), next: 0, have, tmp, asm });
         }
-        let result = self.advance(&key, part.index, &dir);
+        let result = self.advance(&mut assembling, &key, part.index, &dir);
         if result.is_err() {
-            if let Some(a) = self.assembling.remove(&key) {
+            if let Some(a) = assembling.remove(&key) {
                 let _ = std::fs::remove_file(&a.tmp);
             }
             self.stats.lock().reports_in_progress.remove(name);
@@ -175,9 +189,15 @@ impl StorageSite {
     }
 
     /// Feeds every part that is now next in line; completes the report with the last.
-    fn advance(&mut self, key: &(String, String), index: u32, dir: &Path) -> Result<(), String> {
+    fn advance(
+        &self,
+        assembling: &mut HashMap<(String, String), Assembly>,
+        key: &(String, String),
+        index: u32,
+        dir: &Path,
+    ) -> Result<(), String> {
         let name = &key.0;
-        let a = self.assembling.get_mut(key).expect("assembly exists");
+        let a = assembling.get_mut(key).expect("assembly exists");
         a.have.insert(index);
         while a.have.contains(&a.next) {
             let p = dir.join(a.next.to_string());
@@ -192,7 +212,7 @@ impl StorageSite {
             self.stats.lock().reports_in_progress.insert(name.clone(), progress);
             return Ok(());
         }
-        let a = self.assembling.remove(key).expect("assembly exists");
+        let a = assembling.remove(key).expect("assembly exists");
         let mut w = a.asm.finish()?;
         w.flush().map_err(|e| format!("{}: {e}", a.tmp.display()))?;
         drop(w);
@@ -225,14 +245,14 @@ impl StorageSite {
 
 impl Drop for StorageSite {
     fn drop(&mut self) {
-        for (_, a) in self.assembling.drain() {
+        for (_, a) in self.assembling.get_mut().drain() {
             let _ = std::fs::remove_file(&a.tmp);
         }
     }
 }
 
 impl Sink for StorageSite {
-    fn store(&mut self, name: &str, part: Option<&PartOf>, data: &[u8]) -> Result<u64, String> {
+    fn store(&self, name: &str, part: Option<&PartOf>, data: &[u8]) -> Result<u64, String> {
         let started = Instant::now();
         let r = match part {
             Some(p) => self.store_part(name, p, data),
@@ -264,7 +284,14 @@ pub struct StorageConfig {
     pub threads: usize,
     /// Largest object taken (see [`transfer::DEFAULT_MAX_OBJECT`]).
     pub max_object: u64,
+    /// Objects checked and regenerated at once ([`transfer::serve`]).
+    pub objects_at_once: usize,
 }
+
+/// Objects a storage site regenerates at once by default: one regenerating while
+/// another's serial steps (decrypting, checking, BLAST+'s start, formatting, writing)
+/// run, which is what left a core idle with one at a time.
+pub const DEFAULT_OBJECTS_AT_ONCE: u64 = 2;
 
 /// The storage site as an agent plug-in (`paramedic-storage`): serves transfers on a
 /// thread of its own; its [`SiteStats`] are in `gepsea agent status`, and a request
@@ -287,13 +314,13 @@ impl StoragePlugin {
         let namespace = format!("paramedic-storage{}", std::process::id());
         let port = transfer::storage_port(&namespace, cfg.listen)?;
         let listen = port.listen_addr().unwrap_or(cfg.listen);
-        let mut site = StorageSite::new(&cfg.out, cfg.replica.as_deref(), cfg.threads);
+        let site = StorageSite::new(&cfg.out, cfg.replica.as_deref(), cfg.threads);
         let stats = site.stats();
         std::thread::Builder::new()
             .name("paramedic-storage".into())
             .spawn(move || {
                 let counted = site.stats();
-                let served = transfer::serve(&port, &mut site, None, cfg.key.as_ref(), cfg.max_object, |ack| {
+                let served = transfer::serve(&port, &site, None, cfg.key.as_ref(), cfg.max_object, cfg.objects_at_once, |ack| {
                     counted.lock().acknowledged(ack);
                     match &ack.result {
                         Ok(n) => tracing::info!("storage site: regenerated {} ({n} bytes) in {:.2} s", ack.name, ack.seconds),
@@ -385,7 +412,7 @@ mod tests {
         let d = dir("order");
         let p = parts(4);
         let want = gepsea_blast::parts::assemble(&p, 0).unwrap();
-        let mut site = StorageSite::new(&d.0, None, 1);
+        let site = StorageSite::new(&d.0, None, 1);
         for (k, i) in [2u32, 0, 3, 1].into_iter().enumerate() {
             assert!(!d.0.join("r.txt").exists(), "the report appeared before its last part");
             assert_eq!(site.store("r.txt", Some(&of("j1", i, 4)), &sealed(&p[i as usize])), Ok(p[i as usize].len() as u64));
@@ -406,13 +433,13 @@ mod tests {
         let d = dir("restart");
         let p = parts(3);
         {
-            let mut site = StorageSite::new(&d.0, None, 1);
+            let site = StorageSite::new(&d.0, None, 1);
             site.store("r.txt", Some(&of("j2", 0, 3)), &sealed(&p[0])).unwrap();
             site.store("r.txt", Some(&of("j2", 2, 3)), &sealed(&p[2])).unwrap();
         }
         // The first site is gone: its temporary report with it, its parts kept.
         assert_eq!(files(&d.0), [".r.txt.parts-j2"]);
-        let mut site = StorageSite::new(&d.0, None, 1);
+        let site = StorageSite::new(&d.0, None, 1);
         site.store("r.txt", Some(&of("j2", 1, 3)), &sealed(&p[1])).unwrap();
         assert_eq!(std::fs::read_to_string(d.0.join("r.txt")).unwrap(), gepsea_blast::parts::assemble(&p, 0).unwrap());
         assert_eq!(files(&d.0), ["r.txt"]);
@@ -422,7 +449,7 @@ mod tests {
     fn damaged_foreign_or_inconsistent_parts_are_refused_and_nothing_is_written() {
         let d = dir("refuse");
         let p = parts(2);
-        let mut site = StorageSite::new(&d.0, None, 1);
+        let site = StorageSite::new(&d.0, None, 1);
         let mut damaged = sealed(&p[0]);
         let mid = damaged.len() / 2;
         damaged[mid] ^= 1;
@@ -443,5 +470,35 @@ mod tests {
         assert!(!d.0.join("r.txt").exists());
         site.store("r.txt", Some(&of("j3", 1, 2)), &sealed(&p[1])).unwrap();
         assert_eq!(std::fs::read_to_string(d.0.join("r.txt")).unwrap(), gepsea_blast::parts::assemble(&p, 0).unwrap());
+    }
+
+    /// `serve` stores several parts at once: from 4 threads, 24 parts of two reports in
+    /// a shuffled order make both reports exactly, each once.
+    #[test]
+    fn parts_stored_from_several_threads_at_once_make_each_report_exactly() {
+        let d = dir("threads");
+        let p = parts(12);
+        let want = gepsea_blast::parts::assemble(&p, 0).unwrap();
+        let site = StorageSite::new(&d.0, None, 1);
+        let mut order: Vec<(&str, u32)> = (0..12).flat_map(|i| [("a.txt", i), ("b.txt", i)]).collect();
+        // A fixed shuffle: far-apart parts first, neighbours on different threads.
+        order.sort_by_key(|(n, i)| ((i * 7 + n.len() as u32) % 12, *n));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| loop {
+                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(&(name, i)) = order.get(k) else { break };
+                    let job = if name == "a.txt" { "ja" } else { "jb" };
+                    assert_eq!(site.store(name, Some(&of(job, i, 12)), &sealed(&p[i as usize])), Ok(p[i as usize].len() as u64));
+                });
+            }
+        });
+        for name in ["a.txt", "b.txt"] {
+            assert_eq!(std::fs::read_to_string(d.0.join(name)).unwrap(), want, "{name}");
+        }
+        let s = site.stats().lock().clone();
+        assert_eq!((s.reports_completed, s.reports_in_progress.len()), (2, 0));
+        assert_eq!(files(&d.0), ["a.txt", "b.txt"]);
     }
 }

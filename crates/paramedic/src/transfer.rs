@@ -311,10 +311,11 @@ fn sender_id() -> u32 {
 }
 
 /// What the storage site does with a received object ([`crate::storage::StorageSite`]).
-pub trait Sink {
+/// Called from several threads at once (see [`serve`]).
+pub trait Sink: Sync {
     /// Regenerates and writes the object (the whole of `name`, or one part of it); the
     /// `Ok` value is the bytes regenerated.
-    fn store(&mut self, name: &str, part: Option<&PartOf>, container: &[u8]) -> Result<u64, String>;
+    fn store(&self, name: &str, part: Option<&PartOf>, container: &[u8]) -> Result<u64, String>;
 }
 
 /// Writes through a temporary file renamed into place.
@@ -328,7 +329,7 @@ pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// Checks a received object and hands it to the sink.
-fn store_checked(sink: &mut dyn Sink, object: &Object, body: &[u8]) -> Result<u64, String> {
+fn store_checked(sink: &dyn Sink, object: &Object, body: &[u8]) -> Result<u64, String> {
     if !plain_name(&object.name) {
         Err(format!("object name {:?} is not a plain file name", object.name))
     } else if body.len() as u64 != object.len {
@@ -355,7 +356,8 @@ fn too_large(object: &Object, max_object: u64) -> String {
 }
 
 /// Serves objects until `count` have been handled (`None`: forever); calls `done` with
-/// every acknowledgement sent. With a `key`, only encrypted transfers under that key
+/// every acknowledgement, before it is sent (from the storing threads too, so that
+/// counters a sender may read once acknowledged include it). With a `key`, only encrypted transfers under that key
 /// are accepted; without one, only unencrypted transfers. An object announced larger
 /// than `max_object` bytes is refused before anything is allocated for it; a header
 /// that does not decode is counted as refused (no answer: its sender is unknown) and
@@ -363,61 +365,114 @@ fn too_large(object: &Object, max_object: u64) -> String {
 ///
 /// Objects arrive concurrently: every announced body is received while others are
 /// being announced, received or stored (each sender has a port of its own), so the
-/// round trips of many senders on a long link overlap; storing (regeneration) takes one
-/// object at a time, in the order their bodies complete. A sender that fails mid-object
-/// has that object refused; the site serves on.
+/// round trips of many senders on a long link overlap. Up to `at_once` bodies are
+/// checked and stored (regenerated) at the same time, each on a thread of its own, in
+/// the order their bodies complete: one at a time kept 1.37 of 2 cores busy on the
+/// 317.5 MB workload, and regeneration was ParaMEDIC's whole end-to-end time. A sender
+/// that fails mid-object has that object refused; the site serves on.
 pub fn serve(
     port: &Port,
-    sink: &mut dyn Sink,
+    sink: &dyn Sink,
     count: Option<usize>,
     key: Option<&Key>,
     max_object: u64,
-    mut done: impl FnMut(&Ack),
+    at_once: usize,
+    done: impl Fn(&Ack) + Sync,
 ) -> Result<(), TransferError> {
-    let mut handled = 0;
-    let mut header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
-    let mut bodies: Vec<Box<Incoming>> = Vec::new();
-    loop {
-        // New objects are taken until `count` are handled or under way.
-        let accepting = count.is_none_or(|c| handled + bodies.len() < c);
-        if !accepting && bodies.is_empty() {
-            break;
-        }
-        let reqs: Vec<gepsea_net::ReqId> = accepting.then_some(header).into_iter().chain(bodies.iter().map(|b| b.req)).collect();
-        let (i, completion) = port.wait_any(&reqs);
-        let ack = if accepting && i == 0 {
-            header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
-            let h = match completion {
-                Ok(gepsea_net::Completion::Received(h)) => h,
-                // A sender that went away between objects is no reason to stop serving.
-                Err(NetError::PeerFailed { peer, reason }) => {
-                    tracing::debug!("storage site: sender {peer} went away: {reason}");
-                    continue;
+    /// How often the loop, waiting for the network, looks for stored objects to
+    /// acknowledge (`done`).
+    const LOOK: Duration = Duration::from_millis(50);
+    type Job = (Box<Incoming>, Result<gepsea_net::Completion, NetError>);
+    /// A stored object's acknowledgement (already passed to `done`), or why its sender
+    /// failed.
+    type Stored = (Addr, Result<(), TransferError>);
+    let done = &done;
+    let (jobs, queued) = crossbeam_channel::unbounded::<Job>();
+    let (stored_tx, stored) = crossbeam_channel::unbounded::<Stored>();
+    std::thread::scope(|scope| {
+        for i in 0..at_once.max(1) {
+            let (queued, stored_tx) = (queued.clone(), stored_tx.clone());
+            let worker = move || {
+                for (b, completion) in queued {
+                    let from = b.from;
+                    let r = completion
+                        .map_err(TransferError::from)
+                        .and_then(|c| received(from, c))
+                        .and_then(|m| finish(port, sink, b, m, done));
+                    if stored_tx.send((from, r)).is_err() {
+                        return;
+                    }
                 }
-                Err(e) => return Err(e.into()),
-                Ok(other) => return Err(TransferError::Malformed { from: STORAGE, reason: format!("unexpected completion {other:?}") }),
             };
-            match announce(port, h.src, &h.data, key, max_object) {
-                Ok(Announced::Body(b)) => {
-                    bodies.push(b);
-                    continue;
-                }
-                Ok(Announced::Answered(ack)) => ack,
-                Err(e) => failed_mid_object(h.src, e)?,
+            std::thread::Builder::new()
+                .name(format!("paramedic-store-{i}"))
+                .spawn_scoped(scope, worker)
+                .map_err(|e| TransferError::Io(format!("starting a storing thread: {e}")))?;
+        }
+        drop(stored_tx);
+        // Dropped on every way out of this closure: the workers then finish what they
+        // hold and stop, and the scope waits for them.
+        let jobs = jobs;
+        let mut handled = 0;
+        let mut storing = 0;
+        let mut header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
+        let mut bodies: Vec<Box<Incoming>> = Vec::new();
+        let acknowledge = |(from, r): Stored, handled: &mut usize| -> Result<(), TransferError> {
+            if let Err(e) = r {
+                done(&failed_mid_object(from, e)?);
             }
-        } else {
-            let b = bodies.remove(i - usize::from(accepting));
-            let from = b.from;
-            match completion.map_err(TransferError::from).and_then(|c| received(from, c)).and_then(|m| finish(port, sink, b, m)) {
-                Ok(ack) => ack,
-                Err(e) => failed_mid_object(from, e)?,
-            }
+            *handled += 1;
+            Ok(())
         };
-        done(&ack);
-        handled += 1;
-    }
-    port.cancel(header);
-    Ok(())
+        loop {
+            while let Ok(s) = stored.try_recv() {
+                storing -= 1;
+                acknowledge(s, &mut handled)?;
+            }
+            // New objects are taken until `count` are handled or under way.
+            let accepting = count.is_none_or(|c| handled + storing + bodies.len() < c);
+            if !accepting && bodies.is_empty() {
+                if storing == 0 {
+                    break;
+                }
+                let s = stored.recv().expect("a storing thread holds the sender while it stores");
+                storing -= 1;
+                acknowledge(s, &mut handled)?;
+                continue;
+            }
+            let reqs: Vec<gepsea_net::ReqId> = accepting.then_some(header).into_iter().chain(bodies.iter().map(|b| b.req)).collect();
+            let Some((i, completion)) = port.wait_any_timeout(&reqs, LOOK) else { continue };
+            if accepting && i == 0 {
+                header = port.irecv(None, Some(TAG_HEADER), 1 << 16);
+                let h = match completion {
+                    Ok(gepsea_net::Completion::Received(h)) => h,
+                    // A sender that went away between objects is no reason to stop serving.
+                    Err(NetError::PeerFailed { peer, reason }) => {
+                        tracing::debug!("storage site: sender {peer} went away: {reason}");
+                        continue;
+                    }
+                    Err(e) => return Err(e.into()),
+                    Ok(other) => {
+                        return Err(TransferError::Malformed { from: STORAGE, reason: format!("unexpected completion {other:?}") })
+                    }
+                };
+                match announce(port, h.src, &h.data, key, max_object) {
+                    Ok(Announced::Body(b)) => bodies.push(b),
+                    Ok(Announced::Answered(ack)) => {
+                        done(&ack);
+                        handled += 1;
+                    }
+                    Err(e) => acknowledge((h.src, Err(e)), &mut handled)?,
+                }
+            } else {
+                let b = bodies.remove(i - usize::from(accepting));
+                jobs.send((b, completion)).expect("the storing threads outlive the loop");
+                storing += 1;
+            }
+        }
+        port.cancel(header);
+        Ok(())
+    })
 }
 
 /// The refusal of an object whose sender failed or vanished mid-object (nothing was
@@ -510,27 +565,37 @@ fn announce(port: &Port, from: Addr, header: &[u8], key: Option<&Key>, max_objec
 
 /// A body has arrived: decrypt, check, store, acknowledge (encrypted in an encrypted
 /// session).
-fn finish(port: &Port, sink: &mut dyn Sink, b: Box<Incoming>, body: gepsea_net::Message) -> Result<Ack, TransferError> {
+fn finish(port: &Port, sink: &dyn Sink, b: Box<Incoming>, body: gepsea_net::Message, done: &dyn Fn(&Ack)) -> Result<(), TransferError> {
     // From here: the storage site's time excludes the transfer.
     let started = std::time::Instant::now();
     let Incoming { from, object, session, .. } = *b;
     let Some(mut t) = session else {
         let result = store_checked(sink, &object, &body.data);
         let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
-        plain_ack(port, from, &ack)?;
-        return Ok(ack);
+        done(&ack);
+        unheard(from, plain_ack(port, from, &ack));
+        return Ok(());
     };
     let result = match open_body(&mut t, &body.data) {
         Ok(plain) => store_checked(sink, &object, &plain),
         Err(e) => Err(format!("the body does not decrypt ({e}): damaged or forged in transit")),
     };
     let ack = Ack { name: object.name, result, seconds: started.elapsed().as_secs_f64() };
+    done(&ack);
     let bytes = postcard::to_stdvec(&ack).expect("serialisable");
     let mut sealed = vec![0u8; bytes.len() + NOISE_TAG];
     let n = t.write_message(&bytes, &mut sealed).map_err(|e| TransferError::Malformed { from, reason: e.to_string() })?;
     sealed.truncate(n);
-    port.send(from, TAG_ACK, sealed)?;
-    Ok(ack)
+    unheard(from, port.send(from, TAG_ACK, sealed));
+    Ok(())
+}
+
+/// An acknowledgement that could not be sent: the object was handled (and counted by
+/// `done`) all the same; its sender, if it comes back, sends it again.
+fn unheard(from: Addr, sent: Result<(), NetError>) {
+    if let Err(e) = sent {
+        tracing::warn!("storage site: the acknowledgement to {from} was not delivered: {e}");
+    }
 }
 
 /// This host's address on the route to `to` (a connected UDP socket sends nothing).
@@ -566,11 +631,11 @@ mod tests {
 
     /// Stores into memory.
     #[derive(Default)]
-    struct Collect(Vec<(String, Vec<u8>)>);
+    struct Collect(parking_lot::Mutex<Vec<(String, Vec<u8>)>>);
     impl Sink for Collect {
-        fn store(&mut self, name: &str, _part: Option<&PartOf>, data: &[u8]) -> Result<u64, String> {
+        fn store(&self, name: &str, _part: Option<&PartOf>, data: &[u8]) -> Result<u64, String> {
             let out = container::open(&RawPlugin, data).map_err(|e| e.to_string())?;
-            self.0.push((name.to_string(), out.clone()));
+            self.0.lock().push((name.to_string(), out.clone()));
             Ok(out.len() as u64)
         }
     }
@@ -604,9 +669,9 @@ mod tests {
         let (_guard, storage, port) = sites(tag);
         let n = sends.len();
         let server = std::thread::spawn(move || {
-            let mut sink = Collect::default();
-            serve(&storage, &mut sink, Some(n), site_key.as_ref(), DEFAULT_MAX_OBJECT, |_| {}).unwrap();
-            sink.0
+            let sink = Collect::default();
+            serve(&storage, &sink, Some(n), site_key.as_ref(), DEFAULT_MAX_OBJECT, 2, |_| {}).unwrap();
+            sink.0.into_inner()
         });
         let results = sends
             .iter()
@@ -637,10 +702,10 @@ mod tests {
             let (_guard, storage, port) = sites(if site_key.is_some() { "lim-enc" } else { "lim" });
             let skey = site_key.clone();
             let server = std::thread::spawn(move || {
-                let mut sink = Collect::default();
-                let mut acks = Vec::new();
-                serve(&storage, &mut sink, Some(4), skey.as_ref(), 1000, |a| acks.push(a.clone())).unwrap();
-                (sink.0, acks)
+                let sink = Collect::default();
+                let acks = parking_lot::Mutex::new(Vec::new());
+                serve(&storage, &sink, Some(4), skey.as_ref(), 1000, 2, |a| acks.lock().push(a.clone())).unwrap();
+                (sink.0.into_inner(), acks.into_inner())
             });
             let k = site_key.as_ref();
             let big = container::seal(&RawPlugin, &[7u8; 2000]).unwrap();

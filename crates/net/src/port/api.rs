@@ -397,6 +397,16 @@ impl Port {
         (i, self.traced(Some(r)).expect("some"))
     }
 
+    /// As [`Port::wait_any`], giving up after `timeout` (`None`): for a loop that also
+    /// has work arriving from elsewhere to look at now and then.
+    pub fn wait_any_timeout(&self, reqs: &[ReqId], timeout: Duration) -> Option<(usize, Result<Completion, NetError>)> {
+        if let Some(i) = reqs.iter().position(|&r| is_presettled(r)) {
+            return Some((i, Ok(Completion::Sent)));
+        }
+        let (i, r) = self.wait_until(timeout, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))?;
+        Some((i, self.traced(Some(r)).expect("some")))
+    }
+
     /// Cancels a posted receive that has not matched.
     pub fn cancel(&self, req: ReqId) -> bool {
         if is_presettled(req) {
