@@ -86,6 +86,12 @@ stage large-auto-100mbit-100ms q3900 "${Q3900[@]}" "${SITE[@]}" "${WAN[@]}" --va
 # build: the storage site's cgroup weight is against the whole root group, nice or not).
 stage large-rerun-100mbit-100ms q3900 "${Q3900[@]}" "${SITE[@]}" "${WAN[@]}" --variants paramedic-encrypted
 
+# The figures need every stage: not drawn when ONLY picked some.
+if [[ -n $ONLY ]]; then
+    echo "== ONLY=$ONLY: figures not drawn (they need every stage)"
+    exit 0
+fi
+
 IMG=${IMG:-$OUT}
 large=$OUT/large-all.json
 # The large runs, merged (a later run of the same variant and link replaces an earlier
