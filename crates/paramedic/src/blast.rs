@@ -276,23 +276,40 @@ impl BlastPlugin {
 }
 
 impl BlastPlugin {
-    /// Searches each group of queries against its subjects, up to `threads` BLAST+
-    /// processes at once; the reports, in the groups' order.
+    /// Searches each group of queries against its subjects, `threads` BLAST+ processes
+    /// at a time, each thread taking the next group as soon as its last one is done;
+    /// the reports, in the groups' order. (Waves of `threads` groups, each waiting for
+    /// its slowest, left cores idle behind stragglers: the per-query fallback runs one
+    /// short BLAST+ process per query.)
     fn regenerate_each(
         &self,
         m: &BlastMeta,
         manifest: &db::Manifest,
         groups: Vec<(Vec<u8>, &BTreeSet<u32>)>,
     ) -> Result<Vec<String>, PluginError> {
-        let mut parts = Vec::with_capacity(groups.len());
-        for wave in groups.chunks(self.threads.max(1)) {
-            let reports: Vec<Result<Vec<u8>, PluginError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = wave.iter().map(|(q, subjects)| s.spawn(move || self.regenerate(m, manifest, q, subjects))).collect();
-                handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(failed("a regeneration thread panicked")))).collect()
-            });
-            for r in reports {
-                parts.push(String::from_utf8(r?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let next = AtomicUsize::new(0);
+        let failed_once = AtomicBool::new(false);
+        type Slot = parking_lot::Mutex<Option<Result<Vec<u8>, PluginError>>>;
+        let reports: Vec<Slot> = groups.iter().map(|_| parking_lot::Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..self.threads.max(1).min(groups.len()) {
+                s.spawn(|| {
+                    // After a failure the rest is not started: the whole object fails.
+                    while !failed_once.load(Ordering::Relaxed) {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((q, subjects)) = groups.get(i) else { break };
+                        let r = self.regenerate(m, manifest, q, subjects);
+                        failed_once.fetch_or(r.is_err(), Ordering::Relaxed);
+                        *reports[i].lock() = Some(r);
+                    }
+                });
             }
+        });
+        let mut parts = Vec::with_capacity(groups.len());
+        for r in reports {
+            let r = r.into_inner().unwrap_or_else(|| Err(failed("a regeneration was not run after another failed")));
+            parts.push(String::from_utf8(r?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
         }
         Ok(parts)
     }
