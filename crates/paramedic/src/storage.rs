@@ -290,7 +290,8 @@ pub struct StorageConfig {
 
 /// Objects a storage site regenerates at once by default: one regenerating while
 /// another's serial steps (decrypting, checking, BLAST+'s start, formatting, writing)
-/// run, which is what left a core idle with one at a time.
+/// run. On 2 cores it measured no faster than one at a time (`docs/benchmarks.md`); a
+/// site with more cores than one part's BLAST+ runs can use gains more.
 pub const DEFAULT_OBJECTS_AT_ONCE: u64 = 2;
 
 /// The storage site as an agent plug-in (`paramedic-storage`): serves transfers on a

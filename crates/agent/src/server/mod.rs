@@ -612,8 +612,9 @@ impl Agent {
                     t => self.session_ready(t),
                 }
             }
-            if self.turn(spinning, Instant::now()) || !events.is_empty() {
-                spin.worked(Instant::now(), self.peer_messages != peer_messages);
+            let now = Instant::now();
+            if self.turn(spinning, now) || !events.is_empty() {
+                spin.worked(now, self.peer_messages != peer_messages);
             }
         }
         info!("agent of node {} stopping", self.me);

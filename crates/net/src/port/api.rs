@@ -212,16 +212,9 @@ impl Port {
         if let Some(t) = &self.sh.trace {
             t.record("send", dst, data.len());
         }
-        let mut st = self.sh.st.lock();
-        if dst.node == self.addr.node {
-            if let Some((h, _)) = st.proto.direct_eager_detached(dst, Channel::Normal, tag, data.len()) {
-                if st.push_shm_now(&h, &data) {
-                    return;
-                }
-                st.proto.direct_eager_unsent(dst, Channel::Normal);
-            }
+        if self.direct_send(dst, Channel::Normal, tag, &data, true).is_some() {
+            return;
         }
-        drop(st);
         self.with(|st| {
             let id = st.proto.isend(dst, tag, data);
             st.proto.detach(id);
@@ -257,7 +250,7 @@ impl Port {
         if let Some(t) = &self.sh.trace {
             t.record(if channel == Channel::System { "sys-send" } else { "send" }, dst, bytes.len());
         }
-        if let Some(id) = self.direct_send(dst, channel, tag, bytes) {
+        if let Some(id) = self.direct_send(dst, channel, tag, bytes, false) {
             return id;
         }
         let data = data.into_bytes();
@@ -272,12 +265,18 @@ impl Port {
 
     /// A small message to a connected peer on this node with nothing queued ahead of
     /// it goes straight into the ring: no request, no queue, finished on return.
-    pub(super) fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &[u8]) -> Option<ReqId> {
+    /// `detached`: nobody will ask about it ([`Port::send_detached`]), so it may go
+    /// this way even with events on.
+    pub(super) fn direct_send(&self, dst: Addr, channel: Channel, tag: u64, data: &[u8], detached: bool) -> Option<ReqId> {
         if dst.node != self.addr.node {
             return None;
         }
         let mut st = self.sh.st.lock();
-        let (h, id) = st.proto.direct_eager(dst, channel, tag, data.len())?;
+        let (h, id) = if detached {
+            st.proto.direct_eager_detached(dst, channel, tag, data.len())?
+        } else {
+            st.proto.direct_eager(dst, channel, tag, data.len())?
+        };
         if st.push_shm_now(&h, data) {
             Some(id | PRESETTLED)
         } else {
@@ -388,13 +387,7 @@ impl Port {
 
     /// Waits until one of `reqs` finishes; returns its index and result.
     pub fn wait_any(&self, reqs: &[ReqId]) -> (usize, Result<Completion, NetError>) {
-        if let Some(i) = reqs.iter().position(|&r| is_presettled(r)) {
-            return (i, Ok(Completion::Sent));
-        }
-        let (i, r) = self
-            .wait_until(FOREVER, |st| reqs.iter().enumerate().find_map(|(i, r)| st.proto.take(*r).map(|x| (i, x))))
-            .expect("wait_any without deadline");
-        (i, self.traced(Some(r)).expect("some"))
+        self.wait_any_timeout(reqs, FOREVER).expect("wait_any without deadline")
     }
 
     /// As [`Port::wait_any`], giving up after `timeout` (`None`): for a loop that also
@@ -455,25 +448,24 @@ impl Port {
     /// them one by one rings it when the first is found and clears it after the last
     /// (two system calls, about half the cost of a request to the agent on a VM).
     pub fn drain_events(&self, out: &mut Vec<Event>) {
-        self.with(|st| {
-            st.progress();
-            while let Some(ev) = st.proto.next_event() {
-                out.push(ev);
-            }
-        })
+        self.events_into(out, false)
     }
 
     /// As [`Port::drain_events`], after also reading every established TCP connection
     /// without waiting: for a loop that spins briefly after work (as the agent does)
     /// instead of waiting for the event thread to be woken.
     pub fn poll_events(&self, out: &mut Vec<Event>) {
+        self.events_into(out, true)
+    }
+
+    fn events_into(&self, out: &mut Vec<Event>, read_tcp: bool) {
         self.with(|st| {
-            st.poll_tcp();
-            st.flush_quieted();
-            st.progress();
-            while let Some(ev) = st.proto.next_event() {
-                out.push(ev);
+            if read_tcp {
+                st.poll_tcp();
+                st.flush_quieted();
             }
+            st.progress();
+            out.extend(std::iter::from_fn(|| st.proto.next_event()));
         })
     }
 
@@ -513,17 +505,6 @@ impl Port {
         }
         st.flush_all();
         st.update_app_bell();
-    }
-
-    /// Makes progress on every transport now — drains the shared-memory rings and reads
-    /// every established TCP connection — without waiting. For an event loop of its
-    /// own that spins briefly after work (as the agent does) instead of waiting for
-    /// the event thread to be woken.
-    pub fn poll(&self) {
-        self.with(|st| {
-            st.poll_tcp();
-            st.progress();
-        })
     }
 
     /// Transport counters.
