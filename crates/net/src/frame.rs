@@ -487,6 +487,32 @@ impl FrameDecoder {
         Ok(Some((header, &self.buf[start..end])))
     }
 
+    /// The header at the front when its frame is not complete yet: the header (valid,
+    /// its checksum checked) and how many payload bytes are buffered. A caller that
+    /// has a better place for the payload takes the frame out with
+    /// [`FrameDecoder::take_partial`] and reads the rest there itself.
+    pub fn partial_header(&self) -> Option<(Header, usize)> {
+        let avail = self.wpos - self.rpos;
+        if self.poisoned.is_some() || avail < HEADER_LEN {
+            return None;
+        }
+        let h = Header::decode(&self.buf[self.rpos..self.rpos + HEADER_LEN], self.max_payload).ok()?;
+        let have = avail - HEADER_LEN;
+        (have < h.len as usize).then_some((h, have))
+    }
+
+    /// Takes the incomplete frame reported by [`FrameDecoder::partial_header`] out of
+    /// the decoder and lends its buffered payload bytes; the decoder is then empty and
+    /// expects the next frame's header. The payload's checksum is the taker's to check.
+    pub fn take_partial(&mut self) -> &[u8] {
+        debug_assert!(self.partial_header().is_some(), "take_partial without a partial frame");
+        let start = self.rpos + HEADER_LEN;
+        let end = self.wpos;
+        self.rpos = 0;
+        self.wpos = 0;
+        &self.buf[start..end]
+    }
+
     /// Ensures a frame of `need` bytes starting at `rpos` fits in the buffer.
     fn make_room(&mut self, need: usize) {
         if self.rpos + need <= self.buf.len() {
@@ -573,6 +599,26 @@ mod tests {
             let d = &data[cut.min(data.len())..];
             prop_assert_eq!(crc32c(d), crc32c::crc32c(d));
         }
+    }
+
+    #[test]
+    fn a_partial_frame_can_be_taken_out_and_decoding_goes_on_after_it() {
+        let (big, next) = (sample(1000), sample(10));
+        let (wire_big, wire_next) = (big.to_bytes(), next.to_bytes());
+        let mut d = FrameDecoder::new(4096);
+        d.extend(&wire_big[..HEADER_LEN - 1]);
+        assert_eq!(d.partial_header(), None, "no header yet");
+        d.extend(&wire_big[HEADER_LEN - 1..HEADER_LEN + 300]);
+        let sent = Header::decode(&wire_big[..HEADER_LEN], 4096).unwrap();
+        assert_eq!((sent.len, sent.seq), (1000, 77));
+        assert_eq!(d.partial_header(), Some((sent, 300)));
+        assert_eq!(d.take_partial(), &big.payload[..300]);
+        assert_eq!(d.buffered(), 0);
+        // The taker read the rest elsewhere; the stream goes on with the next frame.
+        d.extend(&wire_next);
+        assert_eq!(d.partial_header(), None, "a complete frame is not partial");
+        let (h, p) = d.next_frame().unwrap().unwrap();
+        assert_eq!((h, p), (Header::decode(&wire_next[..HEADER_LEN], 4096).unwrap(), &next.payload[..]));
     }
 
     #[test]

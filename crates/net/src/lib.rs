@@ -15,7 +15,8 @@
 //! - [`proto`]: matching, credits, rendezvous and RMA state machines (sans-IO).
 //! - [`ring`]: the lock-free SPSC byte ring used in shared memory (loom-checked).
 //! - `shm`, `tcp`: the two transports (`cma`: single copy between processes of one
-//!   node); `port`: the event loop that drives them.
+//!   node; `uio`: TCP reads straight into a posted buffer); `port`: the event loop
+//!   that drives them.
 
 #[cfg(not(loom))]
 pub mod auth;
@@ -42,6 +43,8 @@ mod timer;
 pub mod trace;
 #[cfg(not(loom))]
 pub mod trust;
+#[cfg(not(loom))]
+mod uio;
 
 pub use error::NetError;
 pub use frame::{Addr, Channel};

@@ -117,6 +117,12 @@ impl RecvWindow {
         }
     }
 
+    /// Whether a frame carrying `seq` is the next to deliver (what [`RecvWindow::admit`]
+    /// would say `Deliver` to), without admitting it.
+    pub fn is_next(&self, seq: u64) -> bool {
+        seq == self.delivered + 1
+    }
+
     /// Highest sequence number delivered in order (the value to acknowledge).
     pub fn delivered(&self) -> u64 {
         self.delivered

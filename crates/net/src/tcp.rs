@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 
-use crate::frame::{Addr, Frame, FrameDecoder, HEADER_LEN};
+use crate::frame::{Addr, Frame, FrameDecoder, FrameError, Header, FLAG_PAYLOAD_CRC, HEADER_LEN};
 use crate::reliable::{RecvWindow, SendWindow};
+
+/// The most one read into the decoder takes.
+const READ_AT_MOST: usize = 64 << 10;
 
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +57,19 @@ pub struct TcpConn {
     sealer: Option<crate::seal::Sealer>,
     /// The read buffer of an encrypted connection, kept between reads.
     sealed_in: Vec<u8>,
+    /// The data frame whose payload is being read straight into its message's buffer.
+    direct: Option<DirectRead>,
+    /// Such a frame just ended.
+    after_direct: bool,
+}
+
+/// A rendezvous data frame received outside the decoder: its header, where its payload
+/// ends in the message buffer, and the checksum of what has arrived so far (computed
+/// piece by piece as it lands, while the bytes are still in the cache).
+struct DirectRead {
+    header: Header,
+    end: usize,
+    crc: crc_fast::Digest,
 }
 
 impl TcpConn {
@@ -73,6 +89,8 @@ impl TcpConn {
             wq_bytes: 0,
             sealer: None,
             sealed_in: Vec::new(),
+            direct: None,
+            after_direct: false,
         }
     }
 
@@ -162,18 +180,25 @@ impl TcpConn {
             return self.read_in_sealed();
         }
         loop {
+            // A bounded read, after which the caller decodes what came (the socket is
+            // edge-triggered, so it must come back for the rest): a complete frame is
+            // checked and delivered while the next one arrives, and a rendezvous
+            // piece whose header arrives with most of its payload still to come is
+            // read in place (see `TcpConn::start_direct`), not through the decoder.
+            // Right after such a piece, only the next header is read: it is likely
+            // the next piece's.
+            let buffered = self.dec.buffered();
             let spare = self.dec.spare();
-            match self.stream.read(spare) {
+            let mut n = spare.len().min(READ_AT_MOST);
+            if self.after_direct && buffered < HEADER_LEN {
+                n = n.min(HEADER_LEN - buffered);
+            }
+            match self.stream.read(&mut spare[..n]) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
+                    self.after_direct = false;
                     self.dec.filled(n);
-                    // Let the caller decode a complete frame as soon as it is here
-                    // (checking and copying it while the next one arrives), and before
-                    // the buffer grows without bound. The socket is edge-triggered, so
-                    // the caller must come back for the rest.
-                    if self.dec.has_frame() || self.dec.buffered() >= 4 << 20 {
-                        return Ok(ReadOutcome::More);
-                    }
+                    return Ok(ReadOutcome::More);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Drained),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -219,6 +244,75 @@ impl TcpConn {
             self.write_out()?;
         }
         Ok(outcome)
+    }
+
+    /// Whether frames could be received outside the decoder: the connection is
+    /// established, plain (records of an encrypted one must be opened first), and not
+    /// already in such a frame.
+    pub fn can_read_direct(&self) -> bool {
+        self.state == ConnState::Established && self.sealer.is_none() && self.direct.is_none()
+    }
+
+    /// Starts receiving the decoder's partial data frame `header` (see
+    /// [`FrameDecoder::partial_header`]) straight into `dest`, its message's buffer,
+    /// which must hold exactly the bytes before the frame's offset and have room for
+    /// its payload. The bytes already buffered move over now.
+    pub fn start_direct(&mut self, header: Header, dest: &mut Vec<u8>) {
+        debug_assert_eq!(dest.len() as u64, header.offset);
+        let end = header.offset as usize + header.len as usize;
+        debug_assert!(dest.capacity() >= end);
+        let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+        let buffered = self.dec.take_partial();
+        crc.update(buffered);
+        dest.extend_from_slice(buffered);
+        self.direct = Some(DirectRead { header, end, crc });
+    }
+
+    /// The header of the frame being received outside the decoder, if any.
+    pub fn direct_header(&self) -> Option<&Header> {
+        self.direct.as_ref().map(|d| &d.header)
+    }
+
+    /// Reads more of the direct frame's payload into `dest`, and at most one header
+    /// beyond it into the decoder (so that one system call ends a piece and announces
+    /// the next). `More` when bytes came; then see [`TcpConn::finish_direct`].
+    pub fn read_direct(&mut self, dest: &mut Vec<u8>) -> io::Result<ReadOutcome> {
+        use std::os::fd::AsRawFd;
+        let Some(d) = &mut self.direct else { return Ok(ReadOutcome::More) };
+        let want = d.end - dest.len();
+        let before = dest.len();
+        let tail = self.dec.spare();
+        let tail_len = tail.len().min(HEADER_LEN);
+        loop {
+            match crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]) {
+                Ok(0) => return Ok(ReadOutcome::Eof),
+                Ok(n) => {
+                    d.crc.update(&dest[before..]);
+                    self.dec.filled(n - (dest.len() - before));
+                    return Ok(ReadOutcome::More);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Drained),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Ends the direct frame once its whole payload is in `dest`: its header when the
+    /// checksum matches, or the mismatch (with `dest` cut back to the frame's offset,
+    /// as if it never arrived). `None` while bytes are missing.
+    pub fn finish_direct(&mut self, dest: &mut Vec<u8>) -> Option<Result<Header, FrameError>> {
+        if self.direct.as_ref()?.end != dest.len() {
+            return None;
+        }
+        let d = self.direct.take().expect("checked above");
+        self.after_direct = true;
+        let actual = d.crc.finalize() as u32;
+        if d.header.flags & FLAG_PAYLOAD_CRC != 0 && actual != d.header.crc {
+            dest.truncate(d.header.offset as usize);
+            return Some(Err(FrameError::PayloadCrc { expected: d.header.crc, actual }));
+        }
+        Some(Ok(d.header))
     }
 
     /// Completes a non-blocking connect. `Ok(true)` once connected.

@@ -66,6 +66,7 @@ impl Port {
             Progress::Inline => None,
         };
         let mut proto = Proto::new(me, cfg.proto.clone());
+        proto.set_remote_chunk(cfg.tcp_chunk.min(cfg.max_frame).max(1));
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
         let st = State {
             proto,

@@ -90,6 +90,10 @@ pub struct PortConfig {
     pub single_copy: bool,
     /// Largest frame payload accepted from the network.
     pub max_frame: usize,
+    /// Size of the pieces rendezvous and RMA transfers to other nodes are cut into
+    /// (at most `max_frame`). Each TCP piece costs a header and its checksum, and its
+    /// receiver reads all but the first one straight into the posted buffer.
+    pub tcp_chunk: usize,
     /// How long `wait` spins before sleeping.
     pub spin: Duration,
     /// After this much of its spin, `wait` yields its core between looks (spin, snooze,
@@ -133,6 +137,7 @@ impl PortConfig {
             ring_bytes: 256 << 10,
             single_copy: true,
             max_frame: 1 << 20,
+            tcp_chunk: 256 << 10,
             spin: Duration::from_micros(50),
             snooze_after: None,
             lease: Duration::from_micros(50),
@@ -170,6 +175,9 @@ pub struct PortStats {
     pub doorbells: u64,
     /// Single copies refused because the offer named a process other than the peer.
     pub single_copies_not_from_peer: u64,
+    /// Rendezvous pieces from TCP peers received straight into the posted buffer
+    /// (the rest of them went through the connection's decoder and were copied).
+    pub pieces_in_place: u64,
     /// The most recent transport errors, newest last (at most 16).
     pub recent_errors: Vec<String>,
 }

@@ -308,6 +308,8 @@ pub struct Proto {
     copies: VecDeque<CopyJob>,
     pub stats: ProtoStats,
     bulk_moved: u64,
+    /// Piece size for peers on other nodes ([`Proto::set_remote_chunk`]).
+    remote_chunk: usize,
 }
 
 impl Proto {
@@ -315,6 +317,7 @@ impl Proto {
     pub fn new(me: Addr, cfg: ProtoConfig) -> Self {
         assert!(cfg.chunk > 0 && cfg.credits > 0);
         Proto {
+            remote_chunk: cfg.chunk,
             me,
             cfg,
             peers: HashMap::default(),
@@ -600,6 +603,14 @@ impl Proto {
         self.regions.get_mut(&region).ok_or(NetError::NoSuchRegion(region))
     }
 
+    /// Cuts transfers to peers on other nodes into pieces of `chunk` bytes (those on
+    /// this node keep [`ProtoConfig::chunk`], which their rings are sized for). The
+    /// port sets it from [`crate::PortConfig::tcp_chunk`].
+    pub fn set_remote_chunk(&mut self, chunk: usize) {
+        assert!(chunk > 0);
+        self.remote_chunk = chunk;
+    }
+
     /// Writes `data` into `dst`'s region at `offset`.
     pub fn put(&mut self, dst: Addr, region: u64, offset: u64, data: Bytes) -> ReqId {
         let len = data.len() as u64;
@@ -608,7 +619,7 @@ impl Proto {
             return self.fail_now(Req::Put { dst, region, offset, len }, e);
         }
         let id = self.new_req(Req::Put { dst, region, offset, len });
-        let pieces = self.pieces(data.len());
+        let pieces = self.pieces(dst, data.len());
         for (i, (a, b)) in pieces.iter().enumerate() {
             let mut h = self.header(Kind::Put, Channel::Open, dst);
             h.tag = region;

@@ -178,11 +178,13 @@ impl Proto {
 
     // ----- internals --------------------------------------------------------------
 
-    pub(super) fn pieces(&self, len: usize) -> Vec<(usize, usize)> {
+    /// The pieces (start, end) a transfer of `len` bytes to `peer` is cut into.
+    pub(super) fn pieces(&self, peer: Addr, len: usize) -> Vec<(usize, usize)> {
         if len == 0 {
             return vec![(0, 0)];
         }
-        (0..len).step_by(self.cfg.chunk).map(|a| (a, (a + self.cfg.chunk).min(len))).collect()
+        let chunk = if peer.node == self.me.node { self.cfg.chunk } else { self.remote_chunk };
+        (0..len).step_by(chunk).map(|a| (a, (a + chunk).min(len))).collect()
     }
 
     pub(super) fn credit_returned(&mut self, src: Addr, l: usize) {
@@ -322,7 +324,7 @@ impl Proto {
             return Ok(());
         }
         let data = data.clone();
-        let pieces = self.pieces(data.len());
+        let pieces = self.pieces(src, data.len());
         for (i, (a, b)) in pieces.iter().enumerate() {
             let mut h = self.header(Kind::Data, Channel::Normal, src);
             h.id = msg;
@@ -342,7 +344,7 @@ impl Proto {
         let Some(&id) = self.incoming.get(&(src, h.id)) else {
             return Err(NetError::Protocol { peer: src, reason: format!("data for unknown message {}", h.id) });
         };
-        let Some(Req::RecvData { buf, got, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
+        let Some(Req::RecvData { buf, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
         let off = h.offset as usize;
         if off.checked_add(payload.len()).is_none_or(|end| end > *total) {
             return Err(NetError::Protocol { peer: src, reason: format!("data at {off}+{} beyond message of {total}", payload.len()) });
@@ -356,13 +358,58 @@ impl Proto {
             }
             buf[off..off + payload.len()].copy_from_slice(payload);
         }
-        *got += payload.len();
-        self.bulk_moved += payload.len() as u64;
+        self.data_arrived(id, src, h.id, payload.len());
+        Ok(())
+    }
+
+    /// Counts `n` bytes of rendezvous message `msg` (receive `id`) as arrived, and
+    /// completes the receive when they were the last.
+    fn data_arrived(&mut self, id: ReqId, src: Addr, msg: u64, n: usize) {
+        let Some(Req::RecvData { got, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
+        *got += n;
+        self.bulk_moved += n as u64;
         if *got == *total {
-            self.incoming.remove(&(src, h.id));
+            self.incoming.remove(&(src, msg));
             let Some(Req::RecvData { src, tag, buf, .. }) = self.reqs.remove(id) else { unreachable!() };
             self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf })));
         }
+    }
+
+    /// Where the payload of data frame `h` can be read straight into, by a transport
+    /// that receives outside its frame decoder (TCP, `port::remote`): the buffer of the
+    /// receive it belongs to, when the frame is addressed here, is the next piece in
+    /// order (the buffer holds exactly the bytes before it), and fits the message.
+    /// The transport appends the payload, checks it, then calls
+    /// [`Proto::data_received_in_place`]; if the frame fails, it cuts the buffer back
+    /// to the frame's offset (see [`Proto::rendezvous_buffer`]).
+    pub fn direct_destination(&mut self, h: &Header) -> Option<&mut Vec<u8>> {
+        if h.kind != Kind::Data || h.dst != self.me {
+            return None;
+        }
+        let end = (h.offset as usize).checked_add(h.len as usize)?;
+        let (buf, total) = self.rendezvous_buffer(h.src, h.id)?;
+        (buf.len() as u64 == h.offset && end <= total && end <= buf.capacity()).then_some(buf)
+    }
+
+    /// The buffer rendezvous message `msg` from `src` is being received into, and the
+    /// message's length.
+    pub fn rendezvous_buffer(&mut self, src: Addr, msg: u64) -> Option<(&mut Vec<u8>, usize)> {
+        let &id = self.incoming.get(&(src, msg))?;
+        match self.reqs.get_mut(id) {
+            Some(Req::RecvData { buf, total, .. }) => Some((buf, *total)),
+            _ => None,
+        }
+    }
+
+    /// Data frame `h`, whose payload the transport has appended to the buffer named by
+    /// [`Proto::direct_destination`] and checked, has arrived: [`Proto::on_frame`]
+    /// for it, without the copy.
+    pub fn data_received_in_place(&mut self, h: &Header) -> Result<(), NetError> {
+        self.stats.frames_in += 1;
+        let Some(&id) = self.incoming.get(&(h.src, h.id)) else {
+            return Err(NetError::Protocol { peer: h.src, reason: format!("data for unknown message {}", h.id) });
+        };
+        self.data_arrived(id, h.src, h.id, h.len as usize);
         Ok(())
     }
 
@@ -427,7 +474,7 @@ impl Proto {
                 self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(a), completes: None });
             }
             Some(data) => {
-                let pieces = self.pieces(len);
+                let pieces = self.pieces(src, len);
                 for (i, (a, b)) in pieces.iter().enumerate() {
                     let mut r = self.header(Kind::GetReply, Channel::Open, src);
                     r.id = h.id;
