@@ -13,6 +13,7 @@ mod cluster_model;
 mod db;
 mod model;
 mod net;
+mod net_report;
 mod paramedic;
 mod paramedic_figures;
 mod plots;

@@ -18,6 +18,8 @@ use anyhow::{bail, Context, Result};
 use gepsea_net::{Addr, Completion, Port, PortConfig, Progress};
 use serde_json::json;
 
+use crate::net_report::{self, alternate, PairedRatios};
+
 /// Options of `gepsea-bench net`.
 #[derive(clap::Args, Debug)]
 pub struct NetArgs {
@@ -38,7 +40,7 @@ pub struct NetArgs {
     pub overlap_only: bool,
 }
 
-type Series = BTreeMap<String, BTreeMap<usize, f64>>;
+pub(crate) type Series = BTreeMap<String, BTreeMap<usize, f64>>;
 
 pub(crate) struct Kill(pub(crate) Vec<Child>);
 impl Drop for Kill {
@@ -160,7 +162,7 @@ enum Security {
 }
 
 fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
-    gepsea_case_with(netpeer, place, ns, quick, Security::Plain)
+    gepsea_case_with(netpeer, place, ns, quick, Security::Plain, Progress::Thread)
 }
 
 fn gepsea_case_with(
@@ -169,6 +171,7 @@ fn gepsea_case_with(
     ns: &str,
     quick: bool,
     security: Security,
+    progress: Progress,
 ) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
     let dir = std::env::temp_dir().join(format!("{ns}-dir"));
     std::fs::create_dir_all(&dir)?;
@@ -191,6 +194,9 @@ fn gepsea_case_with(
         }
         if security == Security::Encrypted {
             c.arg("--encrypt");
+        }
+        if progress == Progress::Inline {
+            c.arg("--inline");
         }
         match place {
             Where::Shm => {}
@@ -230,17 +236,34 @@ fn gepsea_case_with(
     Ok((lat, bw))
 }
 
-fn mpi_case(refs: &Path, btl: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
-    let mut c = Command::new("mpirun");
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    c.args(["-np", "2", "--mca", "btl", btl, "--bind-to", "core"]);
-    if btl.contains("tcp") {
-        c.args(["--mca", "btl_tcp_if_include", "lo"]);
-    }
+fn mpi_case(refs: &Path, btl: &str, place: &Where, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    // Across the veth pair each rank runs in its namespace, launched as on two hosts.
+    // Each "host" would bind its rank to its own first core, which is the same core
+    // here, so ranks float there as gepsea's processes do.
+    let launch_dir = std::env::temp_dir().join(format!("gbm{}-{}", std::process::id(), btl.len()));
+    let mut c = match place {
+        Where::Veth(n) => {
+            std::fs::create_dir_all(&launch_dir)?;
+            let mut c = n.mpirun(&launch_dir).context("preparing mpirun across the namespaces")?;
+            c.args(["--mca", "btl", btl, "--bind-to", "none"]);
+            c
+        }
+        _ => {
+            let mut c = Command::new("mpirun");
+            c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+            c.args(["-np", "2", "--mca", "btl", btl, "--bind-to", "core"]);
+            if btl.contains("tcp") {
+                c.args(["--mca", "btl_tcp_if_include", "lo"]);
+            }
+            c
+        }
+    };
     c.arg(refs.join("mpi_pingpong"));
     c.arg(if quick { "0.05" } else { "1" });
     c.arg(if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() });
-    collect(c, &format!("mpi_pingpong ({btl})"))
+    let r = collect(c, &format!("mpi_pingpong ({btl})"));
+    let _ = std::fs::remove_dir_all(&launch_dir);
+    r
 }
 
 fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
@@ -260,21 +283,32 @@ fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usi
 }
 
 /// Overlap: receiver posts irecv(S), computes C, waits. Returns (wait µs, total µs).
+/// Over shared memory (`tcp` false: both ports on node 0) or TCP on loopback (the
+/// sender is node 2, reached through a directory of addresses).
 fn overlap(
     netpeer: &Path,
     progress: Progress,
+    tcp: bool,
     sizes: &[usize],
     computes: &[Duration],
     rounds: usize,
 ) -> Result<BTreeMap<(usize, u128), (f64, f64)>> {
-    let ns = format!("gbo{}{}", std::process::id(), progress == Progress::Inline);
-    let mut cfg = PortConfig::new(&ns, Addr::new(0, 1));
+    let ns = format!("gbo{}{}{}", std::process::id(), progress == Progress::Inline, tcp);
+    let dir = std::env::temp_dir().join(format!("{ns}-dir"));
+    let (me, peer) = if tcp { (Addr::new(1, 1), Addr::new(2, 2)) } else { (Addr::new(0, 1), Addr::new(0, 2)) };
+    let mut cfg = PortConfig::new(&ns, me);
     cfg.progress = progress;
-    let port = Port::open(cfg)?;
-    let peer = Addr::new(0, 2);
-    let sizes_arg = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let mut c = Command::new(netpeer);
-    c.args(["--ns", &ns, "--node", "0", "--port", "2", "overlap-send", "--peer", "0:1", "--sizes", &sizes_arg]);
+    c.args(["--ns", &ns, "--node", &peer.node.to_string(), "--port", "2"]);
+    if tcp {
+        std::fs::create_dir_all(&dir)?;
+        cfg.listen = Some("127.0.0.1:0".parse()?);
+        cfg.directory = Some(dir.clone());
+        c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
+    }
+    let port = Port::open(cfg)?;
+    let sizes_arg = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    c.args(["overlap-send", "--peer", &format!("{}:1", me.node), "--sizes", &sizes_arg]);
     c.args(["--rounds", &(rounds * computes.len()).to_string()]);
     let _guard = Kill(vec![spawn_ready(c, "overlap sender")?]);
     let mut out = BTreeMap::new();
@@ -311,10 +345,11 @@ fn overlap(
     drop(_guard);
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(out)
 }
 
-fn fmt_size(s: usize) -> String {
+pub(crate) fn fmt_size(s: usize) -> String {
     if s >= 1 << 20 {
         format!("{} MiB", s >> 20)
     } else if s >= 1024 {
@@ -325,7 +360,7 @@ fn fmt_size(s: usize) -> String {
 }
 
 /// One case's results: latency (µs) and bandwidth (GB/s) by message size.
-type CaseResult = (BTreeMap<usize, f64>, BTreeMap<usize, f64>);
+pub(crate) type CaseResult = (BTreeMap<usize, f64>, BTreeMap<usize, f64>);
 
 /// Per size, the median over runs (the run's own medians of batches).
 fn median_series(runs: &[CaseResult]) -> CaseResult {
@@ -345,7 +380,7 @@ fn median_series(runs: &[CaseResult]) -> CaseResult {
 }
 
 /// The median (the lower middle value for an even count); `None` when empty.
-fn median_of(v: &[f64]) -> Option<f64> {
+pub(crate) fn median_of(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v.get(v.len().saturating_sub(1) / 2).copied()
@@ -377,53 +412,69 @@ pub fn run(args: &NetArgs) -> Result<()> {
         bw.insert(name.to_string(), r.1);
     };
     let ns = format!("gbn{}", std::process::id());
-    // The shared-memory pair decides two targets and moves most with the host's state:
-    // alternate it (the notes' advice) and judge by the median of the paired ratios.
+    // The pairs that decide targets (gepsea against OpenMPI over shared memory, TCP on
+    // loopback, TCP across the veth pair) move most with the host's state: each is
+    // alternated (the notes' advice) and judged by the median of the paired ratios.
     let reps = if quick { 1 } else { 3 };
-    let (mut lat_ratios, mut bw_ratios) = (Vec::new(), Vec::new());
+    let mut pairs: Vec<PairedRatios> = Vec::new();
     if !args.overlap_only {
-        let (mut g_runs, mut m_runs) = (Vec::new(), Vec::new());
-        for i in 0..reps {
-            eprintln!("measuring gepsea over shared memory ({}/{reps}) ...", i + 1);
-            let g = gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick)?;
-            eprintln!("measuring OpenMPI over shared memory ({}/{reps}) ...", i + 1);
-            let m = mpi_case(&args.refs, "self,vader", quick)?;
-            if let (Some(a), Some(b)) = (g.0.get(&8), m.0.get(&8)) {
-                lat_ratios.push(a / b);
-            }
-            if let (Some(a), Some(b)) = (g.1.get(&(1 << 20)), m.1.get(&(1 << 20))) {
-                bw_ratios.push(a / b);
-            }
-            g_runs.push(g);
-            m_runs.push(m);
-        }
-        add("gepsea shm", median_series(&g_runs));
-        add("OpenMPI shm", median_series(&m_runs));
-        eprintln!("measuring gepsea over TCP loopback ...");
-        add("gepsea tcp lo", gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l"), quick)?);
+        let (g, m) = alternate(
+            reps,
+            "shared memory",
+            |i| gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick),
+            || mpi_case(&args.refs, "self,vader", &Where::Shm, quick),
+        )?;
+        pairs.push(PairedRatios::of("shm 8 B latency / OpenMPI shm", "<= 1.0", &g, &m, |r| r.0.get(&8)));
+        pairs.push(PairedRatios::of("shm 1 MiB bandwidth / OpenMPI shm", ">= 1.0", &g, &m, |r| r.1.get(&(1 << 20))));
+        add("gepsea shm", median_series(&g));
+        add("OpenMPI shm", median_series(&m));
+        let (g, m) = alternate(
+            reps,
+            "TCP loopback",
+            |i| gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l{i}"), quick),
+            || mpi_case(&args.refs, "self,tcp", &Where::Loopback, quick),
+        )?;
+        pairs.extend(PairedRatios::tcp("lo", &g, &m));
+        add("gepsea tcp lo", median_series(&g));
+        add("OpenMPI tcp lo", median_series(&m));
+        // Event thread against progress inside library calls only (seed 004).
+        eprintln!("measuring gepsea inline (no event thread) over shared memory and TCP loopback ...");
+        add("gepsea shm inline", gepsea_case_with(&netpeer, &Where::Shm, &format!("{ns}si"), quick, Security::Plain, Progress::Inline)?);
+        add(
+            "gepsea lo inline",
+            gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}li"), quick, Security::Plain, Progress::Inline)?,
+        );
         // What links cost when authenticated (a handshake only) and encrypted (every
         // byte sealed), against the plain case above.
         eprintln!("measuring gepsea over TCP loopback, authenticated ...");
-        add("gepsea lo key", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}k"), quick, Security::Keyed)?);
+        add("gepsea lo key", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}k"), quick, Security::Keyed, Progress::Thread)?);
         eprintln!("measuring gepsea over TCP loopback, authenticated and encrypted ...");
-        add("gepsea lo enc", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}e"), quick, Security::Encrypted)?);
+        add(
+            "gepsea lo enc",
+            gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}e"), quick, Security::Encrypted, Progress::Thread)?,
+        );
         eprintln!("measuring raw TCP loopback ...");
         add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
-        eprintln!("measuring OpenMPI over TCP loopback ...");
-        add("OpenMPI tcp lo", mpi_case(&args.refs, "self,tcp", quick)?);
         // SAFETY: trivial libc call.
         let root = unsafe { libc::geteuid() } == 0;
         if root && !args.no_netns {
             let n = Netns::new("gbn").context("creating two network namespaces")?;
-            eprintln!("measuring gepsea across a veth pair ...");
-            add("gepsea veth", gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v"), quick)?);
+            let (g, m) = alternate(
+                reps,
+                "TCP across a veth pair",
+                |i| gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v{i}"), quick),
+                || mpi_case(&args.refs, "self,tcp", &Where::Veth(&n), quick),
+            )?;
+            pairs.extend(PairedRatios::tcp("veth", &g, &m));
+            add("gepsea veth", median_series(&g));
+            add("OpenMPI veth", median_series(&m));
             eprintln!("measuring raw TCP across a veth pair ...");
             add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
         } else {
             eprintln!("skipping the veth cases (need root)");
         }
     }
-    eprintln!("measuring overlap (event thread vs inline) ...");
+    eprintln!("measuring overlap (event thread vs inline; shared memory and TCP loopback) ...");
     let sizes = [64 << 10, 1 << 20, 4 << 20];
     let computes = [Duration::from_millis(1), Duration::from_millis(10)];
     let rounds = if quick { 3 } else { 15 };
@@ -431,35 +482,39 @@ pub fn run(args: &NetArgs) -> Result<()> {
     // ring warm-up): run it once unmeasured — its results are overwritten by the real
     // measurement of the same key.
     let warmed: Vec<usize> = std::iter::once(sizes[0]).chain(sizes).collect();
-    let ov_thread = overlap(&netpeer, Progress::Thread, &warmed, &computes, rounds)?;
-    let ov_inline = overlap(&netpeer, Progress::Inline, &warmed, &computes, rounds)?;
+    let mut overlaps = Vec::new();
+    for (transport, tcp) in [("shm", false), ("tcp lo", true)] {
+        let thread = overlap(&netpeer, Progress::Thread, tcp, &warmed, &computes, rounds)?;
+        let inline = overlap(&netpeer, Progress::Inline, tcp, &warmed, &computes, rounds)?;
+        overlaps.push((transport, thread, inline));
+    }
     let probe_after = probe();
 
     // ----- report -----
     let names: Vec<&String> = lat.keys().collect();
     println!("\nOne-way latency, µs (median of 7 batches; half round trip)");
-    print!("{:>16}", "size");
+    print!("{:>18}", "size");
     for n in &names {
-        print!("{:>16}", n);
+        print!("{:>18}", n);
     }
     println!();
     for s in [8usize, 1024, 65536, 1 << 20] {
-        print!("{:>16}", fmt_size(s));
+        print!("{:>18}", fmt_size(s));
         for n in &names {
-            print!("{:>16}", lat[*n].get(&s).map(|v| format!("{v:.3}")).unwrap_or("-".into()));
+            print!("{:>18}", lat[*n].get(&s).map(|v| format!("{v:.3}")).unwrap_or("-".into()));
         }
         println!();
     }
     println!("\nStreaming bandwidth, GB/s (10^9 B/s)");
-    print!("{:>16}", "size");
+    print!("{:>18}", "size");
     for n in &names {
-        print!("{:>16}", n);
+        print!("{:>18}", n);
     }
     println!();
     for s in [65536usize, 1 << 20, 4 << 20] {
-        print!("{:>16}", fmt_size(s));
+        print!("{:>18}", fmt_size(s));
         for n in &names {
-            print!("{:>16}", bw[*n].get(&s).map(|v| format!("{v:.2}")).unwrap_or("-".into()));
+            print!("{:>18}", bw[*n].get(&s).map(|v| format!("{v:.2}")).unwrap_or("-".into()));
         }
         println!();
     }
@@ -468,50 +523,32 @@ pub fn run(args: &NetArgs) -> Result<()> {
         _ => None,
     };
     let g = |t: &Series, n: &str, s: usize| t.get(n).and_then(|m| m.get(&s)).copied();
-    let r_shm_lat = median_of(&lat_ratios);
-    let r_shm_bw = median_of(&bw_ratios);
     let r_tcp_lat = ratio(g(&lat, "gepsea tcp lo", 8).as_ref(), g(&lat, "raw tcp lo", 8).as_ref());
     let r_veth_lat = ratio(g(&lat, "gepsea veth", 8).as_ref(), g(&lat, "raw tcp veth", 8).as_ref());
-    println!("\nOverlap: post irecv(S), compute C, wait; medians of {rounds} rounds, µs");
-    println!("{:>10}{:>8}{:>14}{:>14}{:>14}{:>14}{:>10}", "S", "C", "wait thread", "wait inline", "total thread", "total inline", "ratio");
-    let mut overlap_ok = true;
-    let mut ov_json = Vec::new();
-    for ((s, c), (wt, tt)) in &ov_thread {
-        let (wi, ti) = ov_inline[&(*s, *c)];
-        let r = wt / wi.max(1e-9);
-        // Target applies when C >= 2x the transfer time (inline wait = transfer time).
-        if (*c as f64) >= 2.0 * wi {
-            overlap_ok &= r <= 0.10;
-        }
-        println!("{:>10}{:>6}ms{:>14.1}{:>14.1}{:>14.1}{:>14.1}{:>10.3}", fmt_size(*s), c / 1000, wt, wi, tt, ti, r);
-        ov_json.push(json!({"size": s, "compute_us": c, "wait_thread_us": wt, "wait_inline_us": wi, "total_thread_us": tt, "total_inline_us": ti, "wait_ratio": r}));
-    }
-    println!("\nRatios from this run (targets in brackets):");
+    let (overlap_ok, ov_json) = net_report::overlap_table(&overlaps, rounds);
+    println!("\nRatios from this run (targets in brackets; paired ratios: median of {reps} alternated rounds):");
     let show = |label: &str, r: Option<f64>, target: &str| match r {
-        Some(r) => println!("  {label:<44} {r:>7.3}   [{target}]"),
-        None => println!("  {label:<44} {:>7}   [{target}]", "n/a"),
+        Some(r) => println!("  {label:<48} {r:>7.3}   [{target}]"),
+        None => println!("  {label:<48} {:>7}   [{target}]", "n/a"),
     };
-    show("shm 8 B latency / OpenMPI shm", r_shm_lat, "<= 1.2");
-    show("shm 1 MiB bandwidth / OpenMPI shm", r_shm_bw, ">= 0.9");
-    let list = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
-    println!(
-        "  (shared-memory ratios: median of {} alternated rounds; 8 B {}; 1 MiB {})",
-        lat_ratios.len(),
-        list(&lat_ratios),
-        list(&bw_ratios)
-    );
+    for p in &pairs {
+        show(&p.label, p.median(), &p.target);
+        println!("  {:<48} {}", "", p.rounds_text());
+    }
     show("TCP loopback 8 B latency / raw TCP", r_tcp_lat, "<= 1.15");
     show("TCP veth 8 B latency / raw TCP veth", r_veth_lat, "<= 1.15");
     println!("  overlap wait thread/inline where C >= 2x transfer: {}   [<= 0.10]", if overlap_ok { "met" } else { "NOT met" });
     println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
+    if let Some(dir) = args.json.as_ref().and_then(|p| p.parent()) {
+        net_report::plots(dir, &lat, &bw, &overlaps)?;
+    }
     if let Some(path) = &args.json {
         let doc = json!({
             "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "model": host},
             "probe_us": {"before": probe_before, "after": probe_after},
             "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json,
-            "ratios": {"shm_lat_8B_vs_openmpi": r_shm_lat, "shm_bw_1MiB_vs_openmpi": r_shm_bw,
-                       "shm_lat_8B_rounds": lat_ratios, "shm_bw_1MiB_rounds": bw_ratios,
-                       "tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
+            "paired_ratios": pairs.iter().map(|p| json!({"measure": p.label, "target": p.target, "median": p.median(), "rounds": p.rounds})).collect::<Vec<_>>(),
+            "ratios": {"tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
             "quick": quick,
         });
         if let Some(d) = path.parent() {

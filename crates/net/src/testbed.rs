@@ -85,6 +85,13 @@ impl NetnsPair {
         c.args(["netns", "exec", &self.ns[i]]).arg(program);
         c
     }
+
+    /// `mpirun` (OpenMPI) with one rank in each namespace, across the veth pair (see
+    /// [`mpirun_across`]). Writes the launcher's files into `dir`; add the program.
+    pub fn mpirun(&self, dir: &std::path::Path) -> std::io::Result<Command> {
+        let subnet = format!("{}.0/24", net_of(&self.ip[0]));
+        mpirun_across(self.cmd(0, "mpirun"), &self.ns, &self.ip, &subnet, dir, &[1, 1], 2)
+    }
 }
 
 impl Drop for NetnsPair {
@@ -162,53 +169,67 @@ impl NetnsBridge {
     }
 
     /// `mpirun` (OpenMPI) over the first `slots.len()` nodes, reached as hosts by their
-    /// addresses: the launcher runs its daemons through an rsh-agent script that maps an
-    /// address to its namespace (`ip netns exec`) instead of ssh, and node `i` offers
-    /// `slots[i]` slots. Writes the script and the hostfile into `dir`; add the program.
+    /// addresses (see [`mpirun_across`]); node `i` offers `slots[i]` slots. Writes the
+    /// launcher's script and hostfile into `dir`; add the program.
     pub fn mpirun(&self, dir: &std::path::Path, slots: &[usize], np: usize) -> std::io::Result<Command> {
-        use std::os::unix::fs::PermissionsExt;
-        let mut script = String::from("#!/bin/sh\nhost=\"$1\"; shift\ncase \"$host\" in\n");
-        for (ip, ns) in self.ip.iter().zip(&self.ns).take(slots.len()) {
-            script.push_str(&format!("  {ip}) ns={ns};;\n"));
-        }
-        // Each node also gets a host name of its own (a UTS namespace named after its
-        // network namespace), as separate hosts have: OpenMPI names its session
-        // directories after the host, and daemons that all called themselves by this
-        // machine's name shared one tree, where one daemon's clean-up removed the
-        // directory another was creating ("mkdir ... No such file or directory").
-        script.push_str(
-            "  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" unshare --uts sh -c 'hostname \"$1\" && exec sh -c \"$2\"' sh \"$ns\" \"$*\"\n",
-        );
-        let rsh = dir.join("rsh.sh");
-        std::fs::write(&rsh, script)?;
-        std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755))?;
-        let hosts = dir.join("hosts");
-        std::fs::write(&hosts, self.ip.iter().zip(slots).map(|(ip, n)| format!("{ip} slots={n}\n")).collect::<String>())?;
-        let subnet = self.subnet();
-        let mut c = self.cmd(0, "mpirun");
-        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-        c.arg("--hostfile").arg(&hosts).args(["-np", &np.to_string(), "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(&rsh);
-        c.args(["--mca", "btl_tcp_if_include", &subnet, "--mca", "oob_tcp_if_include", &subnet]);
-        // Every daemon talks to mpirun directly: with 37 namespace nodes the default
-        // routing tree failed now and then ("ORTE does not know how to route a message
-        // to the specified daemon", daemons unable to connect to each other).
-        c.args(["--mca", "routed", "direct"]);
-        // OpenMPI's session directories in `dir`, one tree per launch, not the shared
-        // /tmp/ompi.<host>.<uid>: a launch whose rank was killed leaves its tree
-        // behind, and a later launch whose job family hashes the same refused to start
-        // ("mkdir ... File exists", exit 213). They go when `dir` goes.
-        static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = dir.join("ompi-session").join(format!("{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&session)?;
-        c.arg("--mca").arg("orte_tmpdir_base").arg(&session);
-        Ok(c)
+        mpirun_across(self.cmd(0, "mpirun"), &self.ns, &self.ip, &self.subnet(), dir, slots, np)
     }
 
     /// Kills every process inside node `i`'s namespace.
     pub fn kill_all(&self, i: usize) {
         kill_ns(&self.ns[i]);
     }
+}
+
+/// `mpirun` (OpenMPI) launched by `launcher` (an `mpirun` command inside the first
+/// node's namespace) over nodes `ns` with addresses `ip` on `subnet`, reached as hosts
+/// by their addresses: the launcher runs its daemons through an rsh-agent script that
+/// maps an address to its namespace (`ip netns exec`) instead of ssh, and node `i`
+/// offers `slots[i]` slots. Writes the script and the hostfile into `dir`.
+fn mpirun_across(
+    mut c: Command,
+    ns: &[String],
+    ip: &[String],
+    subnet: &str,
+    dir: &std::path::Path,
+    slots: &[usize],
+    np: usize,
+) -> std::io::Result<Command> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut script = String::from("#!/bin/sh\nhost=\"$1\"; shift\ncase \"$host\" in\n");
+    for (ip, ns) in ip.iter().zip(ns).take(slots.len()) {
+        script.push_str(&format!("  {ip}) ns={ns};;\n"));
+    }
+    // Each node also gets a host name of its own (a UTS namespace named after its
+    // network namespace), as separate hosts have: OpenMPI names its session
+    // directories after the host, and daemons that all called themselves by this
+    // machine's name shared one tree, where one daemon's clean-up removed the
+    // directory another was creating ("mkdir ... No such file or directory").
+    script.push_str(
+        "  *) echo \"unknown host $host\" >&2; exit 1;;\nesac\nexec ip netns exec \"$ns\" unshare --uts sh -c 'hostname \"$1\" && exec sh -c \"$2\"' sh \"$ns\" \"$*\"\n",
+    );
+    let rsh = dir.join("rsh.sh");
+    std::fs::write(&rsh, script)?;
+    std::fs::set_permissions(&rsh, std::fs::Permissions::from_mode(0o755))?;
+    let hosts = dir.join("hosts");
+    std::fs::write(&hosts, ip.iter().zip(slots).map(|(ip, n)| format!("{ip} slots={n}\n")).collect::<String>())?;
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    c.arg("--hostfile").arg(&hosts).args(["-np", &np.to_string(), "--mca", "rtc", "^hwloc", "--mca", "plm_rsh_agent"]).arg(&rsh);
+    c.args(["--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet]);
+    // Every daemon talks to mpirun directly: with 37 namespace nodes the default
+    // routing tree failed now and then ("ORTE does not know how to route a message
+    // to the specified daemon", daemons unable to connect to each other).
+    c.args(["--mca", "routed", "direct"]);
+    // OpenMPI's session directories in `dir`, one tree per launch, not the shared
+    // /tmp/ompi.<host>.<uid>: a launch whose rank was killed leaves its tree
+    // behind, and a later launch whose job family hashes the same refused to start
+    // ("mkdir ... File exists", exit 213). They go when `dir` goes.
+    static LAUNCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let session = dir.join("ompi-session").join(format!("{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&session)?;
+    c.arg("--mca").arg("orte_tmpdir_base").arg(&session);
+    Ok(c)
 }
 
 /// The first three octets of an address on one of our /24s.

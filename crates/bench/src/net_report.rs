@@ -1,0 +1,126 @@
+//! `gepsea-bench net`'s judging and drawing: alternated pairs of cases and the medians
+//! of their ratios, the overlap table, and the plots of event-driven against inline
+//! progress (seed 004's comparison) on both transports.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Result;
+use serde_json::{json, Value};
+
+use crate::net::{fmt_size, median_of, CaseResult, Series};
+
+/// Runs gepsea's case and its reference `reps` times, one after the other, so that both
+/// see the same states of the host. Returns every run of each.
+pub(crate) fn alternate(
+    reps: usize,
+    what: &str,
+    mut gepsea: impl FnMut(usize) -> Result<CaseResult>,
+    mut reference: impl FnMut() -> Result<CaseResult>,
+) -> Result<(Vec<CaseResult>, Vec<CaseResult>)> {
+    let (mut g, mut m) = (Vec::new(), Vec::new());
+    for i in 0..reps {
+        eprintln!("measuring gepsea over {what} ({}/{reps}) ...", i + 1);
+        g.push(gepsea(i)?);
+        eprintln!("measuring OpenMPI over {what} ({}/{reps}) ...", i + 1);
+        m.push(reference()?);
+    }
+    Ok((g, m))
+}
+
+/// One measure's gepsea/reference ratio in each alternated round, and its target.
+pub(crate) struct PairedRatios {
+    pub label: String,
+    pub target: String,
+    pub rounds: Vec<f64>,
+}
+
+impl PairedRatios {
+    /// The ratio of `pick` (gepsea's value over the reference's) in each round where
+    /// both have it.
+    pub fn of(label: &str, target: &str, g: &[CaseResult], m: &[CaseResult], pick: impl Fn(&CaseResult) -> Option<&f64>) -> Self {
+        let rounds =
+            g.iter().zip(m).filter_map(|(a, b)| Some((pick(a)?, pick(b)?))).filter(|(_, b)| **b > 0.0).map(|(a, b)| a / b).collect();
+        PairedRatios { label: label.to_string(), target: target.to_string(), rounds }
+    }
+
+    /// Issue 20's TCP measures against OpenMPI's TCP transport on `link`.
+    pub fn tcp(link: &str, g: &[CaseResult], m: &[CaseResult]) -> Vec<Self> {
+        let mut v = vec![Self::of(&format!("TCP {link} 1 MiB one-way / OpenMPI TCP"), "<= 1.1", g, m, |r| r.0.get(&(1 << 20)))];
+        for size in [64usize << 10, 1 << 20, 4 << 20] {
+            let label = format!("TCP {link} stream {} / OpenMPI TCP", fmt_size(size));
+            v.push(Self::of(&label, ">= 1.0", g, m, move |r| r.1.get(&size)));
+        }
+        v
+    }
+
+    pub fn median(&self) -> Option<f64> {
+        median_of(&self.rounds)
+    }
+
+    pub fn rounds_text(&self) -> String {
+        let each: Vec<String> = self.rounds.iter().map(|r| format!("{r:.3}")).collect();
+        format!("(rounds: {})", each.join(", "))
+    }
+}
+
+/// Overlap results of one transport: (name, event thread, inline), each keyed by
+/// (size, compute µs) with (wait µs, total µs).
+pub(crate) type Overlap = (&'static str, BTreeMap<(usize, u128), (f64, f64)>, BTreeMap<(usize, u128), (f64, f64)>);
+
+/// Prints the overlap table; returns whether the wait target held wherever it applies,
+/// and the rows as JSON.
+pub(crate) fn overlap_table(overlaps: &[Overlap], rounds: usize) -> (bool, Vec<Value>) {
+    println!("\nOverlap: post irecv(S), compute C, wait; medians of {rounds} rounds, µs");
+    println!(
+        "{:>8}{:>10}{:>8}{:>14}{:>14}{:>14}{:>14}{:>10}",
+        "link", "S", "C", "wait thread", "wait inline", "total thread", "total inline", "ratio"
+    );
+    let mut ok = true;
+    let mut rows = Vec::new();
+    for (transport, thread, inline) in overlaps {
+        for ((s, c), (wt, tt)) in thread {
+            let Some(&(wi, ti)) = inline.get(&(*s, *c)) else { continue };
+            let r = wt / wi.max(1e-9);
+            // The target applies when C >= 2x the transfer time (inline wait = transfer).
+            if (*c as f64) >= 2.0 * wi {
+                ok &= r <= 0.10;
+            }
+            println!("{:>8}{:>10}{:>6}ms{:>14.1}{:>14.1}{:>14.1}{:>14.1}{:>10.3}", transport, fmt_size(*s), c / 1000, wt, wi, tt, ti, r);
+            rows.push(json!({"transport": transport, "size": s, "compute_us": c, "wait_thread_us": wt, "wait_inline_us": wi,
+                             "total_thread_us": tt, "total_inline_us": ti, "wait_ratio": r}));
+        }
+    }
+    (ok, rows)
+}
+
+/// Draws, into `dir`: `net_latency.png` and `net_bandwidth.png` (gepsea with and
+/// without its event thread, and OpenMPI, on shared memory and TCP loopback), and
+/// `net_overlap.png` (the wait after 10 ms of computation, event thread vs inline).
+pub(crate) fn plots(dir: &Path, lat: &Series, bw: &Series, overlaps: &[Overlap]) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let names = ["gepsea shm", "gepsea shm inline", "OpenMPI shm", "gepsea tcp lo", "gepsea lo inline", "OpenMPI tcp lo"];
+    let lines = |t: &Series| -> Vec<crate::plots::Series> {
+        names
+            .iter()
+            .filter_map(|n| t.get(*n).map(|m| (n.to_string(), m.iter().map(|(s, v)| (*s as f64 / 1024.0, *v)).collect())))
+            .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+            .collect()
+    };
+    let (lat_lines, bw_lines) = (lines(lat), lines(bw));
+    if !lat_lines.is_empty() {
+        crate::plots::lines_log_xy(&dir.join("net_latency.png"), "One-way latency (µs)", "message size (KiB)", &lat_lines)?;
+        crate::plots::lines_log_x(&dir.join("net_bandwidth.png"), "Streaming bandwidth (GB/s)", "message size (KiB)", &bw_lines)?;
+    }
+    let mut waits = Vec::new();
+    for (transport, thread, inline) in overlaps {
+        for (progress, m) in [("event thread", thread), ("inline", inline)] {
+            let points: Vec<(f64, f64)> =
+                m.iter().filter(|((_, c), _)| *c == 10_000).map(|((s, _), (w, _))| (*s as f64 / 1024.0, w.max(0.1))).collect();
+            waits.push((format!("{transport}, {progress}"), points));
+        }
+    }
+    crate::plots::lines_log_xy(&dir.join("net_overlap.png"), "Wait after 10 ms of computation (µs)", "message size (KiB)", &waits)?;
+    eprintln!("plots net_latency.png, net_bandwidth.png, net_overlap.png in {}", dir.display());
+    Ok(())
+}
