@@ -463,7 +463,7 @@ impl Port {
         self.with(|st| {
             if read_tcp {
                 st.poll_tcp();
-                st.flush_quieted();
+                st.flush_tcp_backlog();
             }
             st.progress();
             out.extend(std::iter::from_fn(|| st.proto.next_event()));
@@ -614,8 +614,8 @@ impl Port {
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
-                        if quiet {
-                            st.flush_quieted();
+                        if quiet || self.sh.progress == Progress::Inline {
+                            st.flush_tcp_backlog();
                         }
                         now = Instant::now();
                         if now >= spin_until {

@@ -196,11 +196,14 @@ impl State {
         }
     }
 
-    /// The event thread's part for the quieted connections that `poll_tcp` (reading)
-    /// leaves out: writing what waits for room in their sockets.
-    pub(super) fn flush_quieted(&mut self) {
+    /// The event thread's part that `poll_tcp` (reading) leaves out, for a thread that
+    /// stands in for it (a waiter that quieted the sockets, or any waiter when there is
+    /// no event thread): writing what waits for room in the established connections'
+    /// sockets. Without it, the rest of a large message written while the socket was
+    /// full waited for the waiter to give up spinning and sleep in `epoll`.
+    pub(super) fn flush_tcp_backlog(&mut self) {
         let mut ids = std::mem::take(&mut self.scratch_ids);
-        ids.extend(self.quieted.iter().copied().filter(|id| self.tcp.get(id).is_some_and(|c| c.queued() > 0)));
+        ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established && c.queued() > 0).map(|(id, _)| *id));
         for id in ids.drain(..) {
             self.tcp_writable(id);
         }
