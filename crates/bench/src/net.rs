@@ -5,8 +5,11 @@
 //! OpenMPI ping-pong (`bench/mpi_pingpong.c`) over shared memory and TCP, and a raw TCP
 //! ping-pong (`bench/tcp_pingpong.c`). A cache-line ping-pong probe is taken before and
 //! after, because these machines switch between a fast and a slow cross-core regime
-//! and only figures from the same regime compare. Then the overlap experiment of the
-//! event-driven MPI paper: post a receive, compute, wait — event thread vs inline.
+//! and only figures from the same regime compare. Then the event-driven MPI paper's
+//! comparisons of progress by an event thread against progress inside library calls
+//! (inline), on shared memory and TCP: latency and streaming bandwidth, the overlap
+//! experiment (post a receive, compute, wait), and unidirectional bandwidth with the
+//! receiver's CPU use when receives are expected or unexpected (`net_report`).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -488,6 +491,16 @@ pub fn run(args: &NetArgs) -> Result<()> {
         let inline = overlap(&netpeer, Progress::Inline, tcp, &warmed, &computes, rounds)?;
         overlaps.push((transport, thread, inline));
     }
+    eprintln!("measuring unidirectional bandwidth (event thread vs inline, expected vs unexpected receives) ...");
+    let mut unis: net_report::UniRun = Vec::new();
+    for (link, tcp) in [("shm", false), ("tcp lo", true)].into_iter().filter(|_| !args.overlap_only) {
+        for (progress, pname) in [(Progress::Thread, "event thread"), (Progress::Inline, "inline")] {
+            for (unexpected, rname) in [(false, "expected"), (true, "unexpected")] {
+                let case_ns = format!("{ns}u{}{}{}", tcp as u8, (progress == Progress::Inline) as u8, unexpected as u8);
+                unis.push(((link, pname, rname), net_report::uni_case(&netpeer, &case_ns, tcp, progress, unexpected, quick)?));
+            }
+        }
+    }
     let probe_after = probe();
 
     // ----- report -----
@@ -526,6 +539,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
     let r_tcp_lat = ratio(g(&lat, "gepsea tcp lo", 8).as_ref(), g(&lat, "raw tcp lo", 8).as_ref());
     let r_veth_lat = ratio(g(&lat, "gepsea veth", 8).as_ref(), g(&lat, "raw tcp veth", 8).as_ref());
     let (overlap_ok, ov_json) = net_report::overlap_table(&overlaps, rounds);
+    let uni_json = net_report::uni_table(&unis);
     println!("\nRatios from this run (targets in brackets; paired ratios: median of {reps} alternated rounds):");
     let show = |label: &str, r: Option<f64>, target: &str| match r {
         Some(r) => println!("  {label:<48} {r:>7.3}   [{target}]"),
@@ -541,12 +555,13 @@ pub fn run(args: &NetArgs) -> Result<()> {
     println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
     if let Some(dir) = args.json.as_ref().and_then(|p| p.parent()) {
         net_report::plots(dir, &lat, &bw, &overlaps)?;
+        net_report::uni_plots(dir, &unis)?;
     }
     if let Some(path) = &args.json {
         let doc = json!({
             "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "model": host},
             "probe_us": {"before": probe_before, "after": probe_after},
-            "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json,
+            "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json, "unidirectional": uni_json,
             "paired_ratios": pairs.iter().map(|p| json!({"measure": p.label, "target": p.target, "median": p.median(), "rounds": p.rounds})).collect::<Vec<_>>(),
             "ratios": {"tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
             "quick": quick,

@@ -4,11 +4,13 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use gepsea_net::Progress;
 use serde_json::{json, Value};
 
-use crate::net::{fmt_size, median_of, CaseResult, Series};
+use crate::net::{fmt_size, median_of, spawn_ready, CaseResult, Kill, Series};
 
 /// Runs gepsea's case and its reference `reps` times, one after the other, so that both
 /// see the same states of the host. Returns every run of each.
@@ -121,6 +123,105 @@ pub(crate) fn plots(dir: &Path, lat: &Series, bw: &Series, overlaps: &[Overlap])
         }
     }
     crate::plots::lines_log_xy(&dir.join("net_overlap.png"), "Wait after 10 ms of computation (µs)", "message size (KiB)", &waits)?;
-    eprintln!("plots net_latency.png, net_bandwidth.png, net_overlap.png in {}", dir.display());
+    eprintln!("plots net_latency.png, net_bandwidth.png, net_overlap.png, net_uni_*.png in {}", dir.display());
+    Ok(())
+}
+
+/// One unidirectional-bandwidth case (seed 004, Figs. 4-9): by size, the receiver's
+/// (GB/s, CPU time over wall time).
+pub(crate) type Uni = BTreeMap<usize, (f64, f64)>;
+
+/// The sizes of the unidirectional test: eager (1 KiB, 16 KiB, the eager limit) and
+/// rendezvous (64 KiB, 1 MiB).
+pub(crate) const UNI_SIZES: [usize; 4] = [1 << 10, 16 << 10, 64 << 10, 1 << 20];
+
+/// Runs `gepsea-netpeer uni-send` / `uni-recv` over shared memory (`tcp` false) or TCP
+/// on loopback, with `progress` on both sides, receives expected or `unexpected`.
+pub(crate) fn uni_case(netpeer: &Path, ns: &str, tcp: bool, progress: Progress, unexpected: bool, quick: bool) -> Result<Uni> {
+    let dir = std::env::temp_dir().join(format!("{ns}-dir"));
+    let bytes = if quick { 4usize << 20 } else { 256 << 20 };
+    let sizes = UNI_SIZES.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
+    let node = |n: u32| if tcp { n } else { 0 };
+    let base = |port: u32| -> Result<Command> {
+        let mut c = Command::new(netpeer);
+        c.args(["--ns", ns, "--node", &node(port).to_string(), "--port", &port.to_string()]);
+        if tcp {
+            std::fs::create_dir_all(&dir)?;
+            c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
+        }
+        if progress == Progress::Inline {
+            c.arg("--inline");
+        }
+        Ok(c)
+    };
+    let mut send = base(2)?;
+    send.args(["uni-send", "--peer", &format!("{}:1", node(1)), "--sizes", &sizes, "--bytes", &bytes.to_string()]);
+    let guard = Kill(vec![spawn_ready(send, "uni-send")?]);
+    let mut recv = base(1)?;
+    recv.args(["uni-recv", "--peer", &format!("{}:2", node(2)), "--sizes", &sizes, "--bytes", &bytes.to_string()]);
+    if unexpected {
+        recv.arg("--unexpected");
+    }
+    let out = recv.output().context("running uni-recv")?;
+    drop(guard);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
+    if !out.status.success() {
+        bail!("uni-recv failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let mut r = Uni::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if let ["UNI", size, gbs, cpu] = f[..] {
+            r.insert(size.parse()?, (gbs.parse()?, cpu.parse()?));
+        }
+    }
+    Ok(r)
+}
+
+/// The unidirectional cases of one run: (transport, progress, receives) and results.
+pub(crate) type UniRun = Vec<((&'static str, &'static str, &'static str), Uni)>;
+
+/// Prints the unidirectional table; returns its rows as JSON.
+pub(crate) fn uni_table(runs: &UniRun) -> Vec<Value> {
+    println!("\nUnidirectional bandwidth (batches of 16 blocking-style sends), receiver GB/s and CPU (CPU-s per s, all threads)");
+    println!("{:>8}{:>14}{:>12}{:>10}{:>10}{:>8}", "link", "progress", "receives", "size", "GB/s", "CPU");
+    let mut rows = Vec::new();
+    for ((link, progress, receives), m) in runs {
+        for (size, (gbs, cpu)) in m {
+            println!("{link:>8}{progress:>14}{receives:>12}{:>10}{gbs:>10.3}{cpu:>8.2}", fmt_size(*size));
+            rows.push(json!({"transport": link, "progress": progress, "receives": receives, "size": size, "gbs": gbs, "cpu": cpu}));
+        }
+    }
+    rows
+}
+
+/// Draws `net_uni_<transport>.png` (bandwidth) and `net_uni_cpu_<transport>.png`
+/// (receiver CPU) for each transport, one line per progress mode and kind of receive.
+pub(crate) fn uni_plots(dir: &Path, runs: &UniRun) -> Result<()> {
+    for (link, file) in [("shm", "shm"), ("tcp lo", "tcp")] {
+        let series = |pick: fn(&(f64, f64)) -> f64| -> Vec<crate::plots::Series> {
+            runs.iter()
+                .filter(|((l, _, _), _)| *l == link)
+                .map(|((_, p, r), m)| (format!("{p}, {r}"), m.iter().map(|(s, v)| (*s as f64 / 1024.0, pick(v))).collect()))
+                .collect()
+        };
+        let bw = series(|v| v.0);
+        if bw.iter().all(|(_, p)| p.is_empty()) {
+            continue;
+        }
+        crate::plots::lines_log_x(
+            &dir.join(format!("net_uni_{file}.png")),
+            &format!("Unidirectional bandwidth, {link} (GB/s)"),
+            "message size (KiB)",
+            &bw,
+        )?;
+        crate::plots::lines_log_x(
+            &dir.join(format!("net_uni_cpu_{file}.png")),
+            &format!("Receiver CPU, {link} (CPU-s per s)"),
+            "message size (KiB)",
+            &series(|v| v.1),
+        )?;
+    }
     Ok(())
 }

@@ -134,6 +134,20 @@ enum Role {
     /// Bandwidth sink: receives the streams of `stream` (same sizes and bytes) with 16
     /// receives posted ahead, acknowledging each size.
     Sink(StreamArgs),
+    /// Unidirectional bandwidth source (seed 004's test): for each size, batches of 16
+    /// sends, each batch started by the receiver's go (tag 1) and followed by a
+    /// system-channel "sent" notice, which arrives after the batch's messages.
+    UniSend(UniArgs),
+    /// Unidirectional bandwidth receiver: for each size, receives the batches of
+    /// `uni-send`, with every receive posted before its message is sent (expected) or
+    /// only once the batch has arrived (`--unexpected`); prints `UNI <size> <GB/s>
+    /// <CPU>`, CPU being this process's CPU time (every thread) over the wall time.
+    UniRecv {
+        #[command(flatten)]
+        args: UniArgs,
+        #[arg(long)]
+        unexpected: bool,
+    },
     /// Overlap benchmark sender: for each size, wait for the receiver's go (tag 1), then
     /// send SIZE bytes (tag 2); ROUNDS times.
     OverlapSend {
@@ -144,6 +158,33 @@ enum Role {
         #[arg(long)]
         rounds: u32,
     },
+}
+
+/// Both ends of the unidirectional bandwidth test take the same arguments.
+#[derive(clap::Args)]
+struct UniArgs {
+    #[arg(long, value_parser = parse_addr)]
+    peer: Addr,
+    /// Comma-separated message sizes in bytes.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Bytes received per size (rounded to whole batches of 16, at least 8 batches).
+    #[arg(long, default_value_t = 64 << 20)]
+    bytes: usize,
+}
+
+/// Batches of the unidirectional test, for `size`-byte messages.
+fn uni_batches(size: usize, bytes: usize) -> usize {
+    (bytes / size / UNI_BATCH).max(8)
+}
+
+const UNI_BATCH: usize = 16;
+
+/// CPU time of this process so far, every thread (`CLOCK_PROCESS_CPUTIME_ID`, which
+/// counts the running threads' time up to now, not up to their last tick).
+fn cpu_seconds() -> Result<f64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).context("reading the process CPU clock")?;
+    Ok(t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
 }
 
 /// The two ends of a bandwidth measurement take the same arguments.
@@ -434,6 +475,57 @@ fn main() -> Result<()> {
                     }
                 }
                 port.send(peer, 9, &b"ack"[..])?;
+            }
+            println!("OK");
+        }
+        Role::UniSend(UniArgs { peer, sizes, bytes }) => {
+            for &s in &sizes {
+                let data = bytes::Bytes::from(vec![5u8; s]);
+                for _ in 0..uni_batches(s, bytes) {
+                    port.recv(Some(peer), Some(1), 16)?;
+                    let sends: Vec<_> = (0..UNI_BATCH).map(|_| port.isend(peer, 0, data.clone())).collect();
+                    let notice = port.send_system(peer, 2, &b"sent"[..]);
+                    for r in sends.into_iter().chain([notice]) {
+                        port.wait(r)?;
+                    }
+                }
+            }
+            println!("OK");
+        }
+        Role::UniRecv { args: UniArgs { peer, sizes, bytes }, unexpected } => {
+            for &s in &sizes {
+                // Buffers touched before the clock starts (page faults are not the
+                // transport's), reused batch after batch.
+                let mut bufs: Vec<Vec<u8>> = (0..UNI_BATCH).map(|_| vec![0u8; s]).collect();
+                let batches = uni_batches(s, bytes);
+                let (t, cpu) = (std::time::Instant::now(), cpu_seconds()?);
+                for _ in 0..batches {
+                    let post = |bufs: &mut Vec<Vec<u8>>| -> Vec<_> {
+                        bufs.drain(..)
+                            .map(|mut b| {
+                                b.clear();
+                                port.irecv_into(Some(peer), Some(0), b)
+                            })
+                            .collect()
+                    };
+                    let reqs = if unexpected {
+                        port.send(peer, 1, &b"go"[..])?;
+                        port.recv_system(Duration::from_secs(30)).context("waiting for the batch's notice")?;
+                        post(&mut bufs)
+                    } else {
+                        let reqs = post(&mut bufs);
+                        port.send(peer, 1, &b"go"[..])?;
+                        port.recv_system(Duration::from_secs(30)).context("waiting for the batch's notice")?;
+                        reqs
+                    };
+                    for r in reqs {
+                        let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
+                        ensure!(m.data.len() == s, "received {} bytes, expected {s}", m.data.len());
+                        bufs.push(m.data);
+                    }
+                }
+                let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_seconds()? - cpu);
+                println!("UNI {s} {:.3} {:.3}", (batches * UNI_BATCH * s) as f64 / secs / 1e9, cpu / secs);
             }
             println!("OK");
         }
