@@ -222,6 +222,37 @@ fn progress_goes_on_without_library_calls_after_a_large_transfer(t: Transport) {
     }
 }
 
+/// Waits in quick succession (a burst of library calls) may leave the TCP sockets with
+/// the next wait rather than hand them back to the event thread each time; when the
+/// application then stops calling, the event thread takes them back and progress goes
+/// on.
+fn progress_goes_on_without_library_calls_after_a_burst_of_large_waits(t: Transport) {
+    // A lease long enough that the second wait surely falls within it, however slowly
+    // this machine runs the test.
+    let p = Pair::new(t, |c| c.lease = Duration::from_millis(20));
+    let (a, b) = (p.a(), &p.b);
+    let fd = b.enable_events();
+    for round in 0..3 {
+        let big = [pattern(2 << 20, round), pattern(3 << 20, round + 1)];
+        let rs = [b.irecv(Some(p.a_addr), Some(30), 2 << 20), b.irecv(Some(p.a_addr), Some(31), 3 << 20)];
+        let ss = [a.isend(b.addr(), 30, big[0].clone()), a.isend(b.addr(), 31, big[1].clone())];
+        // Back to back: the second wait starts within the lease of the first (the
+        // messages are checked after both).
+        let got: Vec<_> = rs.into_iter().map(|r| b.wait_timeout(r, WAIT)).collect();
+        for (m, want) in got.into_iter().zip(&big) {
+            assert!(received(m).data == *want, "{t:?}: round {round}: a large message arrived damaged");
+        }
+        for s in ss {
+            a.wait_timeout(s, WAIT).unwrap();
+        }
+        while b.next_event().is_some() {}
+        let r = b.irecv(Some(p.a_addr), Some(32), 100_000);
+        a.wait_timeout(a.isend(b.addr(), 32, pattern(100_000, round)), WAIT).unwrap();
+        assert!(poll_readable(fd, 30_000), "{t:?}: round {round}: no progress without a library call after a burst");
+        assert!(received(b.wait_timeout(r, WAIT)).data == pattern(100_000, round), "{t:?}: round {round}");
+    }
+}
+
 /// One test per (property, transport), all from the bodies above.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -242,4 +273,5 @@ conformance!(
     a_dead_peer_fails_the_requests_waiting_on_it,
     large_messages_and_rma_are_exact,
     progress_goes_on_without_library_calls_after_a_large_transfer,
+    progress_goes_on_without_library_calls_after_a_burst_of_large_waits,
 );

@@ -99,6 +99,7 @@ impl Port {
             shm_retry: HashMap::new(),
             tcp_quiet: 0,
             quieted: Vec::new(),
+            quiet_lingers: false,
         };
         let sh = Arc::new(Shared {
             st: Mutex::new(st),
@@ -561,18 +562,24 @@ impl Port {
         // extended again only if a transfer began, or moved on fast enough to be worth
         // a core (`spin_extension`), so a stalled or slow peer is not spun for.
         let mut extended_for: Option<SpinMark> = None;
-        // This waiter took the TCP sockets from the event thread (`State::quiet_tcp`).
-        let mut quiet = false;
+        // This waiter took the TCP sockets from the event thread (`State::quiet_tcp`),
+        // or inherited them from the wait before it (`State::quiet_lingers`).
+        let mut quiet = std::mem::take(&mut st.quiet_lingers);
         loop {
             progress_all(&mut st);
             self.kick_if_needed(&mut st);
             if let Some(r) = done(&mut st) {
-                if quiet {
-                    st.unquiet_tcp();
-                }
                 st.flush_all();
                 st.update_app_bell();
                 self.leave_awake(&mut st, started, now);
+                if quiet {
+                    if st.lease.is_some() && self.sh.progress == Progress::Thread {
+                        // Within a burst: the next call is likely soon.
+                        st.quiet_lingers = true;
+                    } else {
+                        st.unquiet_tcp();
+                    }
+                }
                 return Some(r);
             }
             now = Instant::now();

@@ -81,9 +81,13 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
         let mut lease_check = None;
         if let Some(until) = st.lease {
             if until <= now {
-                // The application went quiet: stop claiming to be awake for it.
+                // The application went quiet: stop claiming to be awake for it, and
+                // watch the sockets its last wait kept.
                 st.lease = None;
                 st.lease_backoff = Duration::ZERO;
+                if std::mem::take(&mut st.quiet_lingers) {
+                    st.unquiet_tcp();
+                }
                 if st.set_awake(false) {
                     st.set_awake(true);
                     progress_all(&mut st);
@@ -93,7 +97,9 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
                 // Renewed since we last looked: the application is busy communicating.
                 // Look again less and less often (each look is a wake-up that takes a
                 // core from the spinning application), up to MAX_LEASE_BACKOFF.
-                st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF);
+                // (A lease longer than the cap is its own cap: `clamp` panics, and
+                // took the event thread with it, when its bounds cross.)
+                st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF.max(sh.lease));
                 lease_check = Some(until + st.lease_backoff);
             }
         }

@@ -330,6 +330,11 @@ struct State {
     /// TCP connections taken out of the event thread's `epoll` for them.
     tcp_quiet: u32,
     quieted: Vec<usize>,
+    /// A wait that ended within a burst of library calls left its hold on the TCP
+    /// sockets (`quiet_tcp`) to the next wait, or to the event thread when the lease
+    /// runs out: handing them back and taking them again cost an `epoll_ctl` per
+    /// socket each way and woke the event thread for what arrived in between.
+    quiet_lingers: bool,
 }
 
 struct Shared {
