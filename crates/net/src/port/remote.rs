@@ -3,11 +3,11 @@
 
 use super::*;
 
-/// Puts connection `id` under the event thread's watch (edge-triggered, both ways).
 /// The least payload still to come for a data frame to be read in place rather than
 /// through the decoder (one more system call per frame).
 const DIRECT_MIN: usize = 8 << 10;
 
+/// Puts connection `id` under the event thread's watch (edge-triggered, both ways).
 fn watch_tcp(registry: &mio::Registry, c: &mut TcpConn, id: usize) -> io::Result<()> {
     registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE)
 }
