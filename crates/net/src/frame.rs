@@ -492,13 +492,12 @@ impl FrameDecoder {
     /// has a better place for the payload takes the frame out with
     /// [`FrameDecoder::take_partial`] and reads the rest there itself.
     pub fn partial_header(&self) -> Option<(Header, usize)> {
-        let avail = self.wpos - self.rpos;
-        if self.poisoned.is_some() || avail < HEADER_LEN {
+        // `has_frame` is also true for a poisoned stream: that one is `next_frame`'s.
+        if self.has_frame() || self.buffered() < HEADER_LEN {
             return None;
         }
         let h = Header::decode(&self.buf[self.rpos..self.rpos + HEADER_LEN], self.max_payload).ok()?;
-        let have = avail - HEADER_LEN;
-        (have < h.len as usize).then_some((h, have))
+        Some((h, self.buffered() - HEADER_LEN))
     }
 
     /// Takes the incomplete frame reported by [`FrameDecoder::partial_header`] out of
