@@ -53,6 +53,28 @@ pub fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> io::Resu
     Ok(())
 }
 
+/// Writes `src` at `addr` in process `pid` (the other half of a copy split between
+/// sender and receiver, see `proto::copy`).
+pub fn write_from(pid: u32, addr: u64, src: &[u8]) -> io::Result<()> {
+    let mut done = 0usize;
+    while done < src.len() {
+        let local = libc::iovec { iov_base: src[done..].as_ptr() as *mut libc::c_void, iov_len: src.len() - done };
+        let remote = libc::iovec { iov_base: (addr as usize + done) as *mut libc::c_void, iov_len: src.len() - done };
+        // SAFETY: the local iovec covers the borrowed slice, which the kernel only
+        // reads; the remote one names memory of another process, which the kernel
+        // validates (EFAULT) and never touches in ours.
+        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_writev copied nothing"));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,6 +90,18 @@ mod tests {
         assert_eq!(buf, &src[5..105]);
         read_into(std::process::id(), src.as_ptr() as u64, 0, &mut buf).unwrap();
         assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn writes_into_a_process_exactly() {
+        let src: Vec<u8> = (0..3_000_000u32).map(|i| (i * 11 + i / 253) as u8).collect();
+        let mut dst = vec![0u8; src.len() + 10];
+        write_from(std::process::id(), dst.as_mut_ptr() as u64 + 5, &src).unwrap();
+        assert_eq!(&dst[5..5 + src.len()], &src[..]);
+        assert!(dst[..5].iter().chain(&dst[5 + src.len()..]).all(|&b| b == 0), "nothing written outside");
+        let e = write_from(std::process::id(), 8, &src[..64]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT), "{e}");
+        write_from(std::process::id(), 8, &[]).unwrap();
     }
 
     #[test]

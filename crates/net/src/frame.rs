@@ -40,8 +40,14 @@ pub const COMPACT_MAX: usize = 40;
 pub const FLAG_ERROR: u8 = 4;
 /// Single copy between ports on one node. On an `Rts`: the payload (16 bytes) names
 /// the sender's process id and buffer address, for the receiver to copy from itself.
-/// On a `Cts`: the receiver has already copied the message; the send is complete.
+/// On a `Cts`: the receiver has the whole message; the send is complete.
 pub const FLAG_SINGLE_COPY: u8 = 8;
+/// A copy split between both ends (`proto::copy`). On a `Cts`: the receiver reads
+/// `[0, offset)` itself and asks the sender to write `[offset, total)` into its buffer,
+/// whose process id and address the payload names (16 bytes, as an `Rts`'s offer). An
+/// empty `Data` frame flagged `FLAG_SINGLE_COPY` is the sender's report that it wrote
+/// `[offset, total)` (with `FLAG_ERROR`: that it could not).
+pub const FLAG_WRITE: u8 = 16;
 
 /// (node, port): the address of one process's port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]

@@ -24,6 +24,7 @@ pub mod auth;
 pub mod cma;
 pub mod error;
 pub mod frame;
+pub mod lent;
 #[cfg(not(loom))]
 pub mod port;
 pub mod proto;

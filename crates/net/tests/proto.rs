@@ -414,3 +414,157 @@ fn a_peer_past_its_credits_or_limits_is_refused() {
     b.irecv(Some(A), Some(9), 1000);
     b.on_frame(&rts(16), &[]).unwrap();
 }
+
+/// Carries out the sender's writes into its receivers' buffers as the port does: with
+/// `process_vm_writev` into this very process (the receiver's buffer lives here).
+fn run_writes(p: &mut Proto, allowed: bool) -> usize {
+    let mut n = 0;
+    while let Some(job) = p.next_write() {
+        let ok = allowed && gepsea_net::cma::write_from(job.remote.pid, job.remote.addr, &job.data).is_ok();
+        p.write_done(job, ok);
+        n += 1;
+    }
+    n
+}
+
+/// Two local ports that both offer single copy, and a message large enough to split.
+fn split_pair() -> (Proto, Proto, Bytes) {
+    let (mut a, mut b) = local_pair();
+    a.offer_single_copy(Some(std::process::id()));
+    b.offer_single_copy(Some(std::process::id()));
+    a.help_split_copies(true);
+    let big: Bytes = (0..300_000u32).map(|i| (i * 29 + i / 4099) as u8).collect::<Vec<u8>>().into();
+    assert!(big.len() >= gepsea_net::proto::SPLIT_MIN);
+    (a, b, big)
+}
+
+#[test]
+fn a_large_single_copy_is_split_between_receiver_and_sender() {
+    let (mut a, mut b, big) = split_pair();
+    // Either part may finish first.
+    for writer_first in [true, false] {
+        let r = b.irecv(Some(a.addr()), Some(7), 400_000);
+        let s = a.isend(b.addr(), 7, big.clone());
+        pump(&mut a, &mut b);
+        // The receiver asked for help at once, before copying anything.
+        assert_eq!(a.bulk_bytes_in_flight(), big.len());
+        if writer_first {
+            assert_eq!(run_writes(&mut a, true), 1);
+            pump(&mut a, &mut b);
+            assert!(b.take(r).is_none(), "half a message is not a message");
+            assert_eq!(run_copies(&mut b, true), 1);
+        } else {
+            assert_eq!(run_copies(&mut b, true), 1);
+            pump(&mut a, &mut b);
+            assert!(b.take(r).is_none(), "half a message is not a message");
+            assert_eq!(run_writes(&mut a, true), 1);
+            assert!(a.take(s).is_none(), "the sender keeps its buffer until the receiver has everything");
+            pump(&mut a, &mut b);
+        }
+        assert_eq!(received(b.take(r)).data, &big[..]);
+        pump(&mut a, &mut b);
+        assert!(matches!(a.take(s), Some(Ok(Completion::Sent))));
+        assert_eq!(a.bulk_bytes_in_flight() + b.bulk_bytes_in_flight(), 0);
+    }
+    assert_eq!((b.stats.single_copies, b.stats.single_copy_fallbacks, a.stats.single_copy_writes), (2, 0, 2));
+    // The offer and the write's report, per message: no data pieces.
+    assert_eq!(b.stats.frames_in, 4);
+    // A sender that cannot promise to write promptly (no event thread) is not asked:
+    // the receiver copies the whole message.
+    a.help_split_copies(false);
+    let r = b.irecv(None, None, big.len());
+    let s = a.isend(b.addr(), 8, big.clone());
+    pump(&mut a, &mut b);
+    assert_eq!(run_writes(&mut a, true), 0);
+    assert_eq!(run_copies(&mut b, true), 1);
+    assert_eq!(received(b.take(r)).data, &big[..]);
+    pump(&mut a, &mut b);
+    assert!(matches!(a.take(s), Some(Ok(Completion::Sent))));
+    assert_eq!(a.stats.single_copy_writes, 2);
+}
+
+#[test]
+fn refused_parts_of_a_split_copy_come_as_data_pieces() {
+    // (reader allowed, writer allowed): each refused part is fetched through the ring.
+    for (read_ok, write_ok) in [(true, false), (false, true), (false, false)] {
+        let (mut a, mut b, big) = split_pair();
+        let r = b.irecv(None, None, big.len());
+        let s = a.isend(b.addr(), 1, big.clone());
+        pump(&mut a, &mut b);
+        assert_eq!(run_writes(&mut a, write_ok), 1);
+        pump(&mut a, &mut b);
+        assert_eq!(run_copies(&mut b, read_ok), 1);
+        pump(&mut a, &mut b);
+        let case = format!("read allowed {read_ok}, write allowed {write_ok}");
+        assert_eq!(received(b.take(r)).data, &big[..], "{case}");
+        assert!(matches!(a.take(s), Some(Ok(Completion::Sent))), "{case}");
+        assert_eq!(b.stats.single_copies, read_ok as u64, "{case}");
+        assert_eq!(a.stats.single_copy_writes, write_ok as u64, "{case}");
+        // A receiver whose helper could not write asks no one for help again; one
+        // whose own read failed stops offering single copy (as without splitting).
+        let r = b.irecv(None, None, big.len());
+        let s = a.isend(b.addr(), 2, big.clone());
+        pump(&mut a, &mut b);
+        let writes = run_writes(&mut a, true);
+        assert_eq!(writes, (read_ok && write_ok) as usize, "{case}");
+        run_copies(&mut b, true);
+        pump(&mut a, &mut b);
+        assert_eq!(received(b.take(r)).data, &big[..], "{case}");
+        assert!(matches!(a.take(s), Some(Ok(Completion::Sent))), "{case}");
+    }
+}
+
+#[test]
+fn a_peer_failing_during_a_split_copy_fails_the_receive_and_the_send() {
+    let (mut a, mut b, big) = split_pair();
+    let r = b.irecv(None, None, big.len());
+    let s = a.isend(b.addr(), 1, big.clone());
+    pump(&mut a, &mut b);
+    b.peer_failed(a.addr(), "gone");
+    a.peer_failed(b.addr(), "gone");
+    assert!(matches!(b.take(r), Some(Err(NetError::PeerFailed { .. }))));
+    assert!(matches!(a.take(s), Some(Err(NetError::PeerFailed { .. }))));
+    assert_eq!((run_copies(&mut b, true), run_writes(&mut a, true)), (0, 0), "abandoned copies are not run");
+    assert_eq!(a.bulk_bytes_in_flight() + b.bulk_bytes_in_flight(), 0);
+}
+
+#[test]
+fn split_copy_frames_out_of_turn_break_the_protocol() {
+    use gepsea_net::frame::{Channel, Kind, FLAG_SINGLE_COPY, FLAG_WRITE};
+    let (mut a, mut b, big) = split_pair();
+    let (pa, pb) = (a.addr(), b.addr());
+    // A write request for a message never announced.
+    let mut h = Header::new(Kind::Cts, Channel::Normal, pb, pa);
+    h.flags = FLAG_WRITE;
+    h.id = 99;
+    let e = a.on_frame(&h, &[0u8; 16]).unwrap_err().to_string();
+    assert!(e.contains("write request for message 99"), "{e}");
+    // A write request for bytes beyond the message.
+    let r = b.irecv(None, None, big.len());
+    let s = a.isend(pb, 1, big.clone());
+    let mut cts = h;
+    cts.id = s;
+    cts.offset = big.len() as u64;
+    cts.total = big.len() as u64;
+    let e = a.on_frame(&cts, &[0u8; 16]).unwrap_err().to_string();
+    assert!(e.contains("write request for bytes"), "{e}");
+    pump(&mut a, &mut b);
+    // A report of a write at another offset than asked, and data nobody asked for.
+    let mut report = Header::new(Kind::Data, Channel::Normal, pa, pb);
+    report.id = s;
+    report.flags = FLAG_SINGLE_COPY;
+    report.offset = 4096;
+    report.total = big.len() as u64;
+    let e = b.on_frame(&report, &[]).unwrap_err().to_string();
+    assert!(e.contains("report of a write at 4096"), "{e}");
+    let mut piece = report;
+    piece.flags = 0;
+    piece.offset = 0;
+    let e = b.on_frame(&piece, &[1u8; 64]).unwrap_err().to_string();
+    assert!(e.contains("which was not asked for"), "{e}");
+    // The transfer itself is unharmed.
+    run_writes(&mut a, true);
+    run_copies(&mut b, true);
+    pump(&mut a, &mut b);
+    assert_eq!(received(b.take(r)).data, &big[..]);
+}

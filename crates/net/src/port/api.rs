@@ -68,6 +68,7 @@ impl Port {
         let mut proto = Proto::new(me, cfg.proto.clone());
         proto.set_remote_chunk(cfg.tcp_chunk.min(cfg.max_frame).max(1));
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
+        proto.help_split_copies(cfg.progress == Progress::Thread);
         let st = State {
             proto,
             me,

@@ -14,6 +14,30 @@ use super::*;
 /// done.
 pub(super) fn run_copies(st: &mut MutexGuard<'_, State>) {
     let mut ran = false;
+    // Writes first: the receiver is copying its own part meanwhile.
+    while let Some(job) = st.proto.next_write() {
+        let dst = job.dst();
+        let verified = st.shm.values().any(|c| c.peer == dst && c.peer_pid == Some(job.remote.pid));
+        let r = if verified {
+            MutexGuard::unlocked(st, || crate::cma::write_from(job.remote.pid, job.remote.addr, &job.data))
+        } else {
+            Err(io::Error::other(format!("{dst} named process {}, which is not the process connected as {dst}", job.remote.pid)))
+        };
+        if let Err(e) = &r {
+            st.log_error(format!(
+                "writing {} bytes into {dst}'s buffer failed ({e}); sending them through the shared-memory ring instead",
+                job.data.len()
+            ));
+        }
+        st.proto.write_done(job, r.is_ok());
+        ran = true;
+    }
+    if ran || st.proto.has_copies() {
+        // What the copies' peers wait for leaves before the copies start: a split
+        // copy's request for the sender's help (or the parts run one after the other),
+        // a write's report.
+        st.flush_all();
+    }
     while let Some(mut job) = st.proto.next_copy() {
         // Only from the process at the other end of the connection, as the kernel
         // names it: a pid from another pid namespace (or a forged one) would name some

@@ -41,12 +41,16 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use bytes::Bytes;
 
 use crate::error::NetError;
-use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_SINGLE_COPY};
+use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_SINGLE_COPY, FLAG_WRITE};
 
 pub use crate::reqtable::ReqId;
 use crate::reqtable::ReqTable;
 
+mod copy;
 mod transport;
+
+pub use copy::{CopyJob, Remote, WriteJob, SPLIT_MIN};
+use copy::{Offer, SplitRecv};
 
 /// Tunables of the protocol.
 #[derive(Clone, Debug)]
@@ -122,6 +126,12 @@ enum Req {
         dst: Addr,
         data: Bytes,
     },
+    /// Rendezvous send whose copy the receiver split with us (see [`copy`]): writing
+    /// our part, or sending pieces the receiver asked for, until its final CTS.
+    SendSplit {
+        dst: Addr,
+        data: Bytes,
+    },
     /// Posted receive not yet matched.
     RecvPosted {
         src: Option<Addr>,
@@ -141,6 +151,8 @@ enum Req {
         src: Addr,
         total: usize,
     },
+    /// Matched to a single-copy RTS whose copy is split with the sender.
+    RecvSplit(Box<SplitRecv>),
     Put {
         dst: Addr,
         region: u64,
@@ -160,9 +172,10 @@ impl Req {
     /// Whether this request depends on `peer` (and fails with it).
     fn involves(&self, peer: Addr) -> bool {
         match self {
-            Req::SendEager { dst } | Req::SendRts { dst, .. } => *dst == peer,
+            Req::SendEager { dst } | Req::SendRts { dst, .. } | Req::SendSplit { dst, .. } => *dst == peer,
             Req::RecvPosted { src, .. } => *src == Some(peer),
             Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
+            Req::RecvSplit(r) => r.src() == peer,
             Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
         }
     }
@@ -170,59 +183,7 @@ impl Req {
 
 enum Unexpected {
     Eager { src: Addr, tag: u64, data: Vec<u8> },
-    Rts { src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote> },
-}
-
-/// Where a single-copy message lies in its sender: process id and buffer address.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Remote {
-    /// The sender's process id, in the sender's own pid namespace.
-    pub pid: u32,
-    /// Address of the message's first byte in the sender's memory.
-    pub addr: u64,
-}
-
-impl Remote {
-    const LEN: usize = 16;
-
-    fn encode(self) -> Bytes {
-        let mut b = Vec::with_capacity(Self::LEN);
-        b.extend_from_slice(&self.pid.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
-        b.extend_from_slice(&self.addr.to_le_bytes());
-        Bytes::from(b)
-    }
-
-    fn decode(p: &[u8]) -> Option<Remote> {
-        (p.len() == Self::LEN).then(|| Remote {
-            pid: u32::from_le_bytes(p[0..4].try_into().unwrap()),
-            addr: u64::from_le_bytes(p[8..16].try_into().unwrap()),
-        })
-    }
-}
-
-/// A copy the transport must carry out for a single-copy rendezvous: `len` bytes at
-/// `remote` into `buf` (empty, with at least `len` capacity), then hand the job back
-/// with [`Proto::copy_done`].
-#[derive(Debug)]
-pub struct CopyJob {
-    /// Where to copy from.
-    pub remote: Remote,
-    /// How many bytes.
-    pub len: usize,
-    /// The posted receive buffer to copy into (empty, capacity at least `len`).
-    pub buf: Vec<u8>,
-    req: ReqId,
-    src: Addr,
-    tag: u64,
-    msg: u64,
-}
-
-impl CopyJob {
-    /// The port that offered the copy.
-    pub fn src(&self) -> Addr {
-        self.src
-    }
+    Rts { src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Offer> },
 }
 
 impl Unexpected {
@@ -279,6 +240,8 @@ pub struct ProtoStats {
     pub single_copies: u64,
     /// Single copies that failed and went through the ring instead.
     pub single_copy_fallbacks: u64,
+    /// Parts of split copies this port wrote into its receivers' buffers.
+    pub single_copy_writes: u64,
 }
 
 /// The protocol state of one port.
@@ -306,6 +269,13 @@ pub struct Proto {
     /// Our process id when single copy is offered to peers on this node.
     single_copy_pid: Option<u32>,
     copies: VecDeque<CopyJob>,
+    writes: VecDeque<WriteJob>,
+    /// Large single copies are split with the sender (off once a sender could not
+    /// write into our buffer).
+    split_copies: bool,
+    /// Our offers invite receivers to split their copies with us
+    /// ([`Proto::help_split_copies`]).
+    helps_split_copies: bool,
     pub stats: ProtoStats,
     bulk_moved: u64,
     /// Piece size for peers on other nodes ([`Proto::set_remote_chunk`]).
@@ -335,6 +305,9 @@ impl Proto {
             completions: 0,
             single_copy_pid: None,
             copies: VecDeque::new(),
+            writes: VecDeque::new(),
+            split_copies: true,
+            helps_split_copies: false,
             detached: HashSet::default(),
             stats: ProtoStats::default(),
             bulk_moved: 0,
@@ -438,6 +411,9 @@ impl Proto {
                 // receiver's `Cts` says it has copied it.
                 Some(r) => {
                     h.flags |= FLAG_SINGLE_COPY;
+                    if self.helps_split_copies {
+                        h.flags |= FLAG_WRITE;
+                    }
                     Frame { header: h, payload: r.encode() }
                 }
                 None => Frame::control(h),
@@ -656,7 +632,8 @@ impl Proto {
         self.reqs
             .running()
             .map(|(_, r)| match r {
-                Req::SendRts { data, .. } => data.len(),
+                Req::SendRts { data, .. } | Req::SendSplit { data, .. } => data.len(),
+                Req::RecvSplit(r) => r.remaining(),
                 Req::RecvData { total, got, .. } => total - got,
                 Req::RecvCopy { total, .. } => *total,
                 _ => 0,
@@ -668,38 +645,6 @@ impl Proto {
     /// with [`Proto::bulk_bytes_in_flight`], how fast the transfers under way move.
     pub fn bulk_bytes_moved(&self) -> u64 {
         self.bulk_moved
-    }
-
-    /// The next single copy the transport should carry out.
-    pub fn next_copy(&mut self) -> Option<CopyJob> {
-        self.copies.pop_front()
-    }
-
-    /// The transport carried out `job` (`copied`: `job.buf` now holds the message) or
-    /// could not (then the message is fetched through the transport instead, and
-    /// single copy is no longer offered: the system evidently forbids it).
-    pub fn copy_done(&mut self, job: CopyJob, copied: bool) {
-        let CopyJob { len, buf, req, src, tag, msg, .. } = job;
-        if !matches!(self.reqs.get(req), Some(Req::RecvCopy { .. })) {
-            // The peer failed meanwhile and the receive was failed with it.
-            return;
-        }
-        let mut h = self.header(Kind::Cts, Channel::Normal, src);
-        h.id = msg;
-        if copied {
-            self.stats.single_copies += 1;
-            self.bulk_moved += len as u64;
-            h.flags |= FLAG_SINGLE_COPY;
-            self.complete(req, Ok(Completion::Received(Message { src, tag, data: buf })));
-        } else {
-            self.stats.single_copy_fallbacks += 1;
-            self.single_copy_pid = None;
-            let mut buf = buf;
-            buf.clear();
-            self.reqs.insert(req, Req::RecvData { src, tag, buf, total: len, got: 0 });
-            self.incoming.insert((src, msg), req);
-        }
-        self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
     }
 
     /// Removes and returns the result of a finished request; `None` while it runs.

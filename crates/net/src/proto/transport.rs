@@ -115,16 +115,17 @@ impl Proto {
                     if src.node != self.me.node {
                         return Err(NetError::Protocol { peer: src, reason: "single-copy offer from another node".into() });
                     }
-                    Some(Remote::decode(payload).ok_or_else(|| NetError::Protocol {
+                    let remote = Remote::decode(payload).ok_or_else(|| NetError::Protocol {
                         peer: src,
                         reason: format!("single-copy offer of {} bytes, expected {}", payload.len(), Remote::LEN),
-                    })?)
+                    })?;
+                    Some(Offer { remote, helps: h.flags & FLAG_WRITE != 0 })
                 } else {
                     None
                 };
                 self.on_rts(src, h.tag, h.id, h.total as usize, remote)?
             }
-            (Kind::Cts, _) => self.on_cts(src, h)?,
+            (Kind::Cts, _) => self.on_cts(src, h, payload)?,
             (Kind::Data, _) => self.on_data(src, h, payload)?,
             (Kind::Put, _) => self.on_put(src, h, payload),
             (Kind::PutAck, _) => self.on_put_ack(src, h)?,
@@ -163,6 +164,7 @@ impl Proto {
         }
         self.incoming.retain(|(s, _), _| *s != peer);
         self.copies.retain(|j| j.src != peer);
+        self.writes.retain(|j| j.dst() != peer);
         self.unexpected.retain(|u| u.src_tag().0 != peer);
         self.peers.remove(&peer);
         self.dirty.remove(&peer);
@@ -257,7 +259,7 @@ impl Proto {
         }
     }
 
-    pub(super) fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>) -> Result<(), NetError> {
+    pub(super) fn on_rts(&mut self, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Offer>) -> Result<(), NetError> {
         match self.match_posted(src, tag) {
             Some(id) => {
                 let Some(Req::RecvPosted { buf, .. }) = self.reqs.remove(id) else { unreachable!() };
@@ -284,13 +286,12 @@ impl Proto {
     /// answer CTS, or fail on truncation (the sender still gets a CTS so it is not left
     /// hanging; the data is discarded).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Remote>, mut buf: Vec<u8>) {
+    pub(super) fn accept_rts(&mut self, id: ReqId, src: Addr, tag: u64, msg: u64, total: usize, remote: Option<Offer>, mut buf: Vec<u8>) {
         let capacity = buf.capacity();
         let truncated = total > capacity;
         buf.clear();
         if let (Some(remote), false) = (remote, truncated) {
-            self.reqs.insert(id, Req::RecvCopy { src, total });
-            self.copies.push_back(CopyJob { remote, len: total, buf, req: id, src, tag, msg });
+            self.accept_copy(id, src, tag, msg, total, remote, buf);
             return;
         }
         self.reqs.insert(id, Req::RecvData { src, tag, buf, total, got: 0 });
@@ -308,13 +309,21 @@ impl Proto {
         self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
     }
 
-    pub(super) fn on_cts(&mut self, src: Addr, cts: &Header) -> Result<(), NetError> {
+    pub(super) fn on_cts(&mut self, src: Addr, cts: &Header, payload: &[u8]) -> Result<(), NetError> {
         let msg = cts.id;
-        let Some(Req::SendRts { dst, data }) = self.reqs.get(msg) else {
-            return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") });
+        if cts.flags & FLAG_WRITE != 0 {
+            return self.on_write_request(src, cts, payload);
+        }
+        let (dst, data, split) = match self.reqs.get(msg) {
+            Some(Req::SendRts { dst, data }) => (dst, data, false),
+            Some(Req::SendSplit { dst, data }) => (dst, data, true),
+            _ => return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") }),
         };
         if *dst != src {
             return Err(NetError::Protocol { peer: src, reason: format!("CTS for message {msg} sent to {dst}") });
+        }
+        if split && cts.flags & FLAG_SINGLE_COPY == 0 {
+            return self.on_range_request(src, cts);
         }
         if cts.flags & (FLAG_ERROR | FLAG_SINGLE_COPY) != 0 {
             // The receiver refused the message (its buffer was too small and it reported
@@ -344,6 +353,9 @@ impl Proto {
         let Some(&id) = self.incoming.get(&(src, h.id)) else {
             return Err(NetError::Protocol { peer: src, reason: format!("data for unknown message {}", h.id) });
         };
+        if let Some(Req::RecvSplit(_)) = self.reqs.get(id) {
+            return self.on_split_data(id, src, h, payload);
+        }
         let Some(Req::RecvData { buf, total, .. }) = self.reqs.get_mut(id) else { unreachable!() };
         let off = h.offset as usize;
         if off.checked_add(payload.len()).is_none_or(|end| end > *total) {
