@@ -149,10 +149,32 @@ fn probe() -> f64 {
 type Netns = gepsea_net::testbed::NetnsPair;
 
 /// How two gepsea processes reach each other in one measured case.
-enum Where<'a> {
+pub(crate) enum Where<'a> {
     Shm,
     Loopback,
     Veth(&'a Netns),
+}
+
+/// A `gepsea-netpeer` command for port `port` (1 or 2) of `node` at `place`: in its
+/// namespace across the veth pair, listening and sharing the case's directory of
+/// addresses `dir` over TCP, with `--inline` for inline progress.
+pub(crate) fn netpeer_cmd(netpeer: &Path, place: &Where, ns: &str, node: u32, port: u32, dir: &Path, progress: Progress) -> Command {
+    let side = port as usize - 1;
+    let mut c = match place {
+        Where::Veth(n) => n.cmd(side, netpeer),
+        _ => Command::new(netpeer),
+    };
+    c.args(["--ns", ns, "--node", &node.to_string(), "--port", &port.to_string()]);
+    if progress == Progress::Inline {
+        c.arg("--inline");
+    }
+    let listen = match place {
+        Where::Shm => return c,
+        Where::Loopback => "127.0.0.1:0".to_string(),
+        Where::Veth(n) => format!("{}:0", n.ip[side]),
+    };
+    c.args(["--listen", &listen, "--directory"]).arg(dir);
+    c
 }
 
 /// Link security of a TCP case: none, authenticated (`--key-file`), or authenticated
@@ -187,28 +209,12 @@ fn gepsea_case_with(
     let scale = if quick { "0.05" } else { "1" };
     let bytes = if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() };
     let base = |i: usize, node: u32| -> Command {
-        let mut c = match place {
-            Where::Veth(n) => n.cmd(i, netpeer),
-            _ => Command::new(netpeer),
-        };
-        c.args(["--ns", ns, "--node", &node.to_string(), "--port", &(i + 1).to_string()]);
+        let mut c = netpeer_cmd(netpeer, place, ns, node, i as u32 + 1, &dir, progress);
         if security != Security::Plain {
             c.arg("--key-file").arg(&key);
         }
         if security == Security::Encrypted {
             c.arg("--encrypt");
-        }
-        if progress == Progress::Inline {
-            c.arg("--inline");
-        }
-        match place {
-            Where::Shm => {}
-            Where::Loopback => {
-                c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
-            }
-            Where::Veth(n) => {
-                c.args(["--listen", &format!("{}:0", n.ip[i]), "--directory"]).arg(&dir);
-            }
         }
         c
     };
@@ -301,13 +307,11 @@ fn overlap(
     let (me, peer) = if tcp { (Addr::new(1, 1), Addr::new(2, 2)) } else { (Addr::new(0, 1), Addr::new(0, 2)) };
     let mut cfg = PortConfig::new(&ns, me);
     cfg.progress = progress;
-    let mut c = Command::new(netpeer);
-    c.args(["--ns", &ns, "--node", &peer.node.to_string(), "--port", "2"]);
+    let mut c = netpeer_cmd(netpeer, if tcp { &Where::Loopback } else { &Where::Shm }, &ns, peer.node, 2, &dir, Progress::Thread);
     if tcp {
         std::fs::create_dir_all(&dir)?;
         cfg.listen = Some("127.0.0.1:0".parse()?);
         cfg.directory = Some(dir.clone());
-        c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
     }
     let port = Port::open(cfg)?;
     let sizes_arg = sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");

@@ -4,13 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use gepsea_net::Progress;
 use serde_json::{json, Value};
 
-use crate::net::{fmt_size, median_of, spawn_ready, CaseResult, Kill, Series};
+use crate::net::{fmt_size, median_of, netpeer_cmd, spawn_ready, CaseResult, Kill, Series, Where};
 
 /// Runs gepsea's case and its reference `reps` times, one after the other, so that both
 /// see the same states of the host. Returns every run of each.
@@ -142,22 +141,15 @@ pub(crate) fn uni_case(netpeer: &Path, ns: &str, tcp: bool, progress: Progress, 
     let bytes = if quick { 4usize << 20 } else { 256 << 20 };
     let sizes = UNI_SIZES.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let node = |n: u32| if tcp { n } else { 0 };
-    let base = |port: u32| -> Result<Command> {
-        let mut c = Command::new(netpeer);
-        c.args(["--ns", ns, "--node", &node(port).to_string(), "--port", &port.to_string()]);
-        if tcp {
-            std::fs::create_dir_all(&dir)?;
-            c.args(["--listen", "127.0.0.1:0", "--directory"]).arg(&dir);
-        }
-        if progress == Progress::Inline {
-            c.arg("--inline");
-        }
-        Ok(c)
-    };
-    let mut send = base(2)?;
+    let place = if tcp { Where::Loopback } else { Where::Shm };
+    if tcp {
+        std::fs::create_dir_all(&dir)?;
+    }
+    let base = |port: u32| netpeer_cmd(netpeer, &place, ns, node(port), port, &dir, progress);
+    let mut send = base(2);
     send.args(["uni-send", "--peer", &format!("{}:1", node(1)), "--sizes", &sizes, "--bytes", &bytes.to_string()]);
     let guard = Kill(vec![spawn_ready(send, "uni-send")?]);
-    let mut recv = base(1)?;
+    let mut recv = base(1);
     recv.args(["uni-recv", "--peer", &format!("{}:2", node(2)), "--sizes", &sizes, "--bytes", &bytes.to_string()]);
     if unexpected {
         recv.arg("--unexpected");

@@ -411,14 +411,15 @@ fn main() -> Result<()> {
                 for b in 0..8 {
                     let t = std::time::Instant::now();
                     for _ in 0..iters {
-                        let r = port.irecv_into(Some(peer), Some(0), std::mem::take(&mut buf));
-                        // From one buffer, as MPI_Send does: small messages are copied
+                        // Send, then receive, as the reference (mpi_pingpong) does. From
+                        // one buffer, as MPI_Send does: small messages are copied
                         // straight into the ring, large ones are offered for single copy.
                         if s <= 16 * 1024 {
                             port.send_copy(peer, 0, &data)?;
                         } else {
                             port.send(peer, 0, data.clone())?;
                         }
+                        let r = port.irecv_into(Some(peer), Some(0), std::mem::take(&mut buf));
                         let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
                         buf = m.data;
                     }
@@ -508,16 +509,11 @@ fn main() -> Result<()> {
                             })
                             .collect()
                     };
-                    let reqs = if unexpected {
-                        port.send(peer, 1, &b"go"[..])?;
-                        port.recv_system(Duration::from_secs(30)).context("waiting for the batch's notice")?;
-                        post(&mut bufs)
-                    } else {
-                        let reqs = post(&mut bufs);
-                        port.send(peer, 1, &b"go"[..])?;
-                        port.recv_system(Duration::from_secs(30)).context("waiting for the batch's notice")?;
-                        reqs
-                    };
+                    // Expected: posted before the go; unexpected: once the batch is in.
+                    let early = (!unexpected).then(|| post(&mut bufs));
+                    port.send(peer, 1, &b"go"[..])?;
+                    port.recv_system(Duration::from_secs(30)).context("waiting for the batch's notice")?;
+                    let reqs = early.unwrap_or_else(|| post(&mut bufs));
                     for r in reqs {
                         let Completion::Received(m) = port.wait(r)? else { bail!("not a receive") };
                         ensure!(m.data.len() == s, "received {} bytes, expected {s}", m.data.len());
