@@ -207,6 +207,46 @@ fn connect(a: &Agents, node: u32) -> Result<gepsea_client::Client, ClientError> 
 
 // ----- one host ----------------------------------------------------------------------
 
+/// A release of a lock held across nodes is answered by the client's own agent and
+/// reaches the owner one hop later: it returns while the owner agent is stopped, the
+/// lock stays held until the owner has the release, and the same client's next
+/// request for it, sent right behind, is granted after it (not refused as held).
+#[test]
+fn a_release_is_answered_by_the_local_agent_and_reaches_the_owner_in_order() {
+    let a = Agents::new(2, false);
+    let name = (0..)
+        .map(|i| format!("early-{i}"))
+        .find(|n| gepsea_agent::core::board::ranked(&gepsea_agent::core::lock_key(n), &[1, 2]).first() == Some(&2))
+        .unwrap();
+    let c = connect(&a, 1).expect("connecting to node 1");
+    c.lock(&name, wire::LockMode::Exclusive).unwrap();
+    let owner = a.agents[1].as_ref().unwrap().id() as i32;
+    // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
+    assert_eq!(unsafe { libc::kill(owner, libc::SIGSTOP) }, 0);
+    // Continued from another thread after a while (well inside the 1.5 s peer timeout).
+    let cont = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        // SAFETY: as above.
+        unsafe { libc::kill(owner, libc::SIGCONT) };
+        Instant::now()
+    });
+    c.unlock(&name).unwrap();
+    let released_at = Instant::now();
+    c.lock(&name, wire::LockMode::Exclusive).unwrap();
+    let continued_at = cont.join().unwrap();
+    assert!(released_at < continued_at, "the release waited for the stopped owner");
+    // Held once, by our client, with nobody waiting; another node's client cannot
+    // have it until we release it again.
+    let locks = a.status(1)["locks"].clone();
+    let l = locks.as_array().unwrap().iter().find(|l| l["name"] == name.as_str()).cloned().unwrap_or_else(|| panic!("{locks}"));
+    assert_eq!(l["waiting"], serde_json::json!([]), "{l}");
+    let line = a.run(1, &["lock-timeout", &name, "300"]);
+    assert!(line.starts_with("not locked"), "{line}");
+    c.unlock(&name).unwrap();
+    let line = a.run(1, &["lock-timeout", &name, "5000"]);
+    assert!(line.starts_with("locked after"), "{line}");
+}
+
 /// Every component and primitive end to end, through two agents on loopback: the test
 /// process is a client of node 1, probes are clients of node 2.
 #[test]

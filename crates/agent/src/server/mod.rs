@@ -317,6 +317,12 @@ pub struct Agent {
     locks: LockTable,
     lock_waiters: HashMap<(String, Client), (u32, u64)>,
     held_locks: HashMap<(String, Client), LockMode>,
+    /// Releases answered here and on their way to the lock's owner (see
+    /// `Agent::release_early`): our operation id and the owner it went to.
+    releasing: HashMap<(String, Client), (u64, u32)>,
+    /// Lock requests waiting for the same client's release of the same lock to reach
+    /// its owner (they would go to another owner, so could overtake it).
+    after_release: HashMap<(String, Client), Vec<(Op, ReplyTo)>>,
     seq: Sequencer,
     outbox: Outbox,
     store: Store,
@@ -505,6 +511,8 @@ impl Agent {
             locks: LockTable::new(),
             lock_waiters: HashMap::new(),
             held_locks: HashMap::new(),
+            releasing: HashMap::new(),
+            after_release: HashMap::new(),
             seq: Sequencer::default(),
             outbox: Outbox::new(me),
             store: Store::new(cfg.cache_bytes),

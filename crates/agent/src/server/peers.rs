@@ -41,6 +41,9 @@ impl Agent {
             PeerMsg::Routed { op, client, body } => self.exec_owned(from, op, client, body),
             PeerMsg::RoutedReply { op, reply } => {
                 if let Some(r) = self.routed.remove(&op) {
+                    if let Op::Unlock { name } = &r.op {
+                        self.released(op, name, r.client, &reply);
+                    }
                     if reply == Reply::Ok {
                         match &r.op {
                             Op::Lock { name, mode } => {

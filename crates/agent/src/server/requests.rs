@@ -33,7 +33,11 @@ impl Agent {
                         return self.reply(reply, Reply::err(ErrorKind::TooLarge, BoardError::TooLarge { len: value.len() }.to_string()));
                     }
                 }
-                return self.route(client, op, reply, None);
+                if matches!(op, Op::Lock { .. } | Op::Unlock { .. }) {
+                    return self.route_lock_op(client, op, reply);
+                }
+                self.route(client, op, reply, None);
+                return;
             }
             Op::Subscribe { topic } => self.with_client(client, |c| c.inbox.subscribe(&topic)),
             Op::Unsubscribe { topic } => self.with_client(client, |c| c.inbox.unsubscribe(&topic)),
@@ -314,6 +318,12 @@ impl Agent {
                 c.parked = None;
                 self.reply(ReplyTo::Client { port, id }, Reply::err(ErrorKind::Cancelled, "cancelled"));
                 return;
+            }
+        }
+        for waiting in self.after_release.values_mut() {
+            if let Some(i) = waiting.iter().position(|(_, r)| matches!(r, ReplyTo::Client { port: p, id: i } if *p == port && *i == id)) {
+                let (_, r) = waiting.remove(i);
+                return self.reply(r, Reply::err(ErrorKind::Cancelled, "cancelled"));
             }
         }
         let Some(&op) = self.cancellable.get(&(port, id)) else { return };
