@@ -4,7 +4,7 @@ SHELL := /bin/bash
 OUT := bench/out
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic bench-paramedic-scale demo clean
+.PHONY: all setup build lint test test-unit test-loom fuzz soak bench bench-net bench-zerocopy bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic bench-paramedic-scale demo clean
 
 all: build
 
@@ -51,11 +51,19 @@ $(OUT)/mpi_pingpong: bench/mpi_pingpong.c | $(OUT)
 $(OUT)/tcp_pingpong: bench/tcp_pingpong.c | $(OUT)
 	cc -O2 -o $@ $<
 
+$(OUT)/tcp_zerocopy: bench/tcp_zerocopy.c | $(OUT)
+	cc -O2 -o $@ $<
+
 $(OUT):
 	mkdir -p $(OUT)
 
 bench-net: build $(OUT)/mpi_pingpong $(OUT)/tcp_pingpong
 	./target/release/gepsea-bench net --refs $(OUT) --json $(OUT)/net.json
+
+# Whether MSG_ZEROCOPY would pay for gepsea-net's TCP path (issue 20): it does not on
+# loopback or veth, where the kernel copies zero-copy pages on delivery.
+bench-zerocopy: $(OUT)/tcp_zerocopy
+	bash bench/zerocopy.sh $(OUT)/tcp_zerocopy
 
 bench-search: build | $(OUT)
 	./target/release/gepsea-bench search --json $(OUT)/search.json

@@ -318,7 +318,7 @@ pub struct Agent {
     lock_waiters: HashMap<(String, Client), (u32, u64)>,
     held_locks: HashMap<(String, Client), LockMode>,
     /// Releases answered here and on their way to the lock's owner (see
-    /// `Agent::release_early`): our operation id and the owner it went to.
+    /// `Agent::route_lock_op`): our operation id and the owner it went to.
     releasing: HashMap<(String, Client), (u64, u32)>,
     /// Lock requests waiting for the same client's release of the same lock to reach
     /// its owner (they would go to another owner, so could overtake it).
