@@ -26,29 +26,11 @@ use std::io;
 pub fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> io::Result<()> {
     assert!(buf.capacity() >= len, "buffer of {} bytes for a {len}-byte copy", buf.capacity());
     buf.clear();
-    let mut done = 0usize;
-    while done < len {
-        let local = libc::iovec {
-            // SAFETY: `done < len <= capacity`, so the pointer stays inside the
-            // allocation.
-            iov_base: unsafe { buf.as_mut_ptr().add(done) }.cast(),
-            iov_len: len - done,
-        };
-        let remote = libc::iovec { iov_base: (addr as usize + done) as *mut libc::c_void, iov_len: len - done };
-        // SAFETY: the local iovec covers only our buffer's spare capacity (checked
-        // above), which the kernel writes; the remote one names memory of another
-        // process, which the kernel validates (EFAULT) and never dereferences in ours.
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv copied nothing"));
-        }
-        done += n as usize;
-    }
+    // SAFETY: the local range is the buffer's spare capacity (at least `len`, checked
+    // above), which nothing else references while the kernel writes it.
+    unsafe { transfer(Direction::Read, pid, addr, buf.as_mut_ptr(), len)? };
     // SAFETY: the kernel initialised exactly `len` bytes from the start of the buffer
-    // (the loop only ends when `done == len`), and `len <= capacity`.
+    // (`transfer` only succeeds once all of them moved), and `len <= capacity`.
     unsafe { buf.set_len(len) };
     Ok(())
 }
@@ -56,19 +38,44 @@ pub fn read_into(pid: u32, addr: u64, len: usize, buf: &mut Vec<u8>) -> io::Resu
 /// Writes `src` at `addr` in process `pid` (the other half of a copy split between
 /// sender and receiver, see `proto::copy`).
 pub fn write_from(pid: u32, addr: u64, src: &[u8]) -> io::Result<()> {
+    // SAFETY: the local range is the borrowed slice, which the kernel only reads.
+    unsafe { transfer(Direction::Write, pid, addr, src.as_ptr() as *mut u8, src.len()) }
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    /// `process_vm_readv`: from the other process into `local`.
+    Read,
+    /// `process_vm_writev`: from `local` into the other process.
+    Write,
+}
+
+/// Moves `len` bytes between `local` (in this process) and `addr` in process `pid`,
+/// calling again after a partial transfer.
+///
+/// # Safety
+/// `local..local + len` must be valid for the direction: writable and referenced by
+/// nothing else for a read, readable for a write.
+unsafe fn transfer(dir: Direction, pid: u32, addr: u64, local: *mut u8, len: usize) -> io::Result<()> {
     let mut done = 0usize;
-    while done < src.len() {
-        let local = libc::iovec { iov_base: src[done..].as_ptr() as *mut libc::c_void, iov_len: src.len() - done };
-        let remote = libc::iovec { iov_base: (addr as usize + done) as *mut libc::c_void, iov_len: src.len() - done };
-        // SAFETY: the local iovec covers the borrowed slice, which the kernel only
-        // reads; the remote one names memory of another process, which the kernel
-        // validates (EFAULT) and never touches in ours.
-        let n = unsafe { libc::process_vm_writev(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    while done < len {
+        // SAFETY: `done < len`, so the pointer stays inside the caller's range.
+        let ours = libc::iovec { iov_base: unsafe { local.add(done) }.cast(), iov_len: len - done };
+        let theirs = libc::iovec { iov_base: (addr as usize + done) as *mut libc::c_void, iov_len: len - done };
+        // SAFETY: our iovec covers the caller's range, valid for this direction (the
+        // function's contract); the other names memory of another process, which the
+        // kernel validates (EFAULT) and never touches in ours.
+        let n = unsafe {
+            match dir {
+                Direction::Read => libc::process_vm_readv(pid as libc::pid_t, &ours, 1, &theirs, 1, 0),
+                Direction::Write => libc::process_vm_writev(pid as libc::pid_t, &ours, 1, &theirs, 1, 0),
+            }
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_writev copied nothing"));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "process_vm_readv/writev moved nothing"));
         }
         done += n as usize;
     }

@@ -171,6 +171,38 @@ fn killed_peer_fails_pending_requests() {
     std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns)).unwrap();
 }
 
+/// A large message is copied by both ends (the receiver reads half, the sender writes
+/// half into the receiver's buffer). A sender that never writes its half (stopped,
+/// then killed) leaves the receive waiting, then failed with the peer: nothing
+/// completes with a half-written buffer.
+#[test]
+fn a_sender_that_dies_before_writing_its_half_fails_the_receive() {
+    let ns = unique("half");
+    let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
+    let peer = Addr::new(0, 2);
+    let mut s = Proc::spawn("stream", peer_cmd(&ns, 0, 2, &["stream", "--peer", "0:1", "--sizes", "1048576", "--bytes", "1048576"]));
+    // Its 16 offers (a window's worth) arrive with no receive posted.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while port.proto_stats().unexpected < 16 {
+        assert!(std::time::Instant::now() < deadline, "no offers from the sender");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = s.pid().unwrap() as i32;
+    // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let r = port.irecv(Some(peer), Some(0), 1 << 20);
+    // Our half can be read from a stopped process; the other half never comes.
+    assert!(matches!(port.wait_timeout(r, Duration::from_millis(300)), Err(NetError::Timeout(_))));
+    assert_eq!(port.proto_stats().single_copies, 1, "our half was copied");
+    s.kill();
+    match port.wait_timeout(r, Duration::from_secs(10)) {
+        Err(NetError::PeerFailed { peer: p, .. }) => assert_eq!(p, peer),
+        other => panic!("expected PeerFailed, got {other:?}"),
+    }
+    drop(port);
+    std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns)).unwrap();
+}
+
 #[test]
 fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
     let ns = unique("dup");

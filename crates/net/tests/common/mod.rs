@@ -95,6 +95,11 @@ impl Proc {
         }
     }
 
+    /// The process id, while it has not been killed.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
