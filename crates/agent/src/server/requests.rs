@@ -13,11 +13,6 @@ impl Agent {
 
     pub(super) fn request(&mut self, client: Client, op: Op, reply: ReplyTo) {
         self.requests_served += 1;
-        if let ReplyTo::Client { port, id } = &reply {
-            if !matches!(op, Op::Cancel { .. }) {
-                self.cancellable.insert((*port, *id), 0);
-            }
-        }
         let r = match op {
             Op::Ping => Reply::Ok,
             Op::BoardGet { .. }
