@@ -87,7 +87,7 @@ impl NetnsPair {
     }
 
     /// `mpirun` (OpenMPI) with one rank in each namespace, across the veth pair (see
-    /// [`mpirun_across`]). Writes the launcher's files into `dir`; add the program.
+    /// `mpirun_across`). Writes the launcher's files into `dir`; add the program.
     pub fn mpirun(&self, dir: &std::path::Path) -> std::io::Result<Command> {
         let subnet = format!("{}.0/24", net_of(&self.ip[0]));
         mpirun_across(self.cmd(0, "mpirun"), &self.ns, &self.ip, &subnet, dir, &[1, 1], 2)
@@ -169,7 +169,7 @@ impl NetnsBridge {
     }
 
     /// `mpirun` (OpenMPI) over the first `slots.len()` nodes, reached as hosts by their
-    /// addresses (see [`mpirun_across`]); node `i` offers `slots[i]` slots. Writes the
+    /// addresses (see `mpirun_across`); node `i` offers `slots[i]` slots. Writes the
     /// launcher's script and hostfile into `dir`; add the program.
     pub fn mpirun(&self, dir: &std::path::Path, slots: &[usize], np: usize) -> std::io::Result<Command> {
         mpirun_across(self.cmd(0, "mpirun"), &self.ns, &self.ip, &self.subnet(), dir, slots, np)

@@ -41,8 +41,13 @@ impl Agent {
     /// another owner (the view changed meanwhile), it waits for the release's answer.
     pub(super) fn route_lock_op(&mut self, client: Client, op: Op, reply: ReplyTo) {
         match &op {
-            Op::Unlock { name } if self.held_locks.remove(&(name.clone(), client)).is_some() => {
+            Op::Unlock { name } => {
                 let key = (name.clone(), client);
+                if self.held_locks.remove(&key).is_none() {
+                    // Not known to be held here: the owner answers (`NotHeld`, say).
+                    self.route(client, op, reply, None);
+                    return;
+                }
                 // The answer first: sending to another node is a system call or two.
                 self.reply(reply, Reply::Ok);
                 let id = self.new_op();
@@ -60,9 +65,7 @@ impl Agent {
                     }
                 }
             }
-            _ => {
-                self.route(client, op, reply, None);
-            }
+            _ => unreachable!("only locks and releases come here"),
         }
     }
 

@@ -23,7 +23,9 @@
 //!   the sender's process and buffer, the receiver copies the message itself (a
 //!   [`CopyJob`] the transport carries out) and answers with a `Cts` that says "done".
 //!   If the copy fails (the system forbids it) the receiver answers with a plain `Cts`
-//!   and the message goes the ring way.
+//!   and the message goes the ring way. From [`SPLIT_MIN`] bytes the copy is split
+//!   between both ends: the receiver reads one half while the sender writes the other
+//!   into the receiver's buffer (see `proto/copy.rs`).
 //! - **Open**: `Put` pieces are written into the owner's exposed region, `GetReq` is
 //!   answered with `GetReply` pieces, all by the owner's progress engine without its
 //!   application taking part; both sides get completion events.
