@@ -2,22 +2,36 @@
 //! header field and payload comes from the input; magic, version and header CRC are
 //! made valid so that the input reaches the protocol instead of the frame check. The
 //! receiving side has receives posted, an exposed region and events on; it must answer
-//! with frames or errors, never panic, and never grow without bound.
+//! with frames or errors, never panic, and never grow without bound. When the input's
+//! first byte is odd the peer is a port on this node and both sides offer single and
+//! split copies, so offers, write requests, write reports and byte-range requests
+//! (`proto/copy.rs`) are input too; every copy and write is reported refused.
 #![no_main]
 use bytes::Bytes;
 use gepsea_net::frame::{Addr, Header, HEADER_LEN, MAGIC, VERSION};
 use gepsea_net::proto::{Proto, ProtoConfig};
 use libfuzzer_sys::fuzz_target;
 
-const ME: Addr = Addr::new(2, 1);
+const REMOTE_ME: Addr = Addr::new(2, 1);
+const LOCAL_ME: Addr = Addr::new(1, 2);
 const PEER: Addr = Addr::new(1, 1);
 
 fuzz_target!(|data: &[u8]| {
-    let mut p = Proto::new(ME, ProtoConfig { eager_threshold: 64, credits: 4, chunk: 32, max_unexpected_rts: 8 });
+    let local = data.first().is_some_and(|b| b & 1 == 1);
+    let me = if local { LOCAL_ME } else { REMOTE_ME };
+    let mut p = Proto::new(me, ProtoConfig { eager_threshold: 64, credits: 4, chunk: 32, max_unexpected_rts: 8 });
     p.enable_events();
     let _ = p.expose(7, 256);
-    let posted = [p.irecv(Some(PEER), Some(1), 100), p.irecv(None, None, 16), p.irecv(None, Some(3), 1000)];
+    let mut posted = vec![p.irecv(Some(PEER), Some(1), 100), p.irecv(None, None, 16), p.irecv(None, Some(3), 1000)];
     let _ = p.isend(PEER, 9, Bytes::from_static(&[1; 200]));
+    if local {
+        p.offer_single_copy(Some(std::process::id()));
+        p.help_split_copies(true);
+        // Large enough to be split either way.
+        posted.push(p.irecv(Some(PEER), Some(5), 128 << 10));
+        let _ = p.isend(PEER, 11, Bytes::from(vec![2u8; 64 << 10]));
+    }
+    let me_bytes: Vec<u8> = [me.node.to_le_bytes(), me.port.to_le_bytes()].concat();
     let mut rest = data;
     while rest.len() >= HEADER_LEN {
         let mut h = [0u8; HEADER_LEN];
@@ -27,7 +41,7 @@ fuzz_target!(|data: &[u8]| {
         // Addressed from the peer to this port, mostly: a stray address is input too.
         if h[7] & 0x80 == 0 {
             h[8..16].copy_from_slice(&[1, 0, 0, 0, 1, 0, 0, 0]);
-            h[16..24].copy_from_slice(&[2, 0, 0, 0, 1, 0, 0, 0]);
+            h[16..24].copy_from_slice(&me_bytes);
         }
         let len = (u32::from_le_bytes(h[72..76].try_into().unwrap()) % 300) as usize;
         h[72..76].copy_from_slice(&(len as u32).to_le_bytes());
@@ -52,6 +66,9 @@ fuzz_target!(|data: &[u8]| {
         while p.next_event().is_some() {}
         while let Some(job) = p.next_copy() {
             p.copy_done(job, false);
+        }
+        while let Some(job) = p.next_write() {
+            p.write_done(job, false);
         }
     }
     for id in posted {
