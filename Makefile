@@ -104,7 +104,7 @@ bench-paramedic: build | $(OUT)
 bench-paramedic-scale: build | $(OUT)
 	bash bench/paramedic-scale.sh
 
-bench: bench-net bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic
+bench: bench-net bench-zerocopy bench-search bench-db bench-agent bench-cluster bench-replay bench-spare-core bench-paramedic
 
 # Parallel BLAST on the example data: 4 fragments, 100 queries, 2 workers.
 EXAMPLES := /usr/share/doc/mmseqs2/example-data
