@@ -6,8 +6,9 @@
 //! and answers with a `Cts` flagged `FLAG_SINGLE_COPY`: done, the sender's buffer can
 //! go. One copy, the kernel's, instead of one into a ring and one out of it.
 //!
-//! **Split copies.** A message of at least [`SPLIT_MIN`] bytes is copied by both ends
-//! at once: the receiver answers the offer at once with a `Cts` flagged `FLAG_WRITE`
+//! **Split copies.** A message of at least [`SPLIT_MIN`] bytes whose offer says the
+//! sender will help (`FLAG_WRITE` on the `Rts`: its port has an event thread, see
+//! [`Proto::help_split_copies`]) is copied by both ends at once: the receiver answers the offer at once with a `Cts` flagged `FLAG_WRITE`
 //! that names *its* process and buffer, and starts reading the first half; the sender,
 //! which is waiting for that very message to go (or spinning in a ping-pong for the
 //! answer), writes the second half into the receiver's buffer with `process_vm_writev`
