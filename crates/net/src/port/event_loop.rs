@@ -17,7 +17,7 @@ pub(super) fn run_copies(st: &mut MutexGuard<'_, State>) {
     // Writes first: the receiver is copying its own part meanwhile.
     while let Some(job) = st.proto.next_write() {
         let dst = job.dst();
-        let verified = st.shm.values().any(|c| c.peer == dst && c.peer_pid == Some(job.remote.pid));
+        let verified = st.is_peer_process(dst, job.remote.pid);
         let r = if verified {
             MutexGuard::unlocked(st, || crate::cma::write_from(job.remote.pid, job.remote.addr, &job.data))
         } else {
@@ -43,7 +43,7 @@ pub(super) fn run_copies(st: &mut MutexGuard<'_, State>) {
         // names it: a pid from another pid namespace (or a forged one) would name some
         // other process here.
         let src = job.src();
-        let verified = st.shm.values().any(|c| c.peer == src && c.peer_pid == Some(job.remote.pid));
+        let verified = st.is_peer_process(src, job.remote.pid);
         if !verified {
             st.stats.single_copies_not_from_peer += 1;
             st.log_error(format!("single copy offered by {src} as process {}, which is not the process connected as {src}; using the shared-memory ring instead", job.remote.pid));
@@ -269,6 +269,13 @@ impl State {
     }
 
     /// Cheap check for the spin loop: anything in a ring or queued to send?
+    /// Whether `pid` is the process the kernel reports at the other end of our
+    /// shared-memory connection with `peer` (the only process a single copy may read
+    /// from or write into).
+    pub(super) fn is_peer_process(&self, peer: Addr, pid: u32) -> bool {
+        self.shm.values().any(|c| c.peer == peer && c.peer_pid == Some(pid))
+    }
+
     pub(super) fn has_work(&mut self) -> bool {
         self.proto.has_output() || self.shm.values_mut().any(|c| c.rx.has_data())
     }

@@ -321,14 +321,8 @@ impl Proto {
         if a >= b || b > data.len() {
             return Err(NetError::Protocol { peer: src, reason: format!("asked for bytes {a}..{b} of a {}-byte message", data.len()) });
         }
-        let (data, total) = (data.slice(a..b), data.len() as u64);
-        for (x, y) in self.pieces(src, data.len()) {
-            let mut h = self.header(Kind::Data, Channel::Normal, src);
-            h.id = msg;
-            h.offset = (a + x) as u64;
-            h.total = total;
-            self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(x..y) }, completes: None });
-        }
+        let data = data.clone();
+        self.push_pieces(src, msg, &data, a..b, None);
         Ok(())
     }
 

@@ -333,20 +333,26 @@ impl Proto {
             return Ok(());
         }
         let data = data.clone();
-        let pieces = self.pieces(src, data.len());
+        self.push_pieces(src, msg, &data, 0..data.len(), Some(msg));
+        Ok(())
+    }
+
+    /// Queues bytes `range` of rendezvous message `msg` to `dst` as data pieces, the
+    /// last flagged `FLAG_LAST` and completing `completes` once written.
+    pub(super) fn push_pieces(&mut self, dst: Addr, msg: u64, data: &Bytes, range: std::ops::Range<usize>, completes: Option<ReqId>) {
+        let pieces = self.pieces(dst, range.len());
         for (i, (a, b)) in pieces.iter().enumerate() {
-            let mut h = self.header(Kind::Data, Channel::Normal, src);
+            let mut h = self.header(Kind::Data, Channel::Normal, dst);
             h.id = msg;
-            h.offset = *a as u64;
+            h.offset = (range.start + a) as u64;
             h.total = data.len() as u64;
             let last = i + 1 == pieces.len();
             if last {
                 h.flags |= FLAG_LAST;
             }
-            let completes = if last { Some(msg) } else { None };
-            self.push(src, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(a..b) }, completes });
+            let payload = data.slice(range.start + a..range.start + b);
+            self.push(dst, Queue::Bulk, OutFrame { frame: Frame { header: h, payload }, completes: completes.filter(|_| last) });
         }
-        Ok(())
     }
 
     pub(super) fn on_data(&mut self, src: Addr, h: &Header, payload: &[u8]) -> Result<(), NetError> {
