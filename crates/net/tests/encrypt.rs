@@ -26,7 +26,10 @@ impl Drop for Ns {
 /// every connection on demand. Its thread ends with the test process.
 struct Relay {
     addr: SocketAddr,
-    wire: Arc<Mutex<Vec<u8>>>,
+    /// What passed, one record per direction of each connection: a message's bytes
+    /// stay contiguous (one shared record would interleave the two directions'
+    /// reads).
+    wire: Arc<Mutex<Vec<Vec<u8>>>>,
     open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
@@ -43,13 +46,23 @@ impl Relay {
                 o.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
                 for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
                     let w = w.clone();
+                    let record = {
+                        let mut w = w.lock().unwrap();
+                        w.push(Vec::new());
+                        w.len() - 1
+                    };
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 1 << 16];
                         while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                            if n == 0 {
                                 break;
                             }
-                            w.lock().unwrap().extend_from_slice(&buf[..n]);
+                            // Recorded before it is passed on: once the receiver has a
+                            // message, its bytes are in the record.
+                            w.lock().unwrap()[record].extend_from_slice(&buf[..n]);
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
                         }
                         let _ = to.shutdown(Shutdown::Both);
                     });
@@ -65,8 +78,9 @@ impl Relay {
         }
     }
 
+    /// Every direction's record, one after the other.
     fn wire(&self) -> Vec<u8> {
-        self.wire.lock().unwrap().clone()
+        self.wire.lock().unwrap().concat()
     }
 }
 

@@ -100,6 +100,26 @@ impl Proc {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// Stops the process (`SIGSTOP`) and returns once every one of its threads is
+    /// stopped. The signal is delivered asynchronously: on a loaded machine a thread
+    /// that is running could otherwise still act on what the test sends next.
+    pub fn stop(&self) {
+        let pid = self.pid().expect("stopping a live process");
+        // SAFETY: kill has no memory-safety preconditions; the pid is our own child's.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+        let stopped = |stat: &str| stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with(['T', 't']));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process's threads");
+            // A thread that exits meanwhile (no stat) does not hold the others up.
+            if tasks.flatten().all(|t| std::fs::read_to_string(t.path().join("stat")).map_or(true, |s| stopped(&s))) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "process {pid} did not stop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
