@@ -94,6 +94,7 @@ impl Port {
             lease: None,
             app_polling: false,
             last_return: None,
+            answer_spin_until: None,
             lease_backoff: Duration::ZERO,
             thread_wake_at: None,
             timer,
@@ -559,6 +560,10 @@ impl Port {
             st.set_awake(true);
         }
         let mut spin_until = started + self.sh.spin;
+        if let Some(t) = st.answer_spin_until.take() {
+            spin_until = spin_until.max(t);
+        }
+        let moved_before = st.proto.bulk_bytes_moved();
         // Rendezvous bytes in flight when the spin was last extended, and when: it is
         // extended again only if a transfer began, or moved on fast enough to be worth
         // a core (`spin_extension`), so a stalled or slow peer is not spun for.
@@ -573,6 +578,7 @@ impl Port {
                 st.flush_all();
                 st.update_app_bell();
                 self.leave_awake(&mut st, started, now);
+                st.answer_spin_until = answer_spin(st.proto.bulk_bytes_moved() - moved_before).map(|d| now + d);
                 if quiet {
                     if st.lease.is_some() && self.sh.progress == Progress::Thread {
                         // Within a burst: the next call is likely soon.
