@@ -173,7 +173,6 @@ struct UniArgs {
     bytes: usize,
 }
 
-/// Batches of the unidirectional test, for `size`-byte messages.
 /// A buffer of `len` bytes whose pages are all in memory. `vec![0u8; len]` is not: a
 /// large zeroed allocation comes from `calloc`, whose fresh pages fault on first
 /// write, so the transport's first copy into each would pay for it (16 MiB of faults
@@ -182,6 +181,7 @@ fn touched(len: usize) -> Vec<u8> {
     vec![0x5a; len]
 }
 
+/// Batches of the unidirectional test, for `size`-byte messages.
 fn uni_batches(size: usize, bytes: usize) -> usize {
     (bytes / size / UNI_BATCH).max(8)
 }
