@@ -216,8 +216,7 @@ impl Proto {
         self.reqs.insert(id, Req::RecvSplit(Box::new(r)));
         self.incoming.insert((src, msg), id);
         self.copies.push_back(CopyJob { remote, len: split, buf, req: id, src, tag, msg, split: true });
-        let mut h = self.header(Kind::Cts, Channel::Normal, src);
-        h.id = msg;
+        let mut h = self.cts(src, msg);
         h.flags |= FLAG_WRITE;
         h.offset = split as u64;
         h.total = total as u64;
@@ -257,8 +256,7 @@ impl Proto {
             // The peer failed meanwhile and the receive was failed with it.
             return;
         }
-        let mut h = self.header(Kind::Cts, Channel::Normal, src);
-        h.id = msg;
+        let mut h = self.cts(src, msg);
         if copied {
             h.flags |= FLAG_SINGLE_COPY;
             self.complete(req, Ok(Completion::Received(Message { src, tag, data: buf })));
@@ -379,8 +377,7 @@ impl Proto {
         r.fetch.extend(ask.iter().copied());
         let (src, msg, done) = (r.src, r.msg, r.got == r.total);
         for (a, b) in ask {
-            let mut h = self.header(Kind::Cts, Channel::Normal, src);
-            h.id = msg;
+            let mut h = self.cts(src, msg);
             h.offset = a as u64;
             h.total = b as u64;
             self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
@@ -389,8 +386,7 @@ impl Proto {
             self.incoming.remove(&(src, msg));
             let Some(Req::RecvSplit(r)) = self.reqs.remove(id) else { unreachable!() };
             let SplitRecv { src, tag, total, buf, .. } = *r;
-            let mut h = self.header(Kind::Cts, Channel::Normal, src);
-            h.id = msg;
+            let mut h = self.cts(src, msg);
             h.flags |= FLAG_SINGLE_COPY;
             self.push(src, Queue::Ctrl, OutFrame { frame: Frame::control(h), completes: None });
             self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf.into_message(total) })));

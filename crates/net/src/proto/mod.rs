@@ -345,6 +345,14 @@ impl Proto {
         Header::new(kind, channel, self.me, dst)
     }
 
+    /// A receiver's answer to `src`'s offer of message `msg` (clear to send, a range to
+    /// fetch, or done), before its flags, range or payload.
+    fn cts(&self, src: Addr, msg: u64) -> Header {
+        let mut h = self.header(Kind::Cts, Channel::Normal, src);
+        h.id = msg;
+        h
+    }
+
     /// Requests completed so far (lets a spinning waiter notice progress made by
     /// another thread without re-running the protocol).
     pub fn completions(&self) -> u64 {

@@ -301,8 +301,7 @@ impl Proto {
             self.complete(id, Err(NetError::Truncated { len: total, capacity }));
             // Tell the sender to stop: a CTS with the error flag completes its send.
         }
-        let mut h = self.header(Kind::Cts, Channel::Normal, src);
-        h.id = msg;
+        let mut h = self.cts(src, msg);
         if truncated {
             h.flags |= FLAG_ERROR;
         }
