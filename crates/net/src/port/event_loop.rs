@@ -268,7 +268,6 @@ impl State {
         self.scratch_ids = ids;
     }
 
-    /// Cheap check for the spin loop: anything in a ring or queued to send?
     /// Whether `pid` is the process the kernel reports at the other end of our
     /// shared-memory connection with `peer` (the only process a single copy may read
     /// from or write into).
@@ -276,6 +275,7 @@ impl State {
         self.shm.values().any(|c| c.peer == peer && c.peer_pid == Some(pid))
     }
 
+    /// Cheap check for the spin loop: anything in a ring or queued to send?
     pub(super) fn has_work(&mut self) -> bool {
         self.proto.has_output() || self.shm.values_mut().any(|c| c.rx.has_data())
     }

@@ -8,8 +8,9 @@
 //!
 //! **Split copies.** A message of at least [`SPLIT_MIN`] bytes whose offer says the
 //! sender will help (`FLAG_WRITE` on the `Rts`: its port has an event thread, see
-//! [`Proto::help_split_copies`]) is copied by both ends at once: the receiver answers the offer at once with a `Cts` flagged `FLAG_WRITE`
-//! that names *its* process and buffer, and starts reading the first half; the sender,
+//! [`Proto::help_split_copies`]) is copied by both ends at once: the receiver answers
+//! the offer at once with a `Cts` flagged `FLAG_WRITE` that names *its* process and
+//! buffer, and starts reading the first half; the sender,
 //! which is waiting for that very message to go (or spinning in a ping-pong for the
 //! answer), writes the second half into the receiver's buffer with `process_vm_writev`
 //! (a [`WriteJob`]) and reports with an empty `Data` frame flagged `FLAG_SINGLE_COPY`.
