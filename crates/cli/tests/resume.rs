@@ -115,6 +115,11 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         // The rerun swept what the stopped search's own runtime namespace left.
         let ns = gepsea_net::namespace_dir(&format!("search{pid}"));
         assert!(!ns.exists(), "{what}: {} left after the rerun", ns.display());
+        // And its scratch in the temporary directory (the report's, next to the job's).
+        for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
+            let p = std::env::temp_dir().join(scratch);
+            assert!(!p.exists(), "{what}: {} left after the rerun", p.display());
+        }
         assert_eq!(entries(&outdir), vec!["hits.tsv".to_string()], "{what}: nothing but the output after success");
     }
 }

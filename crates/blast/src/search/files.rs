@@ -26,7 +26,9 @@ pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
     let runtime = gepsea_net::trust::user_runtime_root();
     for (dir, prefixes) in [
         (out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]),
-        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search"]),
+        // Scratch of a master (`gepsea-search-`, `gepsea-report-`) or of a worker on
+        // this node (`gepsea-worker-`).
+        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search", "gepsea-report-", "gepsea-worker-"]),
         (runtime.as_path(), vec!["search"]),
     ] {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
