@@ -77,7 +77,7 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gepsea-bench: error: {e:#}");
+            eprintln!("gepsea-bench: error: {}", gepsea_net::error::one_line(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

@@ -253,7 +253,7 @@ fn main() -> std::process::ExitCode {
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gepsea: error: {e:#}");
+            eprintln!("gepsea: error: {}", gepsea_net::error::one_line(e.as_ref()));
             match e.downcast_ref::<search::SearchError>() {
                 Some(search::SearchError::Interrupted(sig)) => std::process::ExitCode::from((128 + sig) as u8),
                 _ => std::process::ExitCode::FAILURE,

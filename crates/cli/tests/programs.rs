@@ -250,6 +250,12 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     args.extend(["-evalue", "abc"]);
     let e = one_line_error(f, &args, &out);
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
+    // A missing query file: named, and the system's reason said once (the error's
+    // message already holds its cause).
+    let missing = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", "missing.fasta", "--out", o];
+    let e = one_line_error(f, &missing, &out);
+    assert!(e.contains("missing.fasta: cannot read"), "{e}");
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
 }
 
 #[test]

@@ -49,3 +49,56 @@ impl NetError {
         NetError::Io { context: context.into(), message: e.to_string() }
     }
 }
+
+/// `error` and its causes on one line, `what: why: deeper why`, for a program's
+/// one-line error message. A cause whose text the line already holds is left out:
+/// error types that print their source in their own message (as `thiserror` variants
+/// with a `#[source]` field written into the message do) would otherwise say it twice.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading {path}: {source}")]
+    struct SaysItsSource {
+        path: String,
+        source: std::io::Error,
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("the job failed")]
+    struct HidesItsSource {
+        #[source]
+        source: SaysItsSource,
+    }
+
+    fn not_found() -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::NotFound, "no such file")
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let e = SaysItsSource { path: "/q.fasta".into(), source: not_found() };
+        assert_eq!(one_line(&e), "reading /q.fasta: no such file");
+    }
+
+    #[test]
+    fn a_cause_not_in_the_message_is_appended_once() {
+        let e = HidesItsSource { source: SaysItsSource { path: "/q.fasta".into(), source: not_found() } };
+        assert_eq!(one_line(&e), "the job failed: reading /q.fasta: no such file");
+    }
+}

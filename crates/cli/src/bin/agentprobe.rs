@@ -21,9 +21,31 @@ fn say(line: String) {
     let _ = o.flush();
 }
 
-fn main() -> Result<()> {
+const USAGE: &str = "usage: gepsea-agentprobe ROLE ARGS...   (agent from GEPSEA_NAMESPACE / GEPSEA_NODE)
+roles: ping, cas-incr KEY N, board-get KEY, lock-loop NAME N FILE, lock-queue NAME TAG LOG,
+       hold-lock NAME [SECONDS], hold-all NAME, lock-timeout NAME MS, subscribe TOPIC EXPECT,
+       publish TOPIC N, submit N, work LOG IDLE_SECS, cache-get NAME, cache-remove NAME, scheduler, state,
+       lat-put N, lat-remote KIND N AGENTS, bench-op KIND N (arguments: see the source's comments)";
+
+/// Errors are one line and exit status 1 (`anyhow` from `main` would add a backtrace
+/// when `RUST_BACKTRACE` is set).
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gepsea-agentprobe: error: {}", gepsea_net::error::one_line(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let a: Vec<String> = std::env::args().skip(1).collect();
-    let role = a.first().context("usage: gepsea-agentprobe ROLE ARGS...")?.clone();
+    let role = a.first().context(USAGE)?.clone();
+    if role == "--help" || role == "-h" {
+        say(USAGE.to_string());
+        return Ok(());
+    }
     let c = Client::connect_env(&format!("probe-{role}"))?;
     match role.as_str() {
         "ping" => {
