@@ -181,6 +181,9 @@ fn a_sender_that_dies_before_writing_its_half_fails_the_receive() {
     let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let peer = Addr::new(0, 2);
     let mut s = Proc::spawn("stream", peer_cmd(&ns, 0, 2, &["stream", "--peer", "0:1", "--sizes", "1048576", "--bytes", "1048576"]));
+    // `stream` starts once its sink says it is ready (tag 8); we post nothing.
+    s.expect_line("READY", Duration::from_secs(20));
+    port.send(peer, 8, &b"ready"[..]).unwrap();
     // Its 16 offers (a window's worth) arrive with no receive posted.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while port.proto_stats().unexpected < 16 {
