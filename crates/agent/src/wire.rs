@@ -636,10 +636,12 @@ pub struct MergeState {
     pub last: Vec<Option<Record>>,
 }
 
-/// How a body travels (see the module docs).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Envelope {
-    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
+/// How a body travels (see the module docs). Borrowed both ways: a body is encoded
+/// straight from the caller's bytes and decoded in place from the received message,
+/// not copied into an envelope of its own first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Envelope<'a> {
+    Inline(#[serde(borrow, with = "serde_bytes")] &'a [u8]),
     Large { len: u64, tag: u64 },
 }
 
@@ -707,6 +709,22 @@ pub mod unix {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inline_envelope_is_its_body_length_prefixed_and_decodes_in_place() {
+        let body: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let wire = encode(&Envelope::Inline(&body));
+        // Variant 0, the length as a varint (300 = 0xac 0x02), the bytes: what the
+        // owned envelope of earlier versions wrote.
+        assert_eq!(&wire[..3], &[0, 0xac, 0x02]);
+        assert_eq!(&wire[3..], &body[..]);
+        let Envelope::Inline(got) = decode::<Envelope>("envelope", &wire).unwrap() else { panic!("not inline") };
+        assert_eq!(got, &body[..]);
+        assert_eq!(got.as_ptr(), wire[3..].as_ptr(), "borrowed from the message, not copied");
+        let large = encode(&Envelope::Large { len: 1 << 20, tag: TAG_LARGE | 5 });
+        assert_eq!(decode::<Envelope>("envelope", &large).unwrap(), Envelope::Large { len: 1 << 20, tag: TAG_LARGE | 5 });
+        assert!(decode::<Envelope>("envelope", &wire[..100]).is_err(), "a cut body is refused");
+    }
 
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {

@@ -457,7 +457,7 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     port.send(agent, wire::TAG_REQUEST, vec![0xde, 0xad]).unwrap();
     let mut body = wire::encode(&77u64);
     body.extend_from_slice(&[0xff; 9]);
-    port.send(agent, wire::TAG_REQUEST, wire::encode(&wire::Envelope::Inline(body))).unwrap();
+    port.send(agent, wire::TAG_REQUEST, wire::encode(&wire::Envelope::Inline(&body))).unwrap();
     let m = port.recv(Some(agent), Some(wire::TAG_REPLY | 77), 1 << 16).unwrap();
     let wire::Envelope::Inline(b) = wire::decode("env", &m.data).unwrap() else { panic!() };
     let r: wire::Reply = wire::decode("reply", &b).unwrap();

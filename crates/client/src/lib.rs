@@ -86,6 +86,8 @@ pub struct Client {
     next_large: AtomicU64,
     /// Requests started and not yet finished: id → posted reply receive.
     pending: Mutex<HashMap<u64, ReqId>>,
+    /// Reply buffers of finished requests, for the next ones ([`Client::reply_buffer`]).
+    spare_buffers: Mutex<Vec<Vec<u8>>>,
     timeout: Duration,
 }
 
@@ -130,6 +132,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             next_large: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
+            spare_buffers: Mutex::new(Vec::new()),
             timeout: opts.timeout,
         })
     }
@@ -151,7 +154,7 @@ impl Client {
     /// Sends `op` and returns its request id at once; collect with [`Client::finish`].
     pub fn start(&self, op: Op) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let r = self.port.irecv(Some(self.agent), Some(TAG_REPLY | id), SMALL_MAX + 64);
+        let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), self.reply_buffer());
         self.pending.lock().insert(id, r);
         self.send(&encode(&Request { id, op }));
         id
@@ -159,7 +162,7 @@ impl Client {
 
     fn send(&self, body: &[u8]) {
         if body.len() <= SMALL_MAX {
-            self.port.isend(self.agent, TAG_REQUEST, encode(&Envelope::Inline(body.to_vec())));
+            self.port.isend(self.agent, TAG_REQUEST, encode(&Envelope::Inline(body)));
         } else {
             let tag = TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed);
             self.port.isend(self.agent, TAG_REQUEST, encode(&Envelope::Large { len: body.len() as u64, tag }));
@@ -220,14 +223,36 @@ impl Client {
 
     fn reply_of(&self, c: Completion) -> Result<Reply, ApiError> {
         let Completion::Received(m) = c else { return Err(ApiError::Transport("unexpected completion".into())) };
+        let large;
         let body = match decode::<Envelope>("reply envelope", &m.data).map_err(|e| ApiError::Transport(e.to_string()))? {
             Envelope::Inline(b) => b,
             Envelope::Large { len, tag } => match self.port.recv(Some(self.agent), Some(tag), len as usize) {
-                Ok(m) => m.data,
+                Ok(m) => {
+                    large = m.data;
+                    &large[..]
+                }
                 Err(e) => return Err(ApiError::Transport(e.to_string())),
             },
         };
-        check(decode::<Reply>("reply", &body).map_err(|e| ApiError::Transport(e.to_string()))?)
+        let reply = decode::<Reply>("reply", body).map_err(|e| ApiError::Transport(e.to_string()));
+        self.keep_reply_buffer(m.data);
+        check(reply?)
+    }
+
+    /// A receive buffer for the reply to a new request: one a finished request gave
+    /// back, or a new one ([`SMALL_MAX`] and the envelope). Allocating and freeing
+    /// 80 KiB per request was a sizeable share of a local request's cost.
+    fn reply_buffer(&self) -> Vec<u8> {
+        self.spare_buffers.lock().pop().unwrap_or_else(|| Vec::with_capacity(SMALL_MAX + 64))
+    }
+
+    /// Keeps a finished reply's buffer for the next request (a few, for requests in
+    /// flight at once).
+    fn keep_reply_buffer(&self, buf: Vec<u8>) {
+        let mut spare = self.spare_buffers.lock();
+        if spare.len() < 8 && buf.capacity() >= SMALL_MAX + 64 {
+            spare.push(buf);
+        }
     }
 
     /// The agent's status document (JSON), as `gepsea agent status --json` prints it.

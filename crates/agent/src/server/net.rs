@@ -11,12 +11,25 @@ impl Agent {
         self.net.insert(r, NetOp::RecvPeer);
     }
 
+    /// A buffer for the next request or peer message: the last one's, given back
+    /// ([`Agent::keep_buffer`]), or a new one. Allocating and freeing 80 KiB for every
+    /// request was a sizeable share of a local request's cost.
+    fn receive_buffer(&mut self) -> Vec<u8> {
+        self.spare_buffers.pop().unwrap_or_else(|| Vec::with_capacity(SMALL_MAX + 64))
+    }
+
+    fn keep_buffer(&mut self, buf: Vec<u8>) {
+        if self.spare_buffers.len() < 4 && buf.capacity() >= SMALL_MAX + 64 {
+            self.spare_buffers.push(buf);
+        }
+    }
+
     /// Sends are detached: a failed one shows up as its peer's failure (an agent's
     /// `PeerFailed`, a client's closed registration socket), and taking a completion
     /// event for each would cost the loop more than the send.
     pub(super) fn send_env(&mut self, dst: Addr, tag: u64, body: Vec<u8>) {
         if body.len() <= SMALL_MAX {
-            self.port.send_detached(dst, tag, encode(&Envelope::Inline(body)));
+            self.port.send_detached(dst, tag, encode(&Envelope::Inline(&body)));
         } else {
             self.large_counter += 1;
             let ltag = TAG_LARGE | self.large_counter;
@@ -57,20 +70,24 @@ impl Agent {
         };
         match (kind, res) {
             (NetOp::RecvRequest, res) => {
-                let r = self.port.irecv(None, Some(TAG_REQUEST), SMALL_MAX + 64);
+                let buf = self.receive_buffer();
+                let r = self.port.irecv_into(None, Some(TAG_REQUEST), buf);
                 self.net.insert(r, NetOp::RecvRequest);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, false, &m.data);
+                    self.keep_buffer(m.data);
                 }
             }
             (NetOp::RecvPeer, res) => {
-                let r = self.port.irecv(None, Some(TAG_PEER), SMALL_MAX + 64);
+                let buf = self.receive_buffer();
+                let r = self.port.irecv_into(None, Some(TAG_PEER), buf);
                 self.net.insert(r, NetOp::RecvPeer);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, true, &m.data);
+                    self.keep_buffer(m.data);
                 }
             }
-            (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, m.data),
+            (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, &m.data),
             (NetOp::RecvLarge { src, .. }, Err(e)) => warn!("node {}: large message from {src} lost: {e}", self.me),
             (NetOp::Rma { reply_to_port, id, .. }, res) => {
                 let reply = match res {
@@ -104,10 +121,10 @@ impl Agent {
         }
     }
 
-    pub(super) fn body(&mut self, src: Addr, peer: bool, body: Vec<u8>) {
+    pub(super) fn body(&mut self, src: Addr, peer: bool, body: &[u8]) {
         if peer {
             self.peer_messages += 1;
-            match decode::<PeerMsg>("agent message", &body) {
+            match decode::<PeerMsg>("agent message", body) {
                 Ok(m) => self.peer_msg(src.node, m),
                 Err(e) => warn!("node {}: dropping a message from agent {}: {e}", self.me, src.node),
             }
@@ -117,11 +134,11 @@ impl Agent {
             warn!("node {}: request from unregistered port {src}; ignored", self.me);
             return;
         }
-        match decode::<Request>("request", &body) {
+        match decode::<Request>("request", body) {
             Ok(r) => self.request(Client::new(self.me, src.port), r.op, ReplyTo::Client { port: src.port, id: r.id }),
             Err(e) => {
                 // The id is the first field; answer it if it can be read at all.
-                let id = postcard::take_from_bytes::<u64>(&body).map(|(id, _)| id).ok();
+                let id = postcard::take_from_bytes::<u64>(body).map(|(id, _)| id).ok();
                 warn!("node {}: malformed request from {src}: {e}", self.me);
                 if let Some(id) = id {
                     self.reply(
