@@ -460,7 +460,7 @@ fn bad_input_gets_clear_errors_and_the_agent_keeps_serving() {
     port.send(agent, wire::TAG_REQUEST, wire::encode(&wire::Envelope::Inline(&body))).unwrap();
     let m = port.recv(Some(agent), Some(wire::TAG_REPLY | 77), 1 << 16).unwrap();
     let wire::Envelope::Inline(b) = wire::decode("env", &m.data).unwrap() else { panic!() };
-    let r: wire::Reply = wire::decode("reply", &b).unwrap();
+    let r: wire::Reply = wire::decode("reply", b).unwrap();
     assert!(matches!(&r, wire::Reply::Err(e) if e.kind == ErrorKind::BadRequest && e.message.contains("malformed request")), "{r:?}");
 
     // Unknown plug-ins, oversized values, unlocking what one does not hold.
