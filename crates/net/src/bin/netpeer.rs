@@ -128,11 +128,12 @@ enum Role {
         #[arg(long, default_value_t = 1.0)]
         scale: f64,
     },
-    /// Bandwidth source: for each size, stream BYTES with a window of 16 outstanding
-    /// sends to `sink`, wait for its acknowledgement; prints `BW <size> <GB/s>`.
+    /// Bandwidth source: for each size, once `sink` says it is ready (tag 8), stream
+    /// BYTES with a window of 16 outstanding sends, wait for its acknowledgement;
+    /// prints `BW <size> <GB/s>`.
     Stream(StreamArgs),
     /// Bandwidth sink: receives the streams of `stream` (same sizes and bytes) with 16
-    /// receives posted ahead, acknowledging each size.
+    /// receives posted ahead (then says ready, tag 8), acknowledging each size.
     Sink(StreamArgs),
     /// Unidirectional bandwidth source (seed 004's test): for each size, batches of 16
     /// sends, each batch started by the receiver's go (tag 1) and followed by a
