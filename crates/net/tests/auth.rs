@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::unique;
+use common::{unique, Ns};
 use gepsea_net::auth::Key;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
 
@@ -17,13 +17,6 @@ fn port(ns: &str, node: u32, key: Option<&Key>) -> Port {
     c.reconnect_timeout = Duration::from_millis(800);
     c.linger = Duration::from_millis(100);
     Port::open(c).unwrap()
-}
-
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&self.0));
-    }
 }
 
 fn pair(a_key: Option<&Key>, b_key: Option<&Key>) -> (Ns, Port, Port) {

@@ -11,16 +11,9 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::unique;
+use common::{unique, Ns};
 use gepsea_net::auth::Key;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
-
-struct Ns(String);
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&self.0));
-    }
-}
 
 /// Relays connections to `target`, records what passes (both directions), and cuts
 /// every connection on demand. Its thread ends with the test process.

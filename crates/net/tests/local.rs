@@ -17,6 +17,7 @@ fn peer_cmd(ns: &str, node: u32, port: u32, extra: &[&str]) -> Command {
 
 fn exchange_pair(extra_a: &[&str], extra_b: &[&str], role_args: &[&str]) -> (String, String) {
     let ns = unique("loc");
+    let _ns_dir = Ns(ns.clone());
     let mut a_args = extra_a.to_vec();
     a_args.extend(["exchange", "--peer", "0:2"]);
     a_args.extend(role_args);
@@ -91,6 +92,7 @@ fn inline_progress_against_event_thread() {
 #[test]
 fn rma_put_get_and_bounds() {
     let ns = unique("rma");
+    let _ns_dir = Ns(ns.clone());
     let mut t = Proc::spawn("target", peer_cmd(&ns, 0, 2, &["rma-target", "--peer", "0:1", "--len", "3000000"]));
     let mut o = Proc::spawn("origin", peer_cmd(&ns, 0, 1, &["rma-origin", "--peer", "0:2", "--len", "3000000"]));
     assert_eq!(o.finish_ok(Duration::from_secs(60)), "OK rma 3000000 bytes; owner saw 2 puts, 2 gets, identical contents");
@@ -107,6 +109,7 @@ fn poll_readable(fd: i32, timeout_ms: i32) -> bool {
 #[test]
 fn event_descriptor_is_readable_exactly_while_events_are_pending() {
     let ns = unique("evt");
+    let _ns_dir = Ns(ns.clone());
     let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     // Two echoes: the child must outlive the checks (its exit is itself an event).
     let mut echo = Proc::spawn("echo", peer_cmd(&ns, 0, 2, &["echo", "--peer", "0:1", "--count", "2"]));
@@ -152,6 +155,7 @@ fn event_descriptor_is_readable_exactly_while_events_are_pending() {
 #[test]
 fn killed_peer_fails_pending_requests() {
     let ns = unique("die");
+    let _ns_dir = Ns(ns.clone());
     let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let mut echo = Proc::spawn("echo", peer_cmd(&ns, 0, 2, &["echo", "--peer", "0:1", "--count", "100"]));
     let peer = Addr::new(0, 2);
@@ -166,9 +170,8 @@ fn killed_peer_fails_pending_requests() {
     }
     // New requests to the dead peer fail at once instead of hanging.
     assert!(matches!(port.wait(port.isend(peer, 3, &b"y"[..])), Err(NetError::PeerFailed { .. })));
-    // The killed peer's socket stays behind: the test owns the namespace, so it cleans up.
-    drop(port);
-    std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns)).unwrap();
+    // The killed peer's socket stays behind: the test owns the namespace, and `Ns`
+    // removes it.
 }
 
 /// A large message is copied by both ends (the receiver reads half, the sender writes
@@ -178,6 +181,7 @@ fn killed_peer_fails_pending_requests() {
 #[test]
 fn a_sender_that_dies_before_writing_its_half_fails_the_receive() {
     let ns = unique("half");
+    let _ns_dir = Ns(ns.clone());
     let port = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let peer = Addr::new(0, 2);
     let mut s = Proc::spawn("stream", peer_cmd(&ns, 0, 2, &["stream", "--peer", "0:1", "--sizes", "1048576", "--bytes", "1048576"]));
@@ -201,13 +205,12 @@ fn a_sender_that_dies_before_writing_its_half_fails_the_receive() {
         Err(NetError::PeerFailed { peer: p, .. }) => assert_eq!(p, peer),
         other => panic!("expected PeerFailed, got {other:?}"),
     }
-    drop(port);
-    std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns)).unwrap();
 }
 
 #[test]
 fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
     let ns = unique("dup");
+    let _ns_dir = Ns(ns.clone());
     let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let e = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).err().expect("second open must fail");
     assert!(e.to_string().contains("another live process"), "{e}");
@@ -228,6 +231,7 @@ fn second_port_with_the_same_address_is_refused_and_stale_socket_replaced() {
 #[test]
 fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
     let ns = unique("fast");
+    let _ns_dir = Ns(ns.clone());
     let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
     // 300 messages while the receiver takes none: the credits (64) run out and the rest
@@ -281,6 +285,7 @@ fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
 #[test]
 fn detached_sends_and_a_polling_event_loop_miss_nothing() {
     let ns = unique("det");
+    let _ns_dir = Ns(ns.clone());
     let a = Port::open(PortConfig::new(&ns, Addr::new(0, 1))).unwrap();
     let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
     let fd = a.enable_events();

@@ -16,6 +16,17 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}{}x{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst))
 }
 
+/// A test's own namespace, whose runtime directory is removed when the test ends, also
+/// when it fails: a killed peer leaves its socket behind, so the last port to close
+/// does not remove it.
+pub struct Ns(pub String);
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&self.0));
+    }
+}
+
 /// The test peer binary (built with the `netpeer` feature, which the tests that call
 /// this require).
 #[cfg(feature = "netpeer")]
