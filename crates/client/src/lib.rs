@@ -86,8 +86,9 @@ pub struct Client {
     next_large: AtomicU64,
     /// Requests started and not yet finished: id → posted reply receive.
     pending: Mutex<HashMap<u64, ReqId>>,
-    /// Reply buffers of finished requests, for the next ones ([`Client::reply_buffer`]).
-    spare_buffers: Mutex<Vec<Vec<u8>>>,
+    /// Reply buffers of finished requests, for the next ones (a few, for requests in
+    /// flight at once).
+    buffers: Mutex<EnvelopeBuffers>,
     timeout: Duration,
 }
 
@@ -132,7 +133,7 @@ impl Client {
             next_id: AtomicU64::new(1),
             next_large: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
-            spare_buffers: Mutex::new(Vec::new()),
+            buffers: Mutex::new(EnvelopeBuffers::new(8)),
             timeout: opts.timeout,
         })
     }
@@ -154,7 +155,8 @@ impl Client {
     /// Sends `op` and returns its request id at once; collect with [`Client::finish`].
     pub fn start(&self, op: Op) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), self.reply_buffer());
+        let buf = self.buffers.lock().take();
+        let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), buf);
         self.pending.lock().insert(id, r);
         self.send(&encode(&Request { id, op }));
         id
@@ -235,24 +237,8 @@ impl Client {
             },
         };
         let reply = decode::<Reply>("reply", body).map_err(|e| ApiError::Transport(e.to_string()));
-        self.keep_reply_buffer(m.data);
+        self.buffers.lock().give_back(m.data);
         check(reply?)
-    }
-
-    /// A receive buffer for the reply to a new request: one a finished request gave
-    /// back, or a new one ([`SMALL_MAX`] and the envelope). Allocating and freeing
-    /// 80 KiB per request was a sizeable share of a local request's cost.
-    fn reply_buffer(&self) -> Vec<u8> {
-        self.spare_buffers.lock().pop().unwrap_or_else(|| Vec::with_capacity(SMALL_MAX + 64))
-    }
-
-    /// Keeps a finished reply's buffer for the next request (a few, for requests in
-    /// flight at once).
-    fn keep_reply_buffer(&self, buf: Vec<u8>) {
-        let mut spare = self.spare_buffers.lock();
-        if spare.len() < 8 && buf.capacity() >= SMALL_MAX + 64 {
-            spare.push(buf);
-        }
     }
 
     /// The agent's status document (JSON), as `gepsea agent status --json` prints it.

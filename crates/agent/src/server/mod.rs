@@ -308,8 +308,8 @@ pub struct Agent {
     // gepsea-net
     net: FxHashMap<ReqId, NetOp>,
     large_counter: u64,
-    /// Receive buffers given back by handled messages (`net.rs`, `receive_buffer`).
-    spare_buffers: Vec<Vec<u8>>,
+    /// Receive buffers for requests and peer messages, reused.
+    buffers: crate::wire::EnvelopeBuffers,
     loopback: VecDeque<PeerMsg>,
     loopback_from: VecDeque<(u32, PeerMsg)>,
     /// The port's events taken on one pass of the loop (kept to reuse its allocation).
@@ -506,7 +506,7 @@ impl Agent {
             ready: false,
             net: FxHashMap::default(),
             large_counter: 0,
-            spare_buffers: Vec::new(),
+            buffers: crate::wire::EnvelopeBuffers::new(4),
             loopback: VecDeque::new(),
             loopback_from: VecDeque::new(),
             port_events: Vec::new(),

@@ -5,23 +5,10 @@ use super::*;
 
 impl Agent {
     pub(super) fn post_receives(&mut self) {
-        let r = self.port.irecv(None, Some(TAG_REQUEST), SMALL_MAX + 64);
+        let r = self.port.irecv_into(None, Some(TAG_REQUEST), self.buffers.take());
         self.net.insert(r, NetOp::RecvRequest);
-        let r = self.port.irecv(None, Some(TAG_PEER), SMALL_MAX + 64);
+        let r = self.port.irecv_into(None, Some(TAG_PEER), self.buffers.take());
         self.net.insert(r, NetOp::RecvPeer);
-    }
-
-    /// A buffer for the next request or peer message: the last one's, given back
-    /// ([`Agent::keep_buffer`]), or a new one. Allocating and freeing 80 KiB for every
-    /// request was a sizeable share of a local request's cost.
-    fn receive_buffer(&mut self) -> Vec<u8> {
-        self.spare_buffers.pop().unwrap_or_else(|| Vec::with_capacity(SMALL_MAX + 64))
-    }
-
-    fn keep_buffer(&mut self, buf: Vec<u8>) {
-        if self.spare_buffers.len() < 4 && buf.capacity() >= SMALL_MAX + 64 {
-            self.spare_buffers.push(buf);
-        }
     }
 
     /// Sends are detached: a failed one shows up as its peer's failure (an agent's
@@ -70,21 +57,19 @@ impl Agent {
         };
         match (kind, res) {
             (NetOp::RecvRequest, res) => {
-                let buf = self.receive_buffer();
-                let r = self.port.irecv_into(None, Some(TAG_REQUEST), buf);
+                let r = self.port.irecv_into(None, Some(TAG_REQUEST), self.buffers.take());
                 self.net.insert(r, NetOp::RecvRequest);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, false, &m.data);
-                    self.keep_buffer(m.data);
+                    self.buffers.give_back(m.data);
                 }
             }
             (NetOp::RecvPeer, res) => {
-                let buf = self.receive_buffer();
-                let r = self.port.irecv_into(None, Some(TAG_PEER), buf);
+                let r = self.port.irecv_into(None, Some(TAG_PEER), self.buffers.take());
                 self.net.insert(r, NetOp::RecvPeer);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, true, &m.data);
-                    self.keep_buffer(m.data);
+                    self.buffers.give_back(m.data);
                 }
             }
             (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, &m.data),
