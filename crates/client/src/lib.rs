@@ -11,7 +11,6 @@
 //! [`Client`] through [`Services`] — the same API the agents' plug-ins use. The C ABI
 //! (`include/gepsea.h`) is in [`capi`].
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +23,7 @@ pub use gepsea_agent::wire;
 use gepsea_agent::wire::*;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig, ReqId};
 use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
 
 pub mod capi;
 
@@ -85,10 +85,12 @@ pub struct Client {
     next_id: AtomicU64,
     next_large: AtomicU64,
     /// Requests started and not yet finished: id → posted reply receive.
-    pending: Mutex<HashMap<u64, ReqId>>,
+    pending: Mutex<FxHashMap<u64, ReqId>>,
     /// Reply buffers of finished requests, for the next ones (a few, for requests in
     /// flight at once).
     buffers: Mutex<EnvelopeBuffers>,
+    /// Requests are encoded here.
+    encoder: Mutex<EnvelopeEncoder>,
     timeout: Duration,
 }
 
@@ -132,8 +134,9 @@ impl Client {
             _registration: s,
             next_id: AtomicU64::new(1),
             next_large: AtomicU64::new(1),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(FxHashMap::default()),
             buffers: Mutex::new(EnvelopeBuffers::new(8)),
+            encoder: Mutex::new(EnvelopeEncoder::new()),
             timeout: opts.timeout,
         })
     }
@@ -158,19 +161,21 @@ impl Client {
         let buf = self.buffers.lock().take();
         let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), buf);
         self.pending.lock().insert(id, r);
-        self.send(&encode(&Request { id, op }));
+        self.send(&Request { id, op });
         id
     }
 
-    fn send(&self, body: &[u8]) {
-        if body.len() <= SMALL_MAX {
-            self.port.isend(self.agent, TAG_REQUEST, encode(&Envelope::Inline(body)));
-        } else {
-            let tag = TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed);
-            self.port.isend(self.agent, TAG_REQUEST, encode(&Envelope::Large { len: body.len() as u64, tag }));
-            self.port.isend(self.agent, tag, bytes::Bytes::copy_from_slice(body));
+    /// Sends are detached: a failure shows up as the reply's failure.
+    fn send(&self, request: &Request) {
+        let mut encoder = self.encoder.lock();
+        match encoder.encode(request) {
+            Encoded::Inline(envelope) => self.port.send_detached_copy(self.agent, TAG_REQUEST, envelope),
+            Encoded::Large(body) => {
+                let tag = TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed);
+                self.port.send_detached(self.agent, TAG_REQUEST, encode(&Envelope::Large { len: body.len() as u64, tag }));
+                self.port.send_detached(self.agent, tag, body);
+            }
         }
-        // Send completions need no attention: failures show up as the reply's failure.
     }
 
     /// Waits up to `timeout` for request `id`'s reply. On timeout the request is

@@ -14,14 +14,15 @@ impl Agent {
     /// Sends are detached: a failed one shows up as its peer's failure (an agent's
     /// `PeerFailed`, a client's closed registration socket), and taking a completion
     /// event for each would cost the loop more than the send.
-    pub(super) fn send_env(&mut self, dst: Addr, tag: u64, body: Vec<u8>) {
-        if body.len() <= SMALL_MAX {
-            self.port.send_detached(dst, tag, encode(&Envelope::Inline(&body)));
-        } else {
-            self.large_counter += 1;
-            let ltag = TAG_LARGE | self.large_counter;
-            self.port.send_detached(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
-            self.port.send_detached(dst, ltag, Bytes::from(body));
+    pub(super) fn send_env<T: serde::Serialize>(&mut self, dst: Addr, tag: u64, message: &T) {
+        match self.encoder.encode(message) {
+            Encoded::Inline(envelope) => self.port.send_detached_copy(dst, tag, envelope),
+            Encoded::Large(body) => {
+                self.large_counter += 1;
+                let ltag = TAG_LARGE | self.large_counter;
+                self.port.send_detached(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
+                self.port.send_detached(dst, ltag, Bytes::from(body));
+            }
         }
     }
 
@@ -29,7 +30,7 @@ impl Agent {
         if node == self.me {
             self.loopback.push_back(m.clone());
         } else {
-            self.send_env(Addr::new(node, 0), TAG_PEER, encode(m));
+            self.send_env(Addr::new(node, 0), TAG_PEER, m);
         }
     }
 
@@ -43,7 +44,7 @@ impl Agent {
             ReplyTo::Client { port, id } => {
                 self.cancellable.remove(&(port, id));
                 if self.clients.contains_key(&port) {
-                    self.send_env(Addr::new(self.me, port), TAG_REPLY | id, encode(&r));
+                    self.send_env(Addr::new(self.me, port), TAG_REPLY | id, &r);
                 }
             }
         }
@@ -51,26 +52,29 @@ impl Agent {
 
     pub(super) fn net_completed(&mut self, id: ReqId) {
         let Some(kind) = self.net.remove(&id) else { return };
-        let Some(res) = self.port.test(id) else {
+        let Some(res) = self.port.take_completed(id) else {
             self.net.insert(id, kind);
             return;
         };
         match (kind, res) {
+            // The receive is posted again after the message is handled, so that the
+            // reply goes out first: one that arrives meanwhile waits as unexpected and
+            // matches when posted.
             (NetOp::RecvRequest, res) => {
-                let r = self.port.irecv_into(None, Some(TAG_REQUEST), self.buffers.take());
-                self.net.insert(r, NetOp::RecvRequest);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, false, &m.data);
                     self.buffers.give_back(m.data);
                 }
+                let r = self.port.irecv_into(None, Some(TAG_REQUEST), self.buffers.take());
+                self.net.insert(r, NetOp::RecvRequest);
             }
             (NetOp::RecvPeer, res) => {
-                let r = self.port.irecv_into(None, Some(TAG_PEER), self.buffers.take());
-                self.net.insert(r, NetOp::RecvPeer);
                 if let Ok(Completion::Received(m)) = res {
                     self.envelope(m.src, true, &m.data);
                     self.buffers.give_back(m.data);
                 }
+                let r = self.port.irecv_into(None, Some(TAG_PEER), self.buffers.take());
+                self.net.insert(r, NetOp::RecvPeer);
             }
             (NetOp::RecvLarge { src, peer }, Ok(Completion::Received(m))) => self.body(src, peer, &m.data),
             (NetOp::RecvLarge { src, .. }, Err(e)) => warn!("node {}: large message from {src} lost: {e}", self.me),
