@@ -84,14 +84,20 @@ pub struct Client {
     _registration: UnixStream,
     next_id: AtomicU64,
     next_large: AtomicU64,
+    /// One lock for the request books (a request took five locks, a sizeable share of
+    /// its cost).
+    books: Mutex<Books>,
+    timeout: Duration,
+}
+
+struct Books {
     /// Requests started and not yet finished: id → posted reply receive.
-    pending: Mutex<FxHashMap<u64, ReqId>>,
+    pending: FxHashMap<u64, ReqId>,
     /// Reply buffers of finished requests, for the next ones (a few, for requests in
     /// flight at once).
-    buffers: Mutex<EnvelopeBuffers>,
+    buffers: EnvelopeBuffers,
     /// Requests are encoded here.
-    encoder: Mutex<EnvelopeEncoder>,
-    timeout: Duration,
+    encoder: EnvelopeEncoder,
 }
 
 impl Client {
@@ -134,9 +140,7 @@ impl Client {
             _registration: s,
             next_id: AtomicU64::new(1),
             next_large: AtomicU64::new(1),
-            pending: Mutex::new(FxHashMap::default()),
-            buffers: Mutex::new(EnvelopeBuffers::new(8)),
-            encoder: Mutex::new(EnvelopeEncoder::new()),
+            books: Mutex::new(Books { pending: FxHashMap::default(), buffers: EnvelopeBuffers::new(8), encoder: EnvelopeEncoder::new() }),
             timeout: opts.timeout,
         })
     }
@@ -156,19 +160,15 @@ impl Client {
     }
 
     /// Sends `op` and returns its request id at once; collect with [`Client::finish`].
+    ///
+    /// The request goes out before its reply's receive is posted, as a ping-pong's
+    /// send precedes its receive: the agent takes longer to answer than the posting
+    /// takes, and a reply that wins the race waits as unexpected until it is posted.
+    /// Sends are detached: a failure shows up as the reply's failure.
     pub fn start(&self, op: Op) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let buf = self.buffers.lock().take();
-        let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), buf);
-        self.pending.lock().insert(id, r);
-        self.send(&Request { id, op });
-        id
-    }
-
-    /// Sends are detached: a failure shows up as the reply's failure.
-    fn send(&self, request: &Request) {
-        let mut encoder = self.encoder.lock();
-        match encoder.encode(request) {
+        let mut books = self.books.lock();
+        match books.encoder.encode(&Request { id, op }) {
             Encoded::Inline(envelope) => self.port.send_detached_copy(self.agent, TAG_REQUEST, envelope),
             Encoded::Large(body) => {
                 let tag = TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed);
@@ -176,12 +176,16 @@ impl Client {
                 self.port.send_detached(self.agent, tag, body);
             }
         }
+        let buf = books.buffers.take();
+        let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), buf);
+        books.pending.insert(id, r);
+        id
     }
 
     /// Waits up to `timeout` for request `id`'s reply. On timeout the request is
     /// cancelled at the agent and `Err(Timeout)` returned, unless its reply raced in.
     pub fn finish(&self, id: u64, timeout: Duration) -> Result<Reply, ApiError> {
-        let r = self.pending.lock().remove(&id).ok_or_else(|| ApiError::Transport(format!("unknown request {id}")))?;
+        let r = self.books.lock().pending.remove(&id).ok_or_else(|| ApiError::Transport(format!("unknown request {id}")))?;
         match self.port.wait_timeout(r, timeout) {
             Ok(c) => self.reply_of(c),
             Err(NetError::Timeout(_)) => {
@@ -205,7 +209,7 @@ impl Client {
     }
 
     fn finish_plain(&self, id: u64, timeout: Duration) -> Result<Reply, ApiError> {
-        let r = self.pending.lock().remove(&id).ok_or_else(|| ApiError::Transport(format!("unknown request {id}")))?;
+        let r = self.books.lock().pending.remove(&id).ok_or_else(|| ApiError::Transport(format!("unknown request {id}")))?;
         match self.port.wait_timeout(r, timeout) {
             Ok(c) => self.reply_of(c),
             Err(e) => {
@@ -242,7 +246,7 @@ impl Client {
             },
         };
         let reply = decode::<Reply>("reply", body).map_err(|e| ApiError::Transport(e.to_string()));
-        self.buffers.lock().give_back(m.data);
+        self.books.lock().buffers.give_back(m.data);
         check(reply?)
     }
 
