@@ -8,7 +8,8 @@
 //! arrival order; every size is delivered byte-exact and a too-small buffer is
 //! reported; a cancelled receive takes nothing; a peer's death fails the requests
 //! waiting on it; large messages and RMA (put/get) are exact; progress goes on while
-//! the application computes, also right after it waited for a large transfer.
+//! the application computes, also right after it waited for a large transfer; a cork
+//! holds TCP writes back until it is lifted, and loses nothing.
 
 mod common;
 
@@ -253,6 +254,42 @@ fn progress_goes_on_without_library_calls_after_a_burst_of_large_waits(t: Transp
     }
 }
 
+/// A cork ([`Port::cork`]) holds TCP writes back until `uncork` (shared memory is not
+/// held); nothing corked is lost or reordered, and a blocking wait on a corked port
+/// uncorks rather than wait for its own held-back message.
+fn a_cork_holds_writes_until_uncork_and_loses_nothing(t: Transport) {
+    let p = Pair::new(t, |_| {});
+    let (a, b) = (p.a(), &p.b);
+    // The connection first, so that the cork is all that holds the messages back.
+    a.wait_timeout(a.isend(b.addr(), 8, pattern(10, 0)), WAIT).unwrap();
+    received(b.wait_timeout(b.irecv(Some(p.a_addr), Some(8), 100), WAIT));
+    let eager = ProtoConfig::default().eager_threshold;
+    let sizes = [1, 100, eager + 1, 100_000, 0];
+    let n = 40;
+    a.cork();
+    for i in 0..n {
+        a.send_detached_copy(b.addr(), 9, &pattern(sizes[i % sizes.len()], i));
+    }
+    let first = b.irecv(Some(p.a_addr), Some(9), 1 << 20);
+    if t == Transport::Tcp {
+        let until = std::time::Instant::now() + Duration::from_millis(200);
+        while std::time::Instant::now() < until {
+            assert!(b.test(first).is_none(), "tcp: a corked message arrived before uncork");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    a.uncork();
+    for i in 0..n {
+        let r = if i == 0 { first } else { b.irecv(Some(p.a_addr), Some(9), 1 << 20) };
+        let m = received(b.wait_timeout(r, WAIT));
+        assert!(m.data == pattern(sizes[i % sizes.len()], i), "{t:?}: corked message {i} lost, damaged or out of order");
+    }
+    a.cork();
+    let r = b.irecv(Some(p.a_addr), Some(10), 1 << 20);
+    a.wait_timeout(a.isend(b.addr(), 10, pattern(100_000, 1)), WAIT).expect("a wait on a corked port");
+    assert!(received(b.wait_timeout(r, WAIT)).data == pattern(100_000, 1), "{t:?}");
+}
+
 /// One test per (property, transport), all from the bodies above.
 macro_rules! conformance {
     ($($name:ident),* $(,)?) => {
@@ -274,4 +311,5 @@ conformance!(
     large_messages_and_rma_are_exact,
     progress_goes_on_without_library_calls_after_a_large_transfer,
     progress_goes_on_without_library_calls_after_a_burst_of_large_waits,
+    a_cork_holds_writes_until_uncork_and_loses_nothing,
 );

@@ -173,6 +173,10 @@ impl Shutdown {
     }
 }
 
+/// The longest a message nobody waits for is held back (`Agent::send_peer_lazy`)
+/// while the loop spins.
+const LAZY_FOR: Duration = Duration::from_micros(20);
+
 const WAKER: Token = Token(0);
 const PORT_EVENTS: Token = Token(1);
 const LISTENER: Token = Token(2);
@@ -314,6 +318,9 @@ pub struct Agent {
     encoder: crate::wire::EnvelopeEncoder,
     loopback: VecDeque<PeerMsg>,
     loopback_from: VecDeque<(u32, PeerMsg)>,
+    /// Messages to other agents held back (`Agent::send_peer_lazy`), and until when.
+    lazy: Vec<(u32, PeerMsg)>,
+    lazy_deadline: Option<Instant>,
     /// The port's events taken on one pass of the loop (kept to reuse its allocation).
     port_events: Vec<Event>,
     // components
@@ -513,6 +520,8 @@ impl Agent {
             loopback: VecDeque::new(),
             loopback_from: VecDeque::new(),
             port_events: Vec::new(),
+            lazy: Vec::new(),
+            lazy_deadline: None,
             board: Board::new(),
             locks: LockTable::new(),
             lock_waiters: HashMap::new(),
@@ -628,6 +637,10 @@ impl Agent {
                 continue;
             }
             let timeout = if spinning { Duration::ZERO } else { self.next_timeout() };
+            if !timeout.is_zero() {
+                // About to sleep: nothing is held back over a sleep.
+                self.flush_lazy();
+            }
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() == std::io::ErrorKind::Interrupted {
                     continue;
@@ -646,6 +659,7 @@ impl Agent {
                 spin.worked(now, self.peer_messages != peer_messages);
             }
         }
+        self.flush_lazy();
         info!("agent of node {} stopping", self.me);
         let _ = std::fs::remove_dir_all(self.runtime_dir.join("scratch"));
         Ok(())
@@ -655,6 +669,14 @@ impl Agent {
     /// going to block, so it reads the TCP connections itself rather than wait for the
     /// port's event thread to be woken by them.
     fn turn(&mut self, spinning: bool, now: Instant) -> bool {
+        // Messages to other agents leave at the end of the pass, each agent's in one
+        // write (a board write's backup copy and its answer; a release's answer and the
+        // next lock's grant): each write is a system call that also runs the receiver's
+        // network input path, and the last message waited behind the others'.
+        let cork = self.view.len() > 1;
+        if cork {
+            self.port.cork();
+        }
         let mut any = false;
         loop {
             let mut progressed = false;
@@ -697,6 +719,9 @@ impl Agent {
             any = true;
         }
         self.timers(now);
+        if cork {
+            self.port.uncork();
+        }
         any
     }
 
@@ -730,6 +755,9 @@ impl Agent {
 
     /// Deadlines due at `now` (read when the pass began: timers are milliseconds apart).
     fn timers(&mut self, now: Instant) {
+        if self.lazy_deadline.is_some_and(|d| d <= now) {
+            self.flush_lazy();
+        }
         if now >= self.next_heartbeat {
             self.next_heartbeat = now + self.cfg.heartbeat;
             self.discover();

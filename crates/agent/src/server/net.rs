@@ -30,7 +30,41 @@ impl Agent {
         if node == self.me {
             self.loopback.push_back(m.clone());
         } else {
+            // Held-back messages go first: each agent's messages stay in order.
+            self.flush_lazy();
             self.send_env(Addr::new(node, 0), TAG_PEER, m);
+        }
+    }
+
+    /// Sends `m` to another agent with the next message to any agent, or within
+    /// [`LAZY_FOR`], or before the loop sleeps, whichever comes first: for a message
+    /// nobody waits for (the owner's answer to an early-answered release). In a lock
+    /// pair loop the release and the next lock request arrive back to back; the
+    /// release's answer was a write of its own, and the grant waited behind its
+    /// system call. Held back, it leaves with the grant in one write (see
+    /// `Agent::turn`'s cork).
+    ///
+    /// The release itself is not held back: measured on 4 nodes contending for one
+    /// lock, holding it cost ≈10 % of the lock pairs (the next holder waited for it).
+    pub(super) fn send_peer_lazy(&mut self, node: u32, m: PeerMsg) {
+        if node == self.me {
+            self.loopback.push_back(m);
+            return;
+        }
+        if self.lazy.is_empty() {
+            self.lazy_deadline = Some(Instant::now() + LAZY_FOR);
+        }
+        self.lazy.push((node, m));
+    }
+
+    /// Sends every held-back message now.
+    pub(super) fn flush_lazy(&mut self) {
+        if self.lazy.is_empty() {
+            return;
+        }
+        self.lazy_deadline = None;
+        for (node, m) in std::mem::take(&mut self.lazy) {
+            self.send_env(Addr::new(node, 0), TAG_PEER, &m);
         }
     }
 

@@ -103,6 +103,11 @@ impl Agent {
                 return;
             }
         }
+        // Nobody waits for the answer to a release answered early (see
+        // `route_lock_op`): it travels lazily. (A release that was not answered early
+        // is one of a lock its agent did not know held: its error answer may wait
+        // `LAZY_FOR` more.)
+        let release = matches!(body, Op::Unlock { .. });
         let r = match body {
             Op::BoardGet { key } => Reply::Value(self.board.get(&key).map(|v| BoardValue { version: v.version, value: v.value.to_vec() })),
             Op::BoardPut { key, value } => self.board_write(&key, None, value),
@@ -170,7 +175,11 @@ impl Agent {
             },
             other => Reply::err(ErrorKind::BadRequest, format!("{} is not an owner-routed operation", other.name())),
         };
-        self.send_peer(origin, &PeerMsg::RoutedReply { op, reply: r });
+        if release {
+            self.send_peer_lazy(origin, PeerMsg::RoutedReply { op, reply: r });
+        } else {
+            self.send_peer(origin, &PeerMsg::RoutedReply { op, reply: r });
+        }
     }
 
     pub(super) fn board_write(&mut self, key: &str, expected: Option<u64>, value: Vec<u8>) -> Reply {

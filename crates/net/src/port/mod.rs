@@ -317,6 +317,8 @@ struct State {
     /// The application polls the port itself ([`Port::start_polling`]; counted in
     /// `awake` while set).
     app_polling: bool,
+    /// TCP writes are held back ([`Port::cork`]).
+    corked: bool,
     waiters: u32,
     app_bell: Bell,
     app_bell_set: bool,

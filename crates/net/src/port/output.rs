@@ -99,6 +99,15 @@ impl State {
         true
     }
 
+    /// Ends a cork ([`Port::cork`]), writing out what it held back.
+    pub(super) fn uncork(&mut self) {
+        if self.corked {
+            self.corked = false;
+            self.flush_all();
+            self.flush_tcp_backlog();
+        }
+    }
+
     pub(super) fn flush_tcp(&mut self, peer: Addr) {
         /// Queued bytes that are written out at once rather than after the queue fills
         /// (8 MiB): a large message still starts moving while the rest is checksummed,
@@ -121,14 +130,15 @@ impl State {
                 return;
             }
         };
-        let State { tcp, proto, links, .. } = self;
+        let State { tcp, proto, links, corked, .. } = self;
         let link = links.get_mut(&peer).unwrap();
         let Some(c) = tcp.get_mut(&cid) else { return };
         if c.state != ConnState::Established {
             return;
         }
         // Early writes stop once the socket is full: the rest waits for it to drain.
-        let mut write_early = true;
+        // Corked, frames are only queued (up to the queue's bound).
+        let mut write_early = !*corked;
         while c.queued() < (8 << 20) {
             let Some(out) = proto.pop_frame(peer) else { break };
             let OutFrame { mut frame, completes } = out;
@@ -149,6 +159,9 @@ impl State {
                 }
                 write_early = c.queued() < WRITE_AT;
             }
+        }
+        if *corked {
+            return;
         }
         if let Err(e) = c.write_out() {
             let msg = format!("write to {peer}: {e}");

@@ -107,6 +107,10 @@ impl State {
                 }
             }
         }
+        if self.corked {
+            // Written at `uncork` (`flush_tcp_backlog`).
+            return;
+        }
         let c = self.tcp.get_mut(&id).unwrap();
         if let Err(e) = c.write_out() {
             self.conn_lost(id, &format!("write: {e}"));
@@ -202,6 +206,9 @@ impl State {
     /// sockets. Without it, the rest of a large message written while the socket was
     /// full waited for the waiter to give up spinning and sleep in `epoll`.
     pub(super) fn flush_tcp_backlog(&mut self) {
+        if self.corked {
+            return;
+        }
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established && c.queued() > 0).map(|(id, _)| *id));
         for id in ids.drain(..) {
@@ -237,6 +244,9 @@ impl State {
         h.ack = link.recv.take_ack();
         link.ack_due = None;
         c.queue(&Frame::control(h));
+        if self.corked {
+            return;
+        }
         if let Err(e) = c.write_out() {
             self.conn_lost(cid, &format!("write: {e}"));
         }
