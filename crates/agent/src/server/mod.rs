@@ -318,6 +318,8 @@ pub struct Agent {
     encoder: crate::wire::EnvelopeEncoder,
     loopback: VecDeque<PeerMsg>,
     loopback_from: VecDeque<(u32, PeerMsg)>,
+    /// The port is corked until the end of this pass (see `Agent::send_peer`).
+    corked: bool,
     /// Messages to other agents held back (`Agent::send_peer_lazy`), and until when.
     lazy: Vec<(u32, PeerMsg)>,
     lazy_deadline: Option<Instant>,
@@ -520,6 +522,7 @@ impl Agent {
             loopback: VecDeque::new(),
             loopback_from: VecDeque::new(),
             port_events: Vec::new(),
+            corked: false,
             lazy: Vec::new(),
             lazy_deadline: None,
             board: Board::new(),
@@ -669,14 +672,6 @@ impl Agent {
     /// going to block, so it reads the TCP connections itself rather than wait for the
     /// port's event thread to be woken by them.
     fn turn(&mut self, spinning: bool, now: Instant) -> bool {
-        // Messages to other agents leave at the end of the pass, each agent's in one
-        // write (a board write's backup copy and its answer; a release's answer and the
-        // next lock's grant): each write is a system call that also runs the receiver's
-        // network input path, and the last message waited behind the others'.
-        let cork = self.view.len() > 1;
-        if cork {
-            self.port.cork();
-        }
         let mut any = false;
         loop {
             let mut progressed = false;
@@ -719,7 +714,8 @@ impl Agent {
             any = true;
         }
         self.timers(now);
-        if cork {
+        if self.corked {
+            self.corked = false;
             self.port.uncork();
         }
         any

@@ -30,9 +30,23 @@ impl Agent {
         if node == self.me {
             self.loopback.push_back(m.clone());
         } else {
+            self.cork();
             // Held-back messages go first: each agent's messages stay in order.
             self.flush_lazy();
             self.send_env(Addr::new(node, 0), TAG_PEER, m);
+        }
+    }
+
+    /// Messages to other agents leave at the end of the loop's pass (`Agent::turn`),
+    /// each agent's in one write (a board write's backup copy and its answer; a
+    /// release's answer and the next lock's grant): each write is a system call that
+    /// also runs the receiver's network input path, and the last message waited
+    /// behind the others'. Corked at the first such message only, so that a pass with
+    /// local work alone takes no extra lock.
+    fn cork(&mut self) {
+        if !self.corked {
+            self.corked = true;
+            self.port.cork();
         }
     }
 
