@@ -59,7 +59,7 @@ impl Agent {
     /// `Agent::turn`'s cork).
     ///
     /// The release itself is not held back: measured on 4 nodes contending for one
-    /// lock, holding it cost ≈10 % of the lock pairs (the next holder waited for it).
+    /// lock, holding it cost ≈12 % of the lock pairs (the next holder waited for it).
     pub(super) fn send_peer_lazy(&mut self, node: u32, m: PeerMsg) {
         if node == self.me {
             self.loopback.push_back(m);
