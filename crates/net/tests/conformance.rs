@@ -258,6 +258,18 @@ fn progress_goes_on_without_library_calls_after_a_burst_of_large_waits(t: Transp
 /// held); nothing corked is lost or reordered, and a blocking wait on a corked port
 /// uncorks rather than wait for its own held-back message.
 fn a_cork_holds_writes_until_uncork_and_loses_nothing(t: Transport) {
+    // Corked before the first message: the connection is set up meanwhile (its
+    // handshake is not held), and the message leaves at uncork. (The connection's
+    // writable edge came while corked and was dropped: nothing ever left.)
+    let p = Pair::new(t, |_| {});
+    let (a, b) = (p.a(), &p.b);
+    a.cork();
+    a.send_detached_copy(b.addr(), 7, &pattern(100, 7));
+    std::thread::sleep(Duration::from_millis(200));
+    a.uncork();
+    assert!(received(b.wait_timeout(b.irecv(Some(p.a_addr), Some(7), 100), WAIT)).data == pattern(100, 7), "{t:?}");
+    drop(p);
+
     let p = Pair::new(t, |_| {});
     let (a, b) = (p.a(), &p.b);
     // The connection first, so that the cork is all that holds the messages back.

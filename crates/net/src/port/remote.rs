@@ -107,11 +107,13 @@ impl State {
                 }
             }
         }
-        if self.corked {
-            // Written at `uncork` (`flush_tcp_backlog`).
+        let c = self.tcp.get_mut(&id).unwrap();
+        if self.corked && c.state == ConnState::Established {
+            // Written at `uncork` (`flush_tcp_backlog`). A handshake is never held:
+            // `uncork` writes established connections only, and this writable edge
+            // would not come again.
             return;
         }
-        let c = self.tcp.get_mut(&id).unwrap();
         if let Err(e) = c.write_out() {
             self.conn_lost(id, &format!("write: {e}"));
             return;
