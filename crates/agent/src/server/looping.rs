@@ -36,6 +36,7 @@ impl Agent {
             round = round.wrapping_add(1);
             let peer_messages = self.peer_messages;
             if spinning && !round.is_multiple_of(ROUNDS_PER_EPOLL) {
+                let mut local_news = false;
                 if !spin.idle_round(now, awaiting_peer) {
                     // Local work only: between full passes (each reads the clock and
                     // every TCP connection) look at what a process on this node or a
@@ -45,12 +46,17 @@ impl Agent {
                     // see `spin`.
                     for _ in 0..CHECKS_PER_PASS {
                         if self.has_local_news() {
+                            local_news = true;
                             break;
                         }
                         std::hint::spin_loop();
                     }
                 }
-                if self.turn(true, now) {
+                // Local news is served before the TCP connections are read (a system
+                // call each: an agent with peers made every local request wait for
+                // them); they are read on the next pass, and every 4th pass however
+                // busy local clients keep the loop.
+                if self.turn(!local_news || round.is_multiple_of(4), now) {
                     spin.worked(now, self.peer_messages != peer_messages);
                 } else if spin.idle_round(now, awaiting_peer) {
                     std::thread::yield_now();
@@ -86,25 +92,18 @@ impl Agent {
         Ok(())
     }
 
-    /// One pass over everything that may have happened. `spinning`: the loop is not
+    /// One pass over everything that may have happened. `read_tcp`: the loop is not
     /// going to block, so it reads the TCP connections itself rather than wait for the
-    /// port's event thread to be woken by them.
-    fn turn(&mut self, spinning: bool, now: Instant) -> bool {
+    /// port's event thread to be woken by them. The port comes first: a client's
+    /// request is what a spinning loop most often finds.
+    fn turn(&mut self, read_tcp: bool, now: Instant) -> bool {
         let mut any = false;
         loop {
             let mut progressed = false;
-            while let Ok(c) = self.calls_rx.try_recv() {
-                progressed = true;
-                self.call(c);
-            }
-            while let Ok(d) = self.done_rx.try_recv() {
-                progressed = true;
-                self.reply(d.reply, d.result);
-            }
             // All of the port's events at once: taken one by one, each would ring and
             // clear the port's event descriptor (two system calls per request).
             let mut evs = std::mem::take(&mut self.port_events);
-            if spinning && !any {
+            if read_tcp && !any {
                 self.port.poll_events(&mut evs);
             } else {
                 self.port.drain_events(&mut evs);
@@ -118,6 +117,14 @@ impl Agent {
                 }
             }
             self.port_events = evs;
+            while let Ok(c) = self.calls_rx.try_recv() {
+                progressed = true;
+                self.call(c);
+            }
+            while let Ok(d) = self.done_rx.try_recv() {
+                progressed = true;
+                self.reply(d.reply, d.result);
+            }
             while let Some(m) = self.loopback.pop_front() {
                 progressed = true;
                 self.peer_msg(self.me, m);
