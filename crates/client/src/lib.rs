@@ -84,8 +84,8 @@ pub struct Client {
     _registration: UnixStream,
     next_id: AtomicU64,
     next_large: AtomicU64,
-    /// One lock for the request books (a request took five locks, a sizeable share of
-    /// its cost).
+    /// One lock for the request books: a request takes it three times, where the
+    /// three separate locks were taken five times.
     books: Mutex<Books>,
     timeout: Duration,
 }

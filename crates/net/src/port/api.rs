@@ -387,9 +387,8 @@ impl Port {
     }
 
     /// The result of a request whose [`Event::Completed`] was just taken, without the
-    /// progress pass [`Port::test`] makes first: an event loop has made that pass
-    /// already when it took the event (half of a local request's port time went to
-    /// passing twice).
+    /// progress pass [`Port::test`] makes first: an event loop made that pass when it
+    /// took the event, and a second one per request was pure cost on its path.
     pub fn take_completed(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
         if is_presettled(req) {
             return Some(Ok(Completion::Sent));
