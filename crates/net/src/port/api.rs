@@ -388,12 +388,14 @@ impl Port {
 
     /// The result of a request whose [`Event::Completed`] was just taken, without the
     /// progress pass [`Port::test`] makes first: an event loop made that pass when it
-    /// took the event, and a second one per request was pure cost on its path.
+    /// took the event, and a second one per request was pure cost on its path. Taking a
+    /// result queues nothing and raises no event, so nothing is flushed either.
     pub fn take_completed(&self, req: ReqId) -> Option<Result<Completion, NetError>> {
         if is_presettled(req) {
             return Some(Ok(Completion::Sent));
         }
-        self.traced(self.with(|st| st.proto.take(req)))
+        let r = self.sh.st.lock().proto.take(req);
+        self.traced(r)
     }
 
     /// Waits for a request to finish.
