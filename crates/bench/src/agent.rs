@@ -254,11 +254,21 @@ fn median_round(rounds: &[PingRound]) -> PingRound {
 /// gepsea-net's shared-memory ping-pong round trip of 8 B (two processes, namespace
 /// `ns`), µs.
 fn net_round_trip(netpeer: &Path, ns: &str) -> Result<f64> {
-    let mut echo = Command::new(netpeer);
-    echo.args(["--ns", ns, "--node", "0", "--port", "2", "echo", "--peer", "0:1", "--count", "1000000000", "--max", "4096"]);
+    let port = |p: &str| {
+        let mut c = Command::new(netpeer);
+        c.args(["--ns", ns, "--node", "0", "--port", p]);
+        c
+    };
+    round_trip_8b(port("2"), "0:1", port("1"), "0:2", ns)
+}
+
+/// The 8 B round trip, µs, between `echo` and `ping`: two gepsea-netpeer commands with
+/// their ports set (`echo_peer`, `ping_peer`: each one's peer). Both run in namespace
+/// `ns`, whose directory is removed afterwards.
+fn round_trip_8b(mut echo: Command, echo_peer: &str, mut ping: Command, ping_peer: &str, ns: &str) -> Result<f64> {
+    echo.args(["echo", "--peer", echo_peer, "--count", "1000000000", "--max", "4096"]);
     let guard = Kill(vec![spawn_ready(echo, "echo")?]);
-    let mut ping = Command::new(netpeer);
-    ping.args(["--ns", ns, "--node", "0", "--port", "1", "pingpong", "--peer", "0:2", "--sizes", "8", "--scale", "1"]);
+    ping.args(["pingpong", "--peer", ping_peer, "--sizes", "8", "--scale", "1"]);
     let (lat, _) = collect(ping, "pingpong")?;
     drop(guard);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
@@ -296,15 +306,7 @@ fn remote_phase(
             .arg(&dir);
         c
     };
-    let mut echo = peer(1);
-    echo.args(["echo", "--peer", "1:1", "--count", "1000000000", "--max", "4096"]);
-    let guard = Kill(vec![spawn_ready(echo, "echo")?]);
-    let mut ping = peer(0);
-    ping.args(["pingpong", "--peer", "2:1", "--sizes", "8", "--scale", "1"]);
-    let (lat, _) = collect(ping, "pingpong")?;
-    drop(guard);
-    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("{ns}net")));
-    let tcp_rtt = 2.0 * lat.get(&8).copied().context("no 8 B latency")?;
+    let tcp_rtt = round_trip_8b(peer(1), "1:1", peer(0), "2:1", &format!("{ns}net"))?;
 
     let agents = start_agents(gepsea, ns, 2, bed, rv)?;
     let run = |kind: &str| -> Result<Percentiles> {

@@ -168,14 +168,9 @@ impl Client {
     pub fn start(&self, op: Op) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut books = self.books.lock();
-        match books.encoder.encode(&Request { id, op }) {
-            Encoded::Inline(envelope) => self.port.send_detached_copy(self.agent, TAG_REQUEST, envelope),
-            Encoded::Large(body) => {
-                let tag = TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed);
-                self.port.send_detached(self.agent, TAG_REQUEST, encode(&Envelope::Large { len: body.len() as u64, tag }));
-                self.port.send_detached(self.agent, tag, body);
-            }
-        }
+        books.encoder.send_detached(&self.port, self.agent, TAG_REQUEST, &Request { id, op }, || {
+            TAG_LARGE | self.next_large.fetch_add(1, Ordering::Relaxed)
+        });
         let buf = books.buffers.take();
         let r = self.port.irecv_into(Some(self.agent), Some(TAG_REPLY | id), buf);
         books.pending.insert(id, r);

@@ -15,15 +15,11 @@ impl Agent {
     /// `PeerFailed`, a client's closed registration socket), and taking a completion
     /// event for each would cost the loop more than the send.
     pub(super) fn send_env<T: serde::Serialize>(&mut self, dst: Addr, tag: u64, message: &T) {
-        match self.encoder.encode(message) {
-            Encoded::Inline(envelope) => self.port.send_detached_copy(dst, tag, envelope),
-            Encoded::Large(body) => {
-                self.large_counter += 1;
-                let ltag = TAG_LARGE | self.large_counter;
-                self.port.send_detached(dst, tag, encode(&Envelope::Large { len: body.len() as u64, tag: ltag }));
-                self.port.send_detached(dst, ltag, Bytes::from(body));
-            }
-        }
+        let counter = &mut self.large_counter;
+        self.encoder.send_detached(&self.port, dst, tag, message, || {
+            *counter += 1;
+            TAG_LARGE | *counter
+        });
     }
 
     pub(super) fn send_peer(&mut self, node: u32, m: &PeerMsg) {

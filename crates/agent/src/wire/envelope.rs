@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use gepsea_net::{Addr, Port};
+
 use super::SMALL_MAX;
 
 /// How a body travels (see the module docs). Borrowed both ways: a body is encoded
@@ -82,11 +84,26 @@ impl EnvelopeEncoder {
         append(&Envelope::Inline(&self.body), &mut self.envelope);
         Encoded::Inline(&self.envelope)
     }
+
+    /// Encodes `message` and sends it detached to `dst` with `tag`: inline in one
+    /// envelope, or, bigger than [`SMALL_MAX`], as an [`Envelope::Large`] header and the
+    /// body on the tag `large_tag` gives (`TAG_LARGE | the sender's counter`). Clients
+    /// and agents both send this way, so the two paths cannot drift apart.
+    pub fn send_detached<T: Serialize>(&mut self, port: &Port, dst: Addr, tag: u64, message: &T, large_tag: impl FnOnce() -> u64) {
+        match self.encode(message) {
+            Encoded::Inline(envelope) => port.send_detached_copy(dst, tag, envelope),
+            Encoded::Large(body) => {
+                let body_tag = large_tag();
+                port.send_detached(dst, tag, super::encode(&Envelope::Large { len: body.len() as u64, tag: body_tag }));
+                port.send_detached(dst, body_tag, body);
+            }
+        }
+    }
 }
 
 /// Postcard output appended to a borrowed `Vec` a slice at a time (postcard's own
-/// `to_extend` pushes byte by byte through `Extend`: encoding a ping's reply took a
-/// tenth of the agent's time with it).
+/// `to_extend` pushes byte by byte through `Extend`: encoding took 7 % of the agent's
+/// time under a ping load with it).
 struct AppendTo<'a>(&'a mut Vec<u8>);
 
 impl postcard::ser_flavors::Flavor for AppendTo<'_> {
