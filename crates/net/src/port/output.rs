@@ -160,12 +160,6 @@ impl State {
                 write_early = c.queued() < WRITE_AT;
             }
         }
-        if *corked {
-            return;
-        }
-        if let Err(e) = c.write_out() {
-            let msg = format!("write to {peer}: {e}");
-            self.conn_lost(cid, &msg);
-        }
+        self.write_unless_corked(cid, &format!("write to {peer}"));
     }
 }
