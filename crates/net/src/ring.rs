@@ -210,8 +210,7 @@ pub struct Producer {
     data: Storage,
     cap: u64,
     head: u64,
-    /// `head % cap`, kept rather than computed: a division on every push and poll
-    /// was a measurable share of a small message's path.
+    /// `head % cap`, kept rather than computed, so that no push divides.
     pos: u64,
     cached_tail: u64,
 }
@@ -222,7 +221,8 @@ pub struct Consumer {
     data: Storage,
     cap: u64,
     tail: u64,
-    /// `tail % cap` (see `Producer::pos`).
+    /// `tail % cap`, kept so that no look at the ring divides (it is polled in spin
+    /// loops).
     pos: u64,
     cached_head: u64,
 }
@@ -344,8 +344,8 @@ impl Consumer {
     /// cross-core transfers overlap instead of following each other (the record's
     /// line asked for only after `head` was seen to move). Prefetching after the load,
     /// as this did first, fetched the line before the producer wrote it, so the read
-    /// missed again: 8-byte one-way 0.400 → 0.369 µs (medians of 16 alternated pinned
-    /// rounds), and the division that located the line was taken off the path too.
+    /// missed again: 8-byte one-way 0.406 → 0.374 µs (medians of 30 alternated pinned
+    /// rounds, `docs/benchmarks.md`).
     pub fn has_data(&mut self) -> bool {
         if self.tail != self.cached_head {
             return true;
