@@ -160,6 +160,6 @@ impl State {
                 write_early = c.queued() < WRITE_AT;
             }
         }
-        self.write_unless_corked(cid, &format!("write to {peer}"));
+        self.write_unless_corked(cid);
     }
 }

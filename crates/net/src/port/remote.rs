@@ -246,20 +246,24 @@ impl State {
         h.ack = link.recv.take_ack();
         link.ack_due = None;
         c.queue(&Frame::control(h));
-        self.write_unless_corked(cid, "write");
+        self.write_unless_corked(cid);
     }
 
     /// Writes connection `cid`'s queue to its socket, unless the port is corked
     /// ([`crate::Port::cork`]): then it stays queued for `uncork`
-    /// (`flush_tcp_backlog`). A failed write drops the connection (`what` names the
-    /// write in the log); the link replays on the next one.
-    pub(super) fn write_unless_corked(&mut self, cid: usize, what: &str) {
+    /// (`flush_tcp_backlog`). A failed write drops the connection (logged with the
+    /// peer it was for); the link replays on the next one.
+    pub(super) fn write_unless_corked(&mut self, cid: usize) {
         if self.corked {
             return;
         }
         let Some(c) = self.tcp.get_mut(&cid) else { return };
         if let Err(e) = c.write_out() {
-            self.conn_lost(cid, &format!("{what}: {e}"));
+            let msg = match c.peer {
+                Some(p) => format!("write to {p}: {e}"),
+                None => format!("write: {e}"),
+            };
+            self.conn_lost(cid, &msg);
         }
     }
 
