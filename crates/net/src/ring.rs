@@ -210,8 +210,6 @@ pub struct Producer {
     data: Storage,
     cap: u64,
     head: u64,
-    /// `head % cap`, kept rather than computed, so that no push divides.
-    pos: u64,
     cached_tail: u64,
 }
 
@@ -221,9 +219,6 @@ pub struct Consumer {
     data: Storage,
     cap: u64,
     tail: u64,
-    /// `tail % cap`, kept so that no look at the ring divides (it is polled in spin
-    /// loops).
-    pos: u64,
     cached_head: u64,
 }
 
@@ -242,8 +237,7 @@ pub fn producer(ctl: ControlRef, data: Storage, capacity: usize) -> Producer {
     assert!(capacity.is_multiple_of(2 * RECORD_ALIGN));
     let head = ctl.get().head.0.load(Ordering::Relaxed);
     let tail = ctl.get().tail.0.load(Ordering::Acquire);
-    let cap = capacity as u64;
-    Producer { ctl, data, cap, head, pos: head % cap, cached_tail: tail }
+    Producer { ctl, data, cap: capacity as u64, head, cached_tail: tail }
 }
 
 /// The consumer end alone.
@@ -251,8 +245,7 @@ pub fn consumer(ctl: ControlRef, data: Storage, capacity: usize) -> Consumer {
     assert!(capacity.is_multiple_of(2 * RECORD_ALIGN));
     let tail = ctl.get().tail.0.load(Ordering::Relaxed);
     let head = ctl.get().head.0.load(Ordering::Acquire);
-    let cap = capacity as u64;
-    Consumer { ctl, data, cap, tail, pos: tail % cap, cached_head: head }
+    Consumer { ctl, data, cap: capacity as u64, tail, cached_head: head }
 }
 
 impl Producer {
@@ -265,7 +258,7 @@ impl Producer {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         assert!(len <= max_payload(self.cap as usize), "record of {len} bytes exceeds ring limit");
         let rec = record_size(len) as u64;
-        let pos = self.pos;
+        let pos = self.head % self.cap;
         let to_end = self.cap - pos;
         let need = if rec <= to_end { rec } else { to_end + rec };
         if self.head + need - self.cached_tail > self.cap {
@@ -286,7 +279,6 @@ impl Producer {
             off += p.len();
         }
         self.head += need;
-        self.pos = if at + rec == self.cap { 0 } else { at + rec };
         self.ctl.get().head.0.store(self.head, Ordering::Release);
         true
     }
@@ -294,7 +286,8 @@ impl Producer {
     /// Whether a record of `payload` bytes would fit now.
     pub fn fits(&mut self, payload: usize) -> bool {
         let rec = record_size(payload) as u64;
-        let to_end = self.cap - self.pos;
+        let pos = self.head % self.cap;
+        let to_end = self.cap - pos;
         let need = if rec <= to_end { rec } else { to_end + rec };
         if self.head + need - self.cached_tail <= self.cap {
             return true;
@@ -350,7 +343,7 @@ impl Consumer {
         if self.tail != self.cached_head {
             return true;
         }
-        self.data.prefetch(self.pos as usize);
+        self.data.prefetch((self.tail % self.cap) as usize);
         self.cached_head = self.ctl.get().head.0.load(Ordering::Acquire);
         self.tail != self.cached_head
     }
@@ -359,22 +352,18 @@ impl Consumer {
         if !self.has_data() {
             return None;
         }
-        let mut pos = self.pos;
+        let mut pos = self.tail % self.cap;
         let mut len = self.data.read_u32(pos as usize);
         if len == WRAP {
             self.tail += self.cap - pos;
             pos = 0;
-            self.pos = 0;
             len = self.data.read_u32(0);
         }
         Some((pos as usize, len as usize))
     }
 
-    fn release(&mut self, at: usize, len: usize) {
-        let rec = record_size(len) as u64;
-        self.tail += rec;
-        let end = at as u64 + rec;
-        self.pos = if end == self.cap { 0 } else { end };
+    fn release(&mut self, _at: usize, len: usize) {
+        self.tail += record_size(len) as u64;
         self.ctl.get().tail.0.store(self.tail, Ordering::Release);
     }
 }
