@@ -6,6 +6,21 @@
 
 use super::*;
 
+/// The message counts before a pass, to tell afterwards what kind of work it did.
+struct Seen {
+    peer_messages: u64,
+    background: u64,
+}
+
+impl Seen {
+    /// `None` if the pass handled nothing but background messages (heartbeats, state
+    /// gossip: see `spin::is_background`), which do not make the loop spin; otherwise
+    /// whether some of its work was for another agent.
+    fn work(&self, agent: &Agent, handled: usize) -> Option<bool> {
+        spin::pass_work(handled as u64, agent.peer_messages - self.peer_messages, agent.background_messages - self.background)
+    }
+}
+
 impl Agent {
     /// Serves until [`Shutdown::trigger`].
     pub fn run(mut self) -> Result<(), AgentError> {
@@ -34,7 +49,7 @@ impl Agent {
                 }
             }
             round = round.wrapping_add(1);
-            let peer_messages = self.peer_messages;
+            let seen = self.seen();
             if spinning && !round.is_multiple_of(ROUNDS_PER_EPOLL) {
                 let mut local_news = false;
                 if !spin.idle_round(now, awaiting_peer) {
@@ -56,8 +71,9 @@ impl Agent {
                 // call each: an agent with peers made every local request wait for
                 // them); they are read on the next pass, and every 4th pass however
                 // busy local clients keep the loop.
-                if self.turn(!local_news || round.is_multiple_of(4), now) {
-                    spin.worked(now, self.peer_messages != peer_messages);
+                let handled = self.turn(!local_news || round.is_multiple_of(4), now);
+                if let Some(for_peer) = seen.work(&self, handled) {
+                    spin.worked(now, for_peer);
                 } else if spin.idle_round(now, awaiting_peer) {
                     std::thread::yield_now();
                 }
@@ -74,16 +90,28 @@ impl Agent {
                 }
                 return Err(AgentError::Io { context: "waiting for events".into(), source: e });
             }
+            // The port's and the waker's descriptors only say that the pass below has
+            // something to take; whether that was work is the pass's to say.
+            let mut sessions = false;
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept(),
+                    LISTENER => {
+                        sessions = true;
+                        self.accept();
+                    }
                     WAKER | PORT_EVENTS => {}
-                    t => self.session_ready(t),
+                    t => {
+                        sessions = true;
+                        self.session_ready(t);
+                    }
                 }
             }
             let now = Instant::now();
-            if self.turn(spinning, now) || !events.is_empty() {
-                spin.worked(now, self.peer_messages != peer_messages);
+            let handled = self.turn(spinning, now);
+            match seen.work(&self, handled) {
+                Some(for_peer) => spin.worked(now, for_peer),
+                None if sessions => spin.worked(now, false),
+                None => {}
             }
         }
         self.flush_lazy();
@@ -95,21 +123,22 @@ impl Agent {
     /// One pass over everything that may have happened. `read_tcp`: the loop is not
     /// going to block, so it reads the TCP connections itself rather than wait for the
     /// port's event thread to be woken by them. The port comes first: a client's
-    /// request is what a spinning loop most often finds.
-    fn turn(&mut self, read_tcp: bool, now: Instant) -> bool {
-        let mut any = false;
+    /// request is what a spinning loop most often finds. Returns how many things it
+    /// handled (events, calls, results, messages to itself).
+    fn turn(&mut self, read_tcp: bool, now: Instant) -> usize {
+        let mut handled = 0;
         loop {
-            let mut progressed = false;
+            let before = handled;
             // All of the port's events at once: taken one by one, each would ring and
             // clear the port's event descriptor (two system calls per request).
             let mut evs = std::mem::take(&mut self.port_events);
-            if read_tcp && !any {
+            if read_tcp && handled == 0 {
                 self.port.poll_events(&mut evs);
             } else {
                 self.port.drain_events(&mut evs);
             }
             for ev in evs.drain(..) {
-                progressed = true;
+                handled += 1;
                 match ev {
                     Event::Completed(id) => self.net_completed(id),
                     Event::PeerFailed { peer, reason } => self.peer_failed(peer, &reason),
@@ -118,32 +147,35 @@ impl Agent {
             }
             self.port_events = evs;
             while let Ok(c) = self.calls_rx.try_recv() {
-                progressed = true;
+                handled += 1;
                 self.call(c);
             }
             while let Ok(d) = self.done_rx.try_recv() {
-                progressed = true;
+                handled += 1;
                 self.reply(d.reply, d.result);
             }
             while let Some(m) = self.loopback.pop_front() {
-                progressed = true;
+                handled += 1;
                 self.peer_msg(self.me, m);
             }
             while let Some((from, m)) = self.loopback_from.pop_front() {
-                progressed = true;
+                handled += 1;
                 self.peer_msg(from, m);
             }
-            if !progressed {
+            if handled == before {
                 break;
             }
-            any = true;
         }
         self.timers(now);
         if self.corked {
             self.corked = false;
             self.port.uncork();
         }
-        any
+        handled
+    }
+
+    fn seen(&self) -> Seen {
+        Seen { peer_messages: self.peer_messages, background: self.background_messages }
     }
 
     /// Whether a pass would find local work: a request or reply on shared memory, a

@@ -394,6 +394,8 @@ pub struct Agent {
     next_heartbeat: Instant,
     requests_served: u64,
     peer_messages: u64,
+    /// Of which liveness and gossip ([`spin::is_background`]).
+    background_messages: u64,
 }
 
 impl Agent {
@@ -577,6 +579,7 @@ impl Agent {
             next_heartbeat: Instant::now(),
             requests_served: 0,
             peer_messages: 0,
+            background_messages: 0,
             cfg,
         };
         a.post_receives();

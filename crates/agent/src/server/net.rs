@@ -158,7 +158,12 @@ impl Agent {
         if peer {
             self.peer_messages += 1;
             match decode::<PeerMsg>("agent message", body) {
-                Ok(m) => self.peer_msg(src.node, m),
+                Ok(m) => {
+                    if super::spin::is_background(&m) {
+                        self.background_messages += 1;
+                    }
+                    self.peer_msg(src.node, m)
+                }
                 Err(e) => warn!("node {}: dropping a message from agent {}: {e}", self.me, src.node),
             }
             return;
