@@ -212,7 +212,8 @@ impl Agent {
             self.flush_lazy();
         }
         if now >= self.next_heartbeat {
-            self.next_heartbeat = now + self.cfg.heartbeat;
+            let peers = self.view.len().saturating_sub(1);
+            self.next_heartbeat = now + membership::heartbeat_period(self.cfg.heartbeat, self.cfg.peer_timeout, peers);
             self.discover();
             for n in self.view.clone() {
                 if n != self.me {

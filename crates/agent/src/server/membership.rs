@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// Heartbeats an agent sends a second at most, while that keeps each peer's period
+/// within a third of the peer timeout. Every agent heartbeats every other, so the
+/// messages grow with the square of the group: 36 agents on loopback, idle, at
+/// 500 ms took 40 % of a core in all (each heartbeat is a write, a read, two wake-ups
+/// and an acknowledgement's round of the same).
+const HEARTBEATS_PER_SECOND: u32 = 32;
+
+/// The period between heartbeats to each of `peers` agents: `base`, longer in groups
+/// large enough to pass [`HEARTBEATS_PER_SECOND`], never longer than a third of
+/// `peer_timeout` (nor shorter than `base`).
+pub(super) fn heartbeat_period(base: Duration, peer_timeout: Duration, peers: usize) -> Duration {
+    let budget = Duration::from_secs(1) * peers as u32 / HEARTBEATS_PER_SECOND;
+    budget.min(peer_timeout / 3).max(base)
+}
+
 impl Agent {
     pub(super) fn discover(&mut self) {
         let Some(dir) = self.cfg.rendezvous.clone() else { return };
@@ -305,5 +320,22 @@ impl Agent {
         for (origin, op, client, body) in std::mem::take(&mut self.deferred) {
             self.exec_owned(origin, op, client, body);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_slow_down_in_large_groups_within_the_peer_timeout() {
+        let (base, timeout) = (Duration::from_millis(500), Duration::from_secs(3));
+        assert_eq!(heartbeat_period(base, timeout, 3), base);
+        assert_eq!(heartbeat_period(base, timeout, 16), base);
+        assert_eq!(heartbeat_period(base, timeout, 24), Duration::from_millis(750));
+        assert_eq!(heartbeat_period(base, timeout, 35), Duration::from_secs(1), "a third of the timeout");
+        assert_eq!(heartbeat_period(base, timeout, 999), Duration::from_secs(1));
+        // A short timeout never makes heartbeats faster than asked.
+        assert_eq!(heartbeat_period(base, Duration::from_millis(900), 35), base);
     }
 }
