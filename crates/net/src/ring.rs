@@ -316,7 +316,7 @@ impl Consumer {
     pub fn pop_with<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let (at, len) = self.front()?;
         let r = self.data.with_slice(at + PREFIX, len, f);
-        self.release(at, len);
+        self.release(len);
         Some(r)
     }
 
@@ -326,7 +326,7 @@ impl Consumer {
     pub fn try_pop_with<R>(&mut self, f: impl FnOnce(&[u8]) -> Option<R>) -> Option<R> {
         let (at, len) = self.front()?;
         let r = self.data.with_slice(at + PREFIX, len, f)?;
-        self.release(at, len);
+        self.release(len);
         Some(r)
     }
 
@@ -362,7 +362,7 @@ impl Consumer {
         Some((pos as usize, len as usize))
     }
 
-    fn release(&mut self, _at: usize, len: usize) {
+    fn release(&mut self, len: usize) {
         self.tail += record_size(len) as u64;
         self.ctl.get().tail.0.store(self.tail, Ordering::Release);
     }
