@@ -136,6 +136,11 @@ pub(crate) struct Row {
     /// The same over workers' active time (first task to last result handed over).
     pub active_search_fraction: f64,
     pub agent_cpu_percent: f64,
+    /// CPU seconds of the agents' own processes (their loops, event and job threads),
+    /// without the BLAST+ formatting runs they wait for: the cost of running the
+    /// agents themselves, which the model plays on the shared cores.
+    #[serde(default)]
+    pub agent_own_cpu_seconds: f64,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: usize,
@@ -246,7 +251,9 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
 
 /// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
 /// last sample of each agent is its total (agents live only as long as the job).
-fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<u32, f64>> {
+/// CPU seconds of each agent of namespace `ns`, sampled until `stop`: (with the children
+/// it has waited for, its own).
+fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<u32, (f64, f64)>> {
     std::thread::spawn(move || {
         let mut last = BTreeMap::new();
         let needle = format!("agent\0--namespace\0{ns}");
@@ -266,8 +273,8 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
                 if !cmd.contains("gepsea") {
                     not_gepsea.insert(pid);
                 } else if cmd.contains(&needle) {
-                    if let Some(c) = crate::procstat::cpu_seconds(pid, true) {
-                        last.insert(pid, c);
+                    if let (Some(all), Some(own)) = (crate::procstat::cpu_seconds(pid, true), crate::procstat::cpu_seconds(pid, false)) {
+                        last.insert(pid, (all, own));
                     }
                 }
             }
@@ -498,7 +505,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
             let o = c.output()?;
             stop.store(true, Ordering::Relaxed);
-            let agent_cpu: f64 = sampler.join().unwrap_or_default().values().sum();
+            let sampled = sampler.join().unwrap_or_default();
+            let agent_cpu = sampled.values().fold(0.0, |sum, c| sum + c.0);
+            let agent_own_cpu = sampled.values().fold(0.0, |sum, c| sum + c.1);
             if !o.status.success() {
                 bail!(
                     "{nodes} nodes, {variant}: mpirun failed: {}{}",
@@ -525,16 +534,18 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 search_fraction: frac,
                 active_search_fraction: active,
                 agent_cpu_percent: if agents == 0 { 0.0 } else { 100.0 * agent_cpu / (wall * agents as f64) },
+                agent_own_cpu_seconds: agent_own_cpu,
                 bytes_wire: s["accel"]["bytes_wire"].as_u64().unwrap_or(0),
                 bytes_raw: s["accel"]["bytes_raw"].as_u64().unwrap_or(0),
                 mergers: s["accel"]["mergers"].as_object().map_or(1, |m| m.len()),
             };
             eprintln!(
-                "  {nodes} node(s), {variant:<24} {wall:7.2} s  speed-up {:.2}  in BLAST+ {:5.1} % (active {:5.1} %)  agent CPU {:4.1} %  results across nodes {:.2} MB ({:.2} MB raw), {} merger(s); identical to serial",
+                "  {nodes} node(s), {variant:<24} {wall:7.2} s  speed-up {:.2}  in BLAST+ {:5.1} % (active {:5.1} %)  agent CPU {:4.1} % (own {:.1} CPU-s)  results across nodes {:.2} MB ({:.2} MB raw), {} merger(s); identical to serial",
                 row.speedup,
                 100.0 * frac,
                 100.0 * active,
                 row.agent_cpu_percent,
+                row.agent_own_cpu_seconds,
                 row.bytes_wire as f64 / 1e6,
                 row.bytes_raw as f64 / 1e6,
                 row.mergers
@@ -546,11 +557,11 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         drop(bed);
     }
     println!("\nserial blastp (reference): {serial:.2} s\n");
-    println!("| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | in BLAST+, active | agent CPU | MB across nodes (raw) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | in BLAST+, active | agent CPU | agents' own CPU-s | MB across nodes (raw) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.2} ({:.2}) |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.1} | {:.2} ({:.2}) |",
             r.nodes,
             r.variant,
             r.wall_seconds,
@@ -559,6 +570,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             100.0 * r.search_fraction,
             100.0 * r.active_search_fraction,
             r.agent_cpu_percent,
+            r.agent_own_cpu_seconds,
             r.bytes_wire as f64 / 1e6,
             r.bytes_raw as f64 / 1e6
         );

@@ -92,6 +92,24 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
     Ok((raw as f64 / seconds.max(1e-9), raw as f64 / packed.max(1) as f64))
 }
 
+/// The cores each agent spends on itself, from the calibration run: the agents' own CPU
+/// (without the formatting runs they wait for), less the work the model plays by
+/// itself (parsing, merging, compressing), over the agents' time on the job. Zero for
+/// mpiBLAST, and for a saved run from before the agents' own CPU was recorded.
+fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
+    if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
+        return 0.0;
+    }
+    let parse: f64 = work.iter().flat_map(|b| b.fragments.iter().map(|f| f.2)).sum();
+    let merge: f64 = work.iter().map(|b| b.merge_seconds).sum();
+    let compress = match arch {
+        Arch::Agents { compress: true, .. } => cal.bytes_raw as f64 / compress_rate.max(1.0),
+        _ => 0.0,
+    };
+    let own = (cal.agent_own_cpu_seconds - parse - merge - compress).max(0.0);
+    own / (cal.nodes as f64 * cal.wall_seconds).max(1e-9)
+}
+
 /// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
 /// into `out_dir`. Returns the largest error of a validated point, in percent.
 pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
@@ -105,6 +123,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         // `bench agent`: an operation crossing nodes ≈ 0.5 ms; a take and its reply.
         take_seconds: 0.001,
         shared_cores: Some(cores),
+        agent_own_cores: 0.0,
         fixed_seconds: 0.0,
     };
     eprintln!(
@@ -128,8 +147,20 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         if work.is_empty() {
             continue;
         }
-        let played = model::simulate(&work, cal.nodes, arch(v), &base_costs);
-        let costs = Costs { fixed_seconds: (cal.wall_seconds - played.wall_seconds).max(0.0), ..base_costs.clone() };
+        let own = agent_own_cores(cal, &work, arch(v), compress_rate);
+        if own > 0.0 {
+            eprintln!(
+                "bench cluster model: {}: each agent's own CPU {:.2} % of a core (from {} nodes: {:.1} CPU-s in {:.1} s)",
+                cal.variant,
+                100.0 * own,
+                cal.nodes,
+                cal.agent_own_cpu_seconds,
+                cal.wall_seconds
+            );
+        }
+        let with_own = Costs { agent_own_cores: own, ..base_costs.clone() };
+        let played = model::simulate(&work, cal.nodes, arch(v), &with_own);
+        let costs = Costs { fixed_seconds: (cal.wall_seconds - played.wall_seconds).max(0.0), ..with_own };
         for r in &mine {
             let p = model::simulate(&work, r.nodes, arch(v), &costs);
             let err = 100.0 * (p.wall_seconds - r.wall_seconds) / r.wall_seconds;
@@ -224,5 +255,46 @@ fn add_point(series: &mut Vec<(String, Vec<(f64, f64)>)>, name: &str, point: (f6
     match series.iter_mut().find(|(s, _)| s == name) {
         Some((_, points)) => points.push(point),
         None => series.push((name.to_string(), vec![point])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(nodes: usize, wall: f64, own: f64, bytes_raw: u64) -> Row {
+        Row {
+            nodes,
+            variant: "agents, dynamic".into(),
+            variant_index: 1,
+            wall_seconds: wall,
+            speedup: 1.0,
+            search_fraction: 1.0,
+            active_search_fraction: 1.0,
+            agent_cpu_percent: 0.0,
+            agent_own_cpu_seconds: own,
+            bytes_wire: 0,
+            bytes_raw,
+            mergers: 1,
+            trace: RunTrace::default(),
+        }
+    }
+
+    #[test]
+    fn the_agents_own_cores_leave_out_the_work_the_model_plays_itself() {
+        // 4 agents for 100 s used 30 CPU-s on themselves; 2 s of it parsing, 3 s
+        // merging and 5 s compressing 500 MB at 100 MB/s: 20 CPU-s over 400 agent-s.
+        let work = vec![BatchWork { fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)], whole: vec![], merge_seconds: 3.0, write_seconds: 9.0 }];
+        let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: true };
+        let cal = row(4, 100.0, 30.0, 500_000_000);
+        assert!((agent_own_cores(&cal, &work, dynamic, 1e8) - 0.05).abs() < 1e-12);
+        // Without compression its 5 s stay the agents' own.
+        let plain = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        assert!((agent_own_cores(&cal, &work, plain, 1e8) - 0.0625).abs() < 1e-12);
+        // Not for mpiBLAST, nor for a run saved before the agents' own CPU was kept.
+        assert_eq!(agent_own_cores(&cal, &work, Arch::Mpiblast, 1e8), 0.0);
+        assert_eq!(agent_own_cores(&row(4, 100.0, 0.0, 0), &work, dynamic, 1e8), 0.0);
+        // Never below zero.
+        assert_eq!(agent_own_cores(&row(4, 100.0, 1.0, 0), &work, dynamic, 1e8), 0.0);
     }
 }

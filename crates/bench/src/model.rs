@@ -66,6 +66,10 @@ pub struct Costs {
     pub take_seconds: f64,
     /// Cores the agents' work shares (`None`: every agent has its own).
     pub shared_cores: Option<usize>,
+    /// CPU an agent spends on itself (its loop, event thread, heartbeats, hand-overs),
+    /// in cores, while the run lasts. It takes that much of the cores the agents' work
+    /// runs on: all agents' share of the shared cores, or one agent's of its own core.
+    pub agent_own_cores: f64,
     /// Launch, start-up, final assembly: everything that does not depend on the tasks.
     pub fixed_seconds: f64,
 }
@@ -81,18 +85,38 @@ pub struct Outcome {
     pub active_search_fraction: f64,
 }
 
-/// A pool of `n` identical servers (cores), first come first served.
-struct Pool(Vec<f64>);
+/// A pool of `n` identical servers (cores), first come first served, of which a steady
+/// `busy` cores' worth goes to other work (the agents' own CPU): every piece of work
+/// takes `n / (n - busy)` times as long.
+struct Pool {
+    free_at: Vec<f64>,
+    stretch: f64,
+}
 impl Pool {
-    fn new(n: usize) -> Pool {
-        Pool(vec![0.0; n.max(1)])
+    fn new(n: usize, busy: f64) -> Pool {
+        let n = n.max(1);
+        // Never more than 90 % of the cores: past that the run is starved and the model
+        // has nothing left to say about it.
+        let busy = busy.clamp(0.0, 0.9 * n as f64);
+        Pool { free_at: vec![0.0; n], stretch: n as f64 / (n as f64 - busy) }
     }
-    /// Runs `work` seconds no earlier than `ready`; returns its end.
+    /// Runs `work` seconds (of a whole core) no earlier than `ready`; returns its end.
     fn run(&mut self, ready: f64, work: f64) -> f64 {
-        let (i, _) = self.0.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap_or((0, &0.0));
-        let end = self.0[i].max(ready) + work;
-        self.0[i] = end;
+        let (i, _) = self.free_at.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap_or((0, &0.0));
+        let end = self.free_at[i].max(ready) + work * self.stretch;
+        self.free_at[i] = end;
         end
+    }
+    /// Runs a short piece of work (parsing or compressing one archive, merging one
+    /// batch) that the kernel's time slicing lets through at once instead of queueing
+    /// it behind whole writes: it ends `work` (stretched) after `ready`, and the cores
+    /// still lose that much time for the work queued on them.
+    fn run_short(&mut self, ready: f64, work: f64) -> f64 {
+        let stretched = work * self.stretch;
+        if let Some(least) = self.free_at.iter_mut().min_by(|a, b| a.total_cmp(b)) {
+            *least = least.max(ready) + stretched;
+        }
+        ready + stretched
     }
 }
 
@@ -167,7 +191,13 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     let mut agent_free = vec![0.0f64; workers];
     let mut agent_load = vec![0.0f64; workers];
     let mut merger: Vec<Option<usize>> = vec![None; nb];
-    let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers));
+    let mut cores = match (arch, costs.shared_cores) {
+        (Arch::Mpiblast, _) => Pool::new(workers, 0.0),
+        // Emulated: every agent's own CPU comes off the same few cores.
+        (_, Some(n)) => Pool::new(n, costs.agent_own_cores * workers as f64),
+        // A real cluster: each agent's comes off its own node's core.
+        (_, None) => Pool::new(workers, costs.agent_own_cores * workers as f64),
+    };
     let mut end = 0.0f64;
     let mpiblast = arch == Arch::Mpiblast;
     // Per worker: first task taken, last result handed over.
@@ -199,7 +229,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                             }
                         };
                         // The searching node's agent parses the archive first.
-                        let parsed = if parse > 0.0 { cores.run(done, parse) } else { done };
+                        let parsed = if parse > 0.0 { cores.run_short(done, parse) } else { done };
                         if m == w {
                             parsed
                         } else {
@@ -209,7 +239,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                                 }
                                 _ => (0.0, 1.0),
                             };
-                            let c = if compress > 0.0 { cores.run(parsed, compress) } else { parsed };
+                            let c = if compress > 0.0 { cores.run_short(parsed, compress) } else { parsed };
                             c + bytes as f64 / ratio / costs.link_bytes_per_second
                         }
                     };
@@ -254,7 +284,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     let m = merger[b].unwrap_or(0);
                     if merges_now || writes_now {
                         let start = agent_free[m].max(t);
-                        let merged = cores.run(start, merge);
+                        let merged = cores.run_short(start, merge);
                         finished = cores.run(merged, write);
                         agent_free[m] = finished;
                         if merges_now {
@@ -327,6 +357,7 @@ mod tests {
             compress_ratio: 10.0,
             take_seconds: 0.0,
             shared_cores: None,
+            agent_own_cores: 0.0,
             fixed_seconds: 0.0,
         }
     }
@@ -363,6 +394,24 @@ mod tests {
         let shared =
             simulate(&w, 8, Arch::Agents { assign: Assign::Dynamic, compress: false }, &Costs { shared_cores: Some(1), ..costs() });
         assert!(shared.wall_seconds >= 16.0, "{shared:?}");
+    }
+
+    #[test]
+    fn the_agents_own_cpu_slows_their_work_on_the_cores_they_share() {
+        // One batch of one fragment on one worker: search 1 s, then merge 1 s and write
+        // 3 s on the one shared core, of which 4 agents take 0.125 cores each.
+        let w = vec![batch(&[1.0], 1.0, 3.0)];
+        let agents = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        let alone = Costs { shared_cores: Some(1), ..costs() };
+        assert!((simulate(&w, 4, agents, &alone).wall_seconds - 5.0).abs() < 1e-9);
+        let busy = Costs { agent_own_cores: 0.125, ..alone.clone() };
+        // The agents' work gets half the core: 1 + 2 × (1 + 3).
+        assert!((simulate(&w, 4, agents, &busy).wall_seconds - 9.0).abs() < 1e-9);
+        // On a real cluster each agent's own CPU comes off its own node's core.
+        let own = Costs { shared_cores: None, agent_own_cores: 0.5, ..costs() };
+        assert!((simulate(&w, 4, agents, &own).wall_seconds - 9.0).abs() < 1e-9);
+        // mpiBLAST has no agents.
+        assert!((simulate(&w, 4, Arch::Mpiblast, &busy).wall_seconds - 5.0).abs() < 1e-9);
     }
 
     #[test]
