@@ -459,6 +459,52 @@ mod tests {
 
     const MIB: usize = 1 << 20;
 
+    /// A hub port with `peers` TCP links, each carried one message from the hub; the
+    /// hub's and its peers' runtime directory goes with the namespace when dropped.
+    fn hub_with_tcp_peers(peers: u32) -> (NsDir, Port, Vec<Port>) {
+        let ns = NsDir(format!("quiet{}x{peers}", std::process::id()));
+        let open = |node: u32| {
+            let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+            c.listen = Some("127.0.0.1:0".parse().unwrap());
+            Port::open(c).unwrap()
+        };
+        let hub = open(100);
+        let others: Vec<Port> = (1..=peers).map(open).collect();
+        for p in &others {
+            hub.add_route(p.addr(), p.listen_addr().unwrap());
+            let r = p.irecv(Some(hub.addr()), Some(1), 8);
+            let s = hub.isend(p.addr(), 1, b"hello".to_vec());
+            p.wait_timeout(r, Duration::from_secs(20)).unwrap();
+            hub.wait_timeout(s, Duration::from_secs(20)).unwrap();
+        }
+        (ns, hub, others)
+    }
+
+    struct NsDir(String);
+    impl Drop for NsDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(namespace_dir(&self.0));
+        }
+    }
+
+    #[test]
+    fn a_polling_application_quiets_a_few_tcp_links_and_leaves_many_watched() {
+        for (peers, quieted) in [(2, 2), (remote::QUIET_TCP_MAX as u32 + 1, 0)] {
+            let (_ns, hub, others) = hub_with_tcp_peers(peers);
+            hub.start_polling();
+            assert_eq!(hub.sh.st.lock().quieted.len(), quieted, "{peers} peers");
+            hub.stop_polling();
+            assert!(hub.sh.st.lock().quieted.is_empty(), "{peers} peers: handed back");
+            // The links still carry messages both ways once handed back.
+            for p in &others {
+                let r = hub.irecv(Some(p.addr()), Some(2), 8);
+                let s = p.isend(hub.addr(), 2, b"back".to_vec());
+                hub.wait_timeout(r, Duration::from_secs(20)).unwrap();
+                p.wait_timeout(s, Duration::from_secs(20)).unwrap();
+            }
+        }
+    }
+
     fn mark(in_flight: usize, moved: u64, at: Instant) -> SpinMark {
         SpinMark { in_flight, moved, at }
     }
