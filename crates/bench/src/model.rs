@@ -130,6 +130,9 @@ struct Ev {
 enum Kind {
     /// A worker is free for a task.
     WorkerFree(usize),
+    /// A worker's search ended (agent mode): its archive, of `bytes`, takes `parse`
+    /// seconds on its node's agent before it goes to the batch's merger.
+    Searched { batch: usize, worker: usize, bytes: u64, parse: f64 },
     /// A task's archive reached its merger (or the master): (batch, worker).
     Arrived(usize, usize),
     /// A batch's merge ended (its fallbacks may now be searched).
@@ -213,37 +216,13 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     active[w].get_or_insert((start, start)).1 = start;
                     let done = start + task.1;
                     let (b, _, bytes, parse) = task;
-                    let at = if mpiblast {
-                        done + bytes as f64 / costs.link_bytes_per_second
+                    if mpiblast {
+                        ev.push(done + bytes as f64 / costs.link_bytes_per_second, Kind::Arrived(b, w));
                     } else {
-                        // The batch's merger is placed when its first result arrives.
-                        let m = match merger[b] {
-                            Some(m) => m,
-                            None => {
-                                // The load balancer's placement: the agent with the
-                                // fewest batches placed and not yet written.
-                                let m = pick_merger(arch, b, w, &agent_load);
-                                agent_load[m] += 1.0;
-                                merger[b] = Some(m);
-                                m
-                            }
-                        };
-                        // The searching node's agent parses the archive first.
-                        let parsed = if parse > 0.0 { cores.run_short(done, parse) } else { done };
-                        if m == w {
-                            parsed
-                        } else {
-                            let (compress, ratio) = match arch {
-                                Arch::Agents { compress: true, .. } => {
-                                    (bytes as f64 / costs.compress_bytes_per_second, costs.compress_ratio.max(1.0))
-                                }
-                                _ => (0.0, 1.0),
-                            };
-                            let c = if compress > 0.0 { cores.run_short(parsed, compress) } else { parsed };
-                            c + bytes as f64 / ratio / costs.link_bytes_per_second
-                        }
-                    };
-                    ev.push(at, Kind::Arrived(b, w));
+                        // The archive's handling is booked on the cores when the search
+                        // ends, in time order with the merges and writes booked then.
+                        ev.push(done, Kind::Searched { batch: b, worker: w, bytes, parse });
+                    }
                     if !mpiblast {
                         ev.push(done, Kind::WorkerFree(w));
                         if let Some(a) = &mut active[w] {
@@ -253,6 +232,31 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                 }
                 None => idle.push(w),
             },
+            Kind::Searched { batch: b, worker: w, bytes, parse } => {
+                // The batch's merger is placed when its first result arrives, by the
+                // load balancer: the agent with the fewest batches placed and not yet
+                // written.
+                let m = *merger[b].get_or_insert_with(|| {
+                    let m = pick_merger(arch, b, w, &agent_load);
+                    agent_load[m] += 1.0;
+                    m
+                });
+                // The searching node's agent parses the archive first.
+                let parsed = if parse > 0.0 { cores.run_short(t, parse) } else { t };
+                let at = if m == w {
+                    parsed
+                } else {
+                    let (compress, ratio) = match arch {
+                        Arch::Agents { compress: true, .. } => {
+                            (bytes as f64 / costs.compress_bytes_per_second, costs.compress_ratio.max(1.0))
+                        }
+                        _ => (0.0, 1.0),
+                    };
+                    let c = if compress > 0.0 { cores.run_short(parsed, compress) } else { parsed };
+                    c + bytes as f64 / ratio / costs.link_bytes_per_second
+                };
+                ev.push(at, Kind::Arrived(b, w));
+            }
             Kind::Arrived(b, w) => {
                 // Fallbacks are queued only once every fragment's archive is in.
                 let w_frag = arrived[b] < workload[b].fragments.len();
@@ -412,6 +416,22 @@ mod tests {
         assert!((simulate(&w, 4, agents, &own).wall_seconds - 9.0).abs() < 1e-9);
         // mpiBLAST has no agents.
         assert!((simulate(&w, 4, Arch::Mpiblast, &busy).wall_seconds - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_short_parse_is_not_queued_behind_a_long_write() {
+        // One shared core, two workers. Batch 0 (search 1 s) writes for 10 s; batch 1's
+        // archive (search 2 s) takes 0.5 s to parse, then its 5 s fallback, then a 1 s
+        // write. Time-sliced, the parse ends at 2.5 s and the fallback at 7.5 s; the
+        // write waits for the core: 1 + 10 + 0.5 (the parse's time) + 1 = 12.5 s.
+        // Queued first come first served it would be 2 + 9.5 + 5 + 1 = 17.5 s.
+        let mut b1 = batch(&[2.0], 0.0, 1.0);
+        b1.fragments[0].2 = 0.5;
+        b1.whole = vec![(5.0, 0)];
+        let w = vec![batch(&[1.0], 0.0, 10.0), b1];
+        let c = Costs { shared_cores: Some(1), ..costs() };
+        let o = simulate(&w, 2, Arch::Agents { assign: Assign::Dynamic, compress: false }, &c);
+        assert!((o.wall_seconds - 12.5).abs() < 1e-9, "{o:?}");
     }
 
     #[test]
