@@ -27,8 +27,17 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
     // worker may be busy merging the batch the previous result completed).
     let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    // The last task's completion, sent without waiting for its answer: the agent answers
+    // it from its loop, in order, before the take that follows it, so that take need not
+    // wait for the answer first (one round trip through the agent less per task; on
+    // 2 cores shared by 36 emulated nodes the two took 34 ms per task at the median).
+    let mut done_unanswered: Option<u64> = None;
     loop {
-        let Some(t) = client.take(Duration::from_secs(1)).map_err(api_err)? else {
+        let next = client.take(Duration::from_secs(1));
+        if let Some(id) = done_unanswered.take() {
+            client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+        }
+        let Some(t) = next.map_err(api_err)? else {
             if over() {
                 return Ok(());
             }
@@ -153,7 +162,7 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         let body = postcard::to_stdvec(&request).unwrap();
         // Hand the result over and go on: collect earlier hand-overs without waiting.
         inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
-        client.done(t.id).map_err(api_err)?;
+        done_unanswered = Some(client.start(gepsea_agent::wire::Op::Done { task: t.id }));
         // Results not yet taken by the agent are held here: bound them.
         while inflight.len() > 8 {
             let id = inflight.remove(0);
