@@ -250,9 +250,8 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
 }
 
 /// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
-/// last sample of each agent is its total (agents live only as long as the job).
-/// CPU seconds of each agent of namespace `ns`, sampled until `stop`: (with the children
-/// it has waited for, its own).
+/// last sample of each agent is its total (agents live only as long as the job): CPU
+/// seconds with the children it has waited for (its BLAST+ runs), and its own.
 fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<u32, (f64, f64)>> {
     std::thread::spawn(move || {
         let mut last = BTreeMap::new();
@@ -273,8 +272,8 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
                 if !cmd.contains("gepsea") {
                     not_gepsea.insert(pid);
                 } else if cmd.contains(&needle) {
-                    if let (Some(all), Some(own)) = (crate::procstat::cpu_seconds(pid, true), crate::procstat::cpu_seconds(pid, false)) {
-                        last.insert(pid, (all, own));
+                    if let Some((own, waited)) = crate::procstat::cpu_split(pid) {
+                        last.insert(pid, (own + waited, own));
                     }
                 }
             }

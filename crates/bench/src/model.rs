@@ -100,12 +100,16 @@ impl Pool {
         let busy = busy.clamp(0.0, 0.9 * n as f64);
         Pool { free_at: vec![0.0; n], stretch: n as f64 / (n as f64 - busy) }
     }
+    /// When the core that frees first is free (`new` makes at least one core).
+    fn first_free(&mut self) -> &mut f64 {
+        self.free_at.iter_mut().min_by(|a, b| a.total_cmp(b)).expect("a pool has a core")
+    }
     /// Runs `work` seconds (of a whole core) no earlier than `ready`; returns its end.
     fn run(&mut self, ready: f64, work: f64) -> f64 {
-        let (i, _) = self.free_at.iter().enumerate().min_by(|a, b| a.1.total_cmp(b.1)).unwrap_or((0, &0.0));
-        let end = self.free_at[i].max(ready) + work * self.stretch;
-        self.free_at[i] = end;
-        end
+        let stretched = work * self.stretch;
+        let core = self.first_free();
+        *core = core.max(ready) + stretched;
+        *core
     }
     /// Runs a short piece of work (parsing or compressing one archive, merging one
     /// batch) that the kernel's time slicing lets through at once instead of queueing
@@ -113,9 +117,8 @@ impl Pool {
     /// still lose that much time for the work queued on them.
     fn run_short(&mut self, ready: f64, work: f64) -> f64 {
         let stretched = work * self.stretch;
-        if let Some(least) = self.free_at.iter_mut().min_by(|a, b| a.total_cmp(b)) {
-            *least = least.max(ready) + stretched;
-        }
+        let core = self.first_free();
+        *core = core.max(ready) + stretched;
         ready + stretched
     }
 }
@@ -194,15 +197,12 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     let mut agent_free = vec![0.0f64; workers];
     let mut agent_load = vec![0.0f64; workers];
     let mut merger: Vec<Option<usize>> = vec![None; nb];
-    let mut cores = match (arch, costs.shared_cores) {
-        (Arch::Mpiblast, _) => Pool::new(workers, 0.0),
-        // Emulated: every agent's own CPU comes off the same few cores.
-        (_, Some(n)) => Pool::new(n, costs.agent_own_cores * workers as f64),
-        // A real cluster: each agent's comes off its own node's core.
-        (_, None) => Pool::new(workers, costs.agent_own_cores * workers as f64),
-    };
-    let mut end = 0.0f64;
     let mpiblast = arch == Arch::Mpiblast;
+    // Every agent's own CPU comes off the cores: the same few when emulated, its own
+    // node's on a real cluster (one core per worker). mpiBLAST's master uses none.
+    let agents_own = if mpiblast { 0.0 } else { costs.agent_own_cores * workers as f64 };
+    let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers), agents_own);
+    let mut end = 0.0f64;
     // Per worker: first task taken, last result handed over.
     let mut active: Vec<Option<(f64, f64)>> = vec![None; workers];
 
@@ -222,8 +222,6 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                         // The archive's handling is booked on the cores when the search
                         // ends, in time order with the merges and writes booked then.
                         ev.push(done, Kind::Searched { batch: b, worker: w, bytes, parse });
-                    }
-                    if !mpiblast {
                         ev.push(done, Kind::WorkerFree(w));
                         if let Some(a) = &mut active[w] {
                             a.1 = done;
