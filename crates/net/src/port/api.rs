@@ -35,6 +35,7 @@ impl Port {
         let waker = Waker::new(poll.registry(), WAKER).map_err(|e| NetError::io("waker", e))?;
         let mut unix_listener = unix_listener;
         registry.register(&mut unix_listener, UNIX_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
+        let tcp_set = tcp_set::TcpSet::new(&registry, TCP_SET).map_err(|e| NetError::io("epoll for the TCP connections", e))?;
         let mut tcp_listener = tcp_listener;
         if let Some(l) = tcp_listener.as_mut() {
             registry.register(l, TCP_LISTENER, Interest::READABLE).map_err(|e| NetError::io("register", e))?;
@@ -100,8 +101,9 @@ impl Port {
             thread_wake_at: None,
             timer,
             shm_retry: HashMap::new(),
+            tcp_set,
+            tcp_edges: Vec::new(),
             tcp_quiet: 0,
-            quieted: Vec::new(),
             quiet_lingers: false,
         };
         let sh = Arc::new(Shared {

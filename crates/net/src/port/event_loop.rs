@@ -4,6 +4,12 @@
 
 use super::*;
 
+/// The most established TCP connections a spinner reads one by one (`State::poll_tcp`);
+/// with more, it asks their set which have news. A `read` that finds nothing costs
+/// about what the set's `epoll_wait` does, so with few connections reading them saves
+/// the `epoll_wait` on each arrival.
+pub(super) const READ_EACH_MAX: usize = 4;
+
 /// Carries out the single copies the protocol asked for (see [`crate::cma`]), each
 /// outside the port's lock: a 1 MiB copy takes ≈50–90 µs, during which other threads of
 /// the process keep communicating (and an awake event thread takes the next copy).
@@ -255,17 +261,46 @@ impl State {
         self.flush_all();
     }
 
-    /// Non-blocking read of every established TCP connection (for spinning waiters).
+    /// Non-blocking reads of the TCP connections, for spinners. With a few, each
+    /// established one is read (a `read` each, the fewest system calls when data
+    /// came); with more, only those the set (`tcp_set`) has edges for. While the set
+    /// is out of the event thread's watch (`quiet_tcp`), its edges are taken here in
+    /// any case: they may be a handshake's.
     pub(super) fn poll_tcp(&mut self) {
         if self.tcp.is_empty() {
             return;
         }
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
-        for id in ids.drain(..) {
-            self.tcp_readable(id);
+        let read_each = ids.len() <= READ_EACH_MAX;
+        if read_each {
+            for id in ids.drain(..) {
+                self.tcp_readable(id);
+            }
         }
+        ids.clear();
         self.scratch_ids = ids;
+        if !read_each || !self.tcp_set.is_watched() {
+            self.drain_tcp_set();
+        }
+    }
+
+    /// Serves every edge waiting in the TCP set.
+    pub(super) fn drain_tcp_set(&mut self) {
+        let mut edges = std::mem::take(&mut self.tcp_edges);
+        loop {
+            let mut more = false;
+            if !self.tcp_set.take_edges(&mut edges, &mut more) && edges.is_empty() {
+                break;
+            }
+            for (token, readable, writable) in edges.drain(..) {
+                self.handle_event(token, readable, writable);
+            }
+            if !more {
+                break;
+            }
+        }
+        self.tcp_edges = edges;
     }
 
     /// Whether `pid` is the process the kernel reports at the other end of our
@@ -295,6 +330,7 @@ impl State {
             WAKER => {}
             UNIX_LISTENER => self.accept_unix(),
             TCP_LISTENER => self.accept_tcp(),
+            TCP_SET => self.drain_tcp_set(),
             Token(t) if t >= FIRST_CONN => {
                 let id = (t - FIRST_CONN) / 4;
                 match (t - FIRST_CONN) % 4 {

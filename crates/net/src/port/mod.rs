@@ -49,6 +49,7 @@ mod event_loop;
 mod local;
 mod output;
 mod remote;
+mod tcp_set;
 
 use event_loop::*;
 
@@ -186,6 +187,8 @@ const WAKER: Token = Token(0);
 const UNIX_LISTENER: Token = Token(1);
 const TCP_LISTENER: Token = Token(2);
 const TIMER: Token = Token(3);
+/// The TCP connections' own `epoll` set (`tcp_set`).
+const TCP_SET: Token = Token(4);
 const FIRST_CONN: usize = 16;
 
 /// The bytes of a send: the application's own buffer, or borrowed ones that are copied
@@ -348,10 +351,13 @@ struct State {
     timer: Option<crate::timer::Timer>,
     /// Local peers whose socket was not there yet: (first failure, next attempt).
     shm_retry: HashMap<Addr, (Instant, Instant)>,
-    /// Waiters spinning on a rendezvous transfer (see [`State::quiet_tcp`]), and the
-    /// TCP connections taken out of the event thread's `epoll` for them.
+    /// The TCP connections' `epoll` set, which the port's watches as one descriptor.
+    tcp_set: tcp_set::TcpSet,
+    /// Reusable buffer for the edges taken from `tcp_set`.
+    tcp_edges: Vec<(Token, bool, bool)>,
+    /// Spinners that took the TCP connections from the event thread (see
+    /// [`State::quiet_tcp`]).
     tcp_quiet: u32,
-    quieted: Vec<usize>,
     /// A wait that ended within a burst of library calls left its hold on the TCP
     /// sockets (`quiet_tcp`) to the next wait, or to the event thread when the lease
     /// runs out: handing them back and taking them again cost an `epoll_ctl` per
@@ -488,13 +494,34 @@ mod tests {
     }
 
     #[test]
-    fn a_polling_application_quiets_a_few_tcp_links_and_leaves_many_watched() {
-        for (peers, quieted) in [(2, 2), (remote::QUIET_TCP_MAX as u32 + 1, 0)] {
+    fn a_polling_application_quiets_its_tcp_links_at_any_count_and_reads_them_itself() {
+        // Both ways of reading while quiet: each connection (few), the set's edges (many).
+        for peers in [2, READ_EACH_MAX as u32 + 2] {
             let (_ns, hub, others) = hub_with_tcp_peers(peers);
+            hub.enable_events();
             hub.start_polling();
-            assert_eq!(hub.sh.st.lock().quieted.len(), quieted, "{peers} peers");
+            assert!(!hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: taken from the event thread");
+            // Quiet, the application's own polls take in what the peers send.
+            let recvs: Vec<_> = others.iter().map(|p| hub.irecv(Some(p.addr()), Some(3), 8)).collect();
+            let sends: Vec<_> = others.iter().map(|p| p.isend(hub.addr(), 3, b"quiet".to_vec())).collect();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut completed = std::collections::HashSet::new();
+            let mut events = Vec::new();
+            while completed.len() < recvs.len() && Instant::now() < deadline {
+                hub.poll_events(&mut events);
+                completed.extend(events.drain(..).filter_map(|e| match e {
+                    Event::Completed(id) => Some(id),
+                    _ => None,
+                }));
+            }
+            for r in &recvs {
+                assert!(completed.contains(r), "{peers} peers: a message came while quiet");
+            }
             hub.stop_polling();
-            assert!(hub.sh.st.lock().quieted.is_empty(), "{peers} peers: handed back");
+            assert!(hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: handed back");
+            for (p, s) in others.iter().zip(sends) {
+                p.wait_timeout(s, Duration::from_secs(20)).unwrap();
+            }
             // The links still carry messages both ways once handed back.
             for p in &others {
                 let r = hub.irecv(Some(p.addr()), Some(2), 8);

@@ -7,11 +7,7 @@ use super::*;
 /// through the decoder (one more system call per frame).
 const DIRECT_MIN: usize = 8 << 10;
 
-/// The most established connections [`State::quiet_tcp`] takes from the event thread's
-/// watch; with more, leaving them watched costs less than the system calls.
-pub(super) const QUIET_TCP_MAX: usize = 4;
-
-/// Puts connection `id` under the event thread's watch (edge-triggered, both ways).
+/// Puts connection `id` in the TCP set (`tcp_set`; edge-triggered, both ways).
 fn watch_tcp(registry: &mio::Registry, c: &mut TcpConn, id: usize) -> io::Result<()> {
     registry.register(&mut c.stream, tcp_token(id), Interest::READABLE | Interest::WRITABLE)
 }
@@ -45,7 +41,7 @@ impl State {
         if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
             c.encrypt(k);
         }
-        if let Err(e) = watch_tcp(&self.registry, &mut c, id) {
+        if let Err(e) = watch_tcp(&self.tcp_set.registry, &mut c, id) {
             self.log_error(format!("register: {e}"));
             return;
         }
@@ -84,7 +80,7 @@ impl State {
                     if let (true, Some(k)) = (self.cfg.encrypt, &self.cfg.key) {
                         c.encrypt(k);
                     }
-                    if watch_tcp(&self.registry, &mut c, id).is_ok() {
+                    if watch_tcp(&self.tcp_set.registry, &mut c, id).is_ok() {
                         self.tcp.insert(id, c);
                         self.tcp_readable(id);
                     }
@@ -180,23 +176,16 @@ impl State {
     /// loopback). Counted: the last spinner to leave ([`State::unquiet_tcp`]) hands
     /// the sockets back, and `epoll` reports at once whatever arrived meanwhile.
     ///
-    /// Not past [`QUIET_TCP_MAX`] connections: quieting costs two `epoll_ctl` calls per
-    /// connection (one to leave, one to come back), about 100 µs for the 35 peers of an
-    /// agent in a 36-node group, for a spin of 200 µs during which a few segments at
-    /// most would have woken the event thread. A system-wide profile of a 36-node run
-    /// had 1 % of both cores in `epoll_ctl`, nearly all of it here.
+    /// The connections leave together, in their set (`tcp_set`): one `epoll_ctl` each
+    /// way at any number of peers. While they are out, the spinner takes their edges
+    /// from the set ([`State::poll_tcp`]), handshakes included.
     pub(super) fn quiet_tcp(&mut self) {
         self.tcp_quiet += 1;
-        if self.tcp_quiet > 1 {
-            return;
-        }
-        if self.tcp.values().filter(|c| c.state == ConnState::Established).count() > QUIET_TCP_MAX {
-            return;
-        }
-        let State { tcp, registry, quieted, .. } = self;
-        for (id, c) in tcp.iter_mut() {
-            if c.state == ConnState::Established && registry.deregister(&mut c.stream).is_ok() {
-                quieted.push(*id);
+        if self.tcp_quiet == 1 {
+            if let Err(e) = self.tcp_set.set_watched(&self.registry, TCP_SET, false) {
+                // Left watched: the event thread is woken by arriving segments, as
+                // without quieting.
+                self.log_error(format!("taking the TCP connections from the event thread: {e}"));
             }
         }
     }
@@ -204,13 +193,15 @@ impl State {
     /// Ends a [`State::quiet_tcp`].
     pub(super) fn unquiet_tcp(&mut self) {
         self.tcp_quiet -= 1;
-        if self.tcp_quiet > 0 {
-            return;
-        }
-        for id in std::mem::take(&mut self.quieted) {
-            let Some(c) = self.tcp.get_mut(&id) else { continue };
-            if let Err(e) = watch_tcp(&self.registry, c, id) {
-                self.conn_lost(id, &format!("register: {e}"));
+        if self.tcp_quiet == 0 {
+            if let Err(e) = self.tcp_set.set_watched(&self.registry, TCP_SET, true) {
+                // Without the event thread's watch, only spinners would read the
+                // connections: drop them, and the links reconnect and replay.
+                self.log_error(format!("handing the TCP connections back to the event thread: {e}"));
+                let ids: Vec<usize> = self.tcp.keys().copied().collect();
+                for id in ids {
+                    self.conn_lost(id, &format!("epoll: {e}"));
+                }
             }
         }
     }
@@ -571,13 +562,13 @@ impl State {
 
     pub(super) fn close_tcp(&mut self, id: usize) {
         if let Some(mut c) = self.tcp.remove(&id) {
-            let _ = self.registry.deregister(&mut c.stream);
+            let _ = self.tcp_set.registry.deregister(&mut c.stream);
         }
     }
 
     pub(super) fn conn_lost(&mut self, id: usize, reason: &str) {
         let Some(mut c) = self.tcp.remove(&id) else { return };
-        let _ = self.registry.deregister(&mut c.stream);
+        let _ = self.tcp_set.registry.deregister(&mut c.stream);
         if let Some(h) = c.direct_header() {
             // The piece being read in place was not delivered: its bytes come again
             // when the link replays, appended from where it started.
