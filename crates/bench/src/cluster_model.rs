@@ -56,13 +56,19 @@ fn arch(variant: usize) -> Arch {
 pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
     let nb = trace.batches.iter().map(|b| b.batch + 1).chain(trace.tasks.iter().map(|t| t.batch + 1)).max().unwrap_or(0);
     let mut out = vec![BatchWork::default(); nb];
-    let mut seen = std::collections::BTreeSet::new();
+    // Per batch, each fragment's first result, in fragment order (the model's task
+    // order and the master's fragment affinity go by it).
+    let mut firsts = std::collections::BTreeMap::new();
     for t in &trace.tasks {
         match t.fragment {
-            Some(f) if seen.insert((t.batch, f)) => out[t.batch].fragments.push((t.seconds, t.bytes, t.parse_seconds)),
-            Some(_) => {}
+            Some(f) => {
+                firsts.entry((t.batch, f)).or_insert((t.seconds, t.bytes, t.parse_seconds));
+            }
             None => out[t.batch].whole.push((t.seconds, t.bytes)),
         }
+    }
+    for ((b, _), task) in firsts {
+        out[b].fragments.push(task);
     }
     for b in &trace.batches {
         out[b.batch].merge_seconds += b.merge_seconds;
@@ -161,6 +167,10 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         let with_own = Costs { agent_own_cores: own, ..base_costs.clone() };
         let played = model::simulate(&work, cal.nodes, arch(v), &with_own);
         let costs = Costs { fixed_seconds: (cal.wall_seconds - played.wall_seconds).max(0.0), ..with_own };
+        eprintln!(
+            "bench cluster model: {}: {} nodes played in {:.2} s, measured {:.2} s: fixed cost {:.2} s",
+            cal.variant, cal.nodes, played.wall_seconds, cal.wall_seconds, costs.fixed_seconds
+        );
         for r in &mine {
             let p = model::simulate(&work, r.nodes, arch(v), &costs);
             let err = 100.0 * (p.wall_seconds - r.wall_seconds) / r.wall_seconds;
