@@ -264,8 +264,9 @@ impl State {
     /// Non-blocking reads of the TCP connections, for spinners. With a few, each
     /// established one is read (a `read` each, the fewest system calls when data
     /// came); with more, only those the set (`tcp_set`) has edges for. While the set
-    /// is out of the event thread's watch (`quiet_tcp`), its edges are taken here in
-    /// any case: they may be a handshake's.
+    /// is out of the event thread's watch (`quiet_tcp`) and a connection is still
+    /// being set up, the set's edges are taken here in any case: they may be its
+    /// handshake's, which nothing else would read.
     pub(super) fn poll_tcp(&mut self) {
         if self.tcp.is_empty() {
             return;
@@ -273,6 +274,7 @@ impl State {
         let mut ids = std::mem::take(&mut self.scratch_ids);
         ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
         let read_each = ids.len() <= READ_EACH_MAX;
+        let setting_up = ids.len() < self.tcp.len();
         if read_each {
             for id in ids.drain(..) {
                 self.tcp_readable(id);
@@ -280,7 +282,7 @@ impl State {
         }
         ids.clear();
         self.scratch_ids = ids;
-        if !read_each || !self.tcp_set.is_watched() {
+        if !read_each || (setting_up && !self.tcp_set.is_watched()) {
             self.drain_tcp_set();
         }
     }

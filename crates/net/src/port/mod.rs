@@ -517,7 +517,35 @@ mod tests {
             for r in &recvs {
                 assert!(completed.contains(r), "{peers} peers: a message came while quiet");
             }
+            // A link set up while quiet: its handshake is read by the application too.
+            let late = {
+                let mut c = PortConfig::new(&_ns.0, Addr::new(99, 1));
+                c.listen = Some("127.0.0.1:0".parse().unwrap());
+                Port::open(c).unwrap()
+            };
+            hub.add_route(late.addr(), late.listen_addr().unwrap());
+            let r = hub.irecv(Some(late.addr()), Some(4), 8);
+            let s = hub.isend(late.addr(), 4, b"hi".to_vec());
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let lr = late.irecv(Some(hub.addr()), Some(4), 8);
+                    late.wait_timeout(lr, Duration::from_secs(20)).unwrap();
+                    let ls = late.isend(hub.addr(), 4, b"hi back".to_vec());
+                    late.wait_timeout(ls, Duration::from_secs(20)).unwrap();
+                });
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while !completed.contains(&r) && Instant::now() < deadline {
+                    hub.poll_events(&mut events);
+                    completed.extend(events.drain(..).filter_map(|e| match e {
+                        Event::Completed(id) => Some(id),
+                        _ => None,
+                    }));
+                }
+                assert!(completed.contains(&r), "{peers} peers: a new link's answer came while quiet");
+                assert!(!hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: still quiet");
+            });
             hub.stop_polling();
+            hub.wait_timeout(s, Duration::from_secs(20)).unwrap();
             assert!(hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: handed back");
             for (p, s) in others.iter().zip(sends) {
                 p.wait_timeout(s, Duration::from_secs(20)).unwrap();
