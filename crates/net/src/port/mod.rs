@@ -493,33 +493,39 @@ mod tests {
         }
     }
 
+    /// Polls `port` as an event loop does (`poll_events`, which reads the TCP
+    /// connections itself) until every request in `wanted` has completed, for at most
+    /// 20 s; whether they all did.
+    fn polled_until_complete(port: &Port, wanted: &[ReqId]) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut left: std::collections::HashSet<ReqId> = wanted.iter().copied().collect();
+        let mut events = Vec::new();
+        while !left.is_empty() && Instant::now() < deadline {
+            port.poll_events(&mut events);
+            for e in events.drain(..) {
+                if let Event::Completed(id) = e {
+                    left.remove(&id);
+                }
+            }
+        }
+        left.is_empty()
+    }
+
     #[test]
     fn a_polling_application_quiets_its_tcp_links_at_any_count_and_reads_them_itself() {
         // Both ways of reading while quiet: each connection (few), the set's edges (many).
         for peers in [2, READ_EACH_MAX as u32 + 2] {
-            let (_ns, hub, others) = hub_with_tcp_peers(peers);
+            let (ns, hub, others) = hub_with_tcp_peers(peers);
             hub.enable_events();
             hub.start_polling();
             assert!(!hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: taken from the event thread");
             // Quiet, the application's own polls take in what the peers send.
             let recvs: Vec<_> = others.iter().map(|p| hub.irecv(Some(p.addr()), Some(3), 8)).collect();
             let sends: Vec<_> = others.iter().map(|p| p.isend(hub.addr(), 3, b"quiet".to_vec())).collect();
-            let deadline = Instant::now() + Duration::from_secs(20);
-            let mut completed = std::collections::HashSet::new();
-            let mut events = Vec::new();
-            while completed.len() < recvs.len() && Instant::now() < deadline {
-                hub.poll_events(&mut events);
-                completed.extend(events.drain(..).filter_map(|e| match e {
-                    Event::Completed(id) => Some(id),
-                    _ => None,
-                }));
-            }
-            for r in &recvs {
-                assert!(completed.contains(r), "{peers} peers: a message came while quiet");
-            }
+            assert!(polled_until_complete(&hub, &recvs), "{peers} peers: the messages came while quiet");
             // A link set up while quiet: its handshake is read by the application too.
             let late = {
-                let mut c = PortConfig::new(&_ns.0, Addr::new(99, 1));
+                let mut c = PortConfig::new(&ns.0, Addr::new(99, 1));
                 c.listen = Some("127.0.0.1:0".parse().unwrap());
                 Port::open(c).unwrap()
             };
@@ -533,15 +539,7 @@ mod tests {
                     let ls = late.isend(hub.addr(), 4, b"hi back".to_vec());
                     late.wait_timeout(ls, Duration::from_secs(20)).unwrap();
                 });
-                let deadline = Instant::now() + Duration::from_secs(20);
-                while !completed.contains(&r) && Instant::now() < deadline {
-                    hub.poll_events(&mut events);
-                    completed.extend(events.drain(..).filter_map(|e| match e {
-                        Event::Completed(id) => Some(id),
-                        _ => None,
-                    }));
-                }
-                assert!(completed.contains(&r), "{peers} peers: a new link's answer came while quiet");
+                assert!(polled_until_complete(&hub, &[r]), "{peers} peers: a new link's answer came while quiet");
                 assert!(!hub.sh.st.lock().tcp_set.is_watched(), "{peers} peers: still quiet");
             });
             hub.stop_polling();
