@@ -213,7 +213,8 @@ impl Agent {
         }
         if now >= self.next_heartbeat {
             let peers = self.view.len().saturating_sub(1);
-            self.next_heartbeat = now + membership::heartbeat_period(self.cfg.heartbeat, self.cfg.peer_timeout, peers);
+            let period = membership::heartbeat_period(self.cfg.heartbeat, self.cfg.peer_timeout, peers);
+            self.next_heartbeat = now + membership::until_next_round(period, std::time::SystemTime::now());
             self.discover();
             for n in self.view.clone() {
                 if n != self.me {

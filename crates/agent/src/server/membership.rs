@@ -18,6 +18,19 @@ pub(super) fn heartbeat_period(base: Duration, peer_timeout: Duration, peers: us
     budget.min(peer_timeout / 3).max(base)
 }
 
+/// How long from `now` to the next multiple of `period` on the wall clock: every
+/// agent's heartbeat rounds fall on the same instants (as closely as the nodes' clocks
+/// agree). Spread at random, each of an agent's peers' heartbeats came on its own, and
+/// each cost its receiver the event thread's wake-up, the loop's, and the delayed
+/// acknowledgement's timer; crossing in one instant, an agent's own heartbeat to a peer
+/// carries the acknowledgement of the peer's, and the arrivals are read together.
+pub(super) fn until_next_round(period: Duration, now: std::time::SystemTime) -> Duration {
+    let period_ns = period.as_nanos().max(1);
+    let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    let left = period_ns - since_epoch % period_ns;
+    Duration::from_nanos(left as u64)
+}
+
 impl Agent {
     pub(super) fn discover(&mut self) {
         let Some(dir) = self.cfg.rendezvous.clone() else { return };
@@ -326,6 +339,21 @@ impl Agent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heartbeat_rounds_fall_on_multiples_of_the_period_on_the_wall_clock() {
+        let at = |ms: u64| std::time::UNIX_EPOCH + Duration::from_millis(ms);
+        let period = Duration::from_millis(500);
+        assert_eq!(until_next_round(period, at(10_200)), Duration::from_millis(300));
+        assert_eq!(until_next_round(period, at(10_499)), Duration::from_millis(1));
+        // On a boundary the round is due a whole period later, never at once again.
+        assert_eq!(until_next_round(period, at(10_500)), period);
+        // Two agents whose clocks read differently still meet on the same instant.
+        let (a, b) = (at(7_130), at(7_380));
+        assert_eq!(at(7_130) + until_next_round(period, a), b + until_next_round(period, b));
+        // A clock before the epoch (unset) gives a whole period, not a panic.
+        assert_eq!(until_next_round(period, std::time::UNIX_EPOCH - Duration::from_secs(1)), period);
+    }
 
     #[test]
     fn heartbeats_slow_down_in_large_groups_within_the_peer_timeout() {

@@ -109,6 +109,13 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
+    /// The period between this agent's heartbeats to each of `peers` agents (every
+    /// agent heartbeats every other; the period grows with the group, see
+    /// `membership::HEARTBEATS_PER_SECOND`).
+    pub fn heartbeat_period(&self, peers: usize) -> Duration {
+        membership::heartbeat_period(self.heartbeat, self.peer_timeout, peers)
+    }
+
     pub fn new(node: u32, namespace: &str) -> Self {
         AgentConfig {
             node,
