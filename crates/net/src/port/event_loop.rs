@@ -271,17 +271,17 @@ impl State {
         if self.tcp.is_empty() {
             return;
         }
-        let mut ids = std::mem::take(&mut self.scratch_ids);
-        ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
-        let read_each = ids.len() <= READ_EACH_MAX;
-        let setting_up = ids.len() < self.tcp.len();
+        let established = self.tcp.values().filter(|c| c.state == ConnState::Established).count();
+        let read_each = established <= READ_EACH_MAX;
+        let setting_up = established < self.tcp.len();
         if read_each {
+            let mut ids = std::mem::take(&mut self.scratch_ids);
+            ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
             for id in ids.drain(..) {
                 self.tcp_readable(id);
             }
+            self.scratch_ids = ids;
         }
-        ids.clear();
-        self.scratch_ids = ids;
         if !read_each || (setting_up && !self.tcp_set.is_watched()) {
             self.drain_tcp_set();
         }

@@ -182,7 +182,7 @@ impl State {
     pub(super) fn quiet_tcp(&mut self) {
         self.tcp_quiet += 1;
         if self.tcp_quiet == 1 {
-            if let Err(e) = self.tcp_set.set_watched(&self.registry, TCP_SET, false) {
+            if let Err(e) = self.tcp_set.set_watched(&self.registry, false) {
                 // Left watched: the event thread is woken by arriving segments, as
                 // without quieting.
                 self.log_error(format!("taking the TCP connections from the event thread: {e}"));
@@ -194,7 +194,7 @@ impl State {
     pub(super) fn unquiet_tcp(&mut self) {
         self.tcp_quiet -= 1;
         if self.tcp_quiet == 0 {
-            if let Err(e) = self.tcp_set.set_watched(&self.registry, TCP_SET, true) {
+            if let Err(e) = self.tcp_set.set_watched(&self.registry, true) {
                 // Without the event thread's watch, only spinners would read the
                 // connections: drop them, and the links reconnect and replay.
                 self.log_error(format!("handing the TCP connections back to the event thread: {e}"));

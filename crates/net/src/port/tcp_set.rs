@@ -37,8 +37,9 @@ pub(super) struct TcpSet {
     pub(super) registry: Registry,
     /// Taken while a drain hands edges out, so that a drain never nests in another.
     events: Option<Events>,
-    /// Whether the port's `epoll` watches the set now.
+    /// Whether the port's `epoll` watches the set now, and under which token.
     watched: bool,
+    token: Token,
 }
 
 impl TcpSet {
@@ -47,21 +48,21 @@ impl TcpSet {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         port.register(&mut SourceFd(&poll.as_raw_fd()), token, Interest::READABLE)?;
-        Ok(TcpSet { poll, registry, events: Some(Events::with_capacity(BATCH)), watched: true })
+        Ok(TcpSet { poll, registry, events: Some(Events::with_capacity(BATCH)), watched: true, token })
     }
 
     pub(super) fn is_watched(&self) -> bool {
         self.watched
     }
 
-    /// Takes the set out of the port's `epoll` (`port`), or puts it back under `token`.
-    pub(super) fn set_watched(&mut self, port: &Registry, token: Token, watched: bool) -> io::Result<()> {
+    /// Takes the set out of the port's `epoll` (`port`), or puts it back.
+    pub(super) fn set_watched(&mut self, port: &Registry, watched: bool) -> io::Result<()> {
         if watched == self.watched {
             return Ok(());
         }
         let fd = self.poll.as_raw_fd();
         if watched {
-            port.register(&mut SourceFd(&fd), token, Interest::READABLE)?;
+            port.register(&mut SourceFd(&fd), self.token, Interest::READABLE)?;
         } else {
             port.deregister(&mut SourceFd(&fd))?;
         }
@@ -105,7 +106,7 @@ mod tests {
         set.registry.register(&mut server, Token(100), Interest::READABLE).unwrap();
 
         let mut events = Events::with_capacity(8);
-        set.set_watched(port.registry(), SET, false).unwrap();
+        set.set_watched(port.registry(), false).unwrap();
         assert!(!set.is_watched());
         client.write_all(b"x").unwrap();
         client.flush().unwrap();
@@ -113,7 +114,7 @@ mod tests {
         port.poll(&mut events, Some(Duration::from_millis(50))).unwrap();
         assert!(events.is_empty());
         // Back in the port's epoll, the edge that came meanwhile is reported at once...
-        set.set_watched(port.registry(), SET, true).unwrap();
+        set.set_watched(port.registry(), true).unwrap();
         port.poll(&mut events, Some(Duration::from_secs(5))).unwrap();
         assert_eq!(events.iter().map(|e| e.token()).collect::<Vec<_>>(), vec![SET]);
         // ...and the set names the socket.
