@@ -141,6 +141,11 @@ pub(crate) struct Row {
     /// agents themselves, which the model plays on the shared cores.
     #[serde(default)]
     pub agent_own_cpu_seconds: f64,
+    /// CPU of this many agents left idle on the same testbed, in cores, measured before
+    /// the runs (`idle_agents_cores`): what their heartbeats cost, which grows with the
+    /// square of the group. Zero for mpiBLAST and for runs saved before it was kept.
+    #[serde(default)]
+    pub idle_agent_cores: f64,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: usize,
@@ -247,6 +252,60 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
         bail!("{c:?} failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     }
     Ok(o)
+}
+
+/// The CPU of `nodes` agents, one per node of `bed` as a search starts them
+/// (authenticated links, a rendezvous directory), left idle: in cores, over 5 s once all
+/// are ready and their first heartbeat rounds are past. What an idle group spends is its
+/// heartbeats (every agent heartbeats every other); the model charges them to the runs.
+fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<f64> {
+    let ns = format!("gbidle{}n{nodes}", std::process::id());
+    let dir = d.join(format!("idle-{nodes}"));
+    std::fs::create_dir_all(&dir)?;
+    let key = dir.join("key");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(&key, gepsea_net::auth::Key::generate()?.bytes())?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+    }
+    let rv = dir.join("agents");
+    let mut agents = crate::net::Kill(Vec::new());
+    let result = (|| -> Result<f64> {
+        for i in 0..nodes {
+            let mut c = bed.cmd(i, gepsea);
+            c.args(["agent", "--quiet", "--namespace", &ns, "--node-id", &(i + 1).to_string()])
+                .args(["--listen", &format!("{}:0", bed.ip[i]), "--nodes", &nodes.to_string(), "--rendezvous"])
+                .arg(&rv)
+                .arg("--key-file")
+                .arg(&key)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            agents.0.push(c.spawn().context("starting an idle agent")?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ready = |n: usize| {
+            let status = gepsea_client::status(&ns, n as u32).unwrap_or_default();
+            serde_json::from_str::<serde_json::Value>(&status).is_ok_and(|s| s["ready"] == true)
+        };
+        while !(1..=nodes).all(ready) {
+            if Instant::now() > deadline {
+                bail!("the idle agents were not all ready within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let cpu = |agents: &crate::net::Kill| -> f64 {
+            agents.0.iter().filter_map(|c| crate::procstat::cpu_split(c.id())).map(|(own, waited)| own + waited).sum()
+        };
+        let (t0, c0) = (Instant::now(), cpu(&agents));
+        std::thread::sleep(Duration::from_secs(5));
+        Ok((cpu(&agents) - c0) / t0.elapsed().as_secs_f64())
+    })();
+    drop(agents);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    result
 }
 
 /// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
@@ -468,6 +527,13 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         };
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
+        let idle_cores = if variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
+            let c = idle_agents_cores(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
+            eprintln!("  {nodes} node(s), agents left idle: {:.3} cores in all (heartbeats)", c);
+            c
+        } else {
+            0.0
+        };
         // One worker per node; the master shares the first node.
         let slots: Vec<usize> = (0..nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
         for &(variant_index, variant, flags) in &variants {
@@ -534,6 +600,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 active_search_fraction: active,
                 agent_cpu_percent: if agents == 0 { 0.0 } else { 100.0 * agent_cpu / (wall * agents as f64) },
                 agent_own_cpu_seconds: agent_own_cpu,
+                idle_agent_cores: if agents == 0 { 0.0 } else { idle_cores },
                 bytes_wire: s["accel"]["bytes_wire"].as_u64().unwrap_or(0),
                 bytes_raw: s["accel"]["bytes_raw"].as_u64().unwrap_or(0),
                 mergers: s["accel"]["mergers"].as_object().map_or(1, |m| m.len()),

@@ -38,6 +38,8 @@ struct Point {
     predicted_search_fraction: f64,
     measured_active_search_fraction: Option<f64>,
     predicted_active_search_fraction: f64,
+    measured_agent_own_cpu_seconds: f64,
+    predicted_agent_own_cpu_seconds: f64,
 }
 
 /// The variant's architecture in the model.
@@ -100,20 +102,47 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
 
 /// The cores each agent spends on itself, from the calibration run: the agents' own CPU
 /// (without the formatting runs they wait for), less the work the model plays by
-/// itself (parsing, merging, compressing), over the agents' time on the job. Zero for
-/// mpiBLAST, and for a saved run from before the agents' own CPU was recorded.
-fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
+/// itself (parsing, merging, compressing, heartbeats at `heartbeat_cpu` CPU-s each),
+/// over the agents' time on the job. Zero for mpiBLAST, and for a saved run from before
+/// the agents' own CPU was recorded.
+fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64, heartbeat_cpu: f64) -> f64 {
     if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
         return 0.0;
     }
+    let agent_seconds = cal.nodes as f64 * cal.wall_seconds;
+    let heartbeats = model::heartbeats_per_agent_second(cal.nodes) * heartbeat_cpu * agent_seconds;
+    let own = (cal.agent_own_cpu_seconds - tasks_cpu(cal, work, arch, compress_rate) - heartbeats).max(0.0);
+    own / agent_seconds.max(1e-9)
+}
+
+/// The agents' CPU for the work the model plays task by task (parsing, merging, and
+/// compressing `run`'s raw bytes), in CPU seconds.
+fn tasks_cpu(run: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
     let parse: f64 = work.iter().flat_map(|b| b.fragments.iter().map(|f| f.2)).sum();
     let merge: f64 = work.iter().map(|b| b.merge_seconds).sum();
     let compress = match arch {
-        Arch::Agents { compress: true, .. } => cal.bytes_raw as f64 / compress_rate.max(1.0),
+        Arch::Agents { compress: true, .. } => run.bytes_raw as f64 / compress_rate.max(1.0),
         _ => 0.0,
     };
-    let own = (cal.agent_own_cpu_seconds - parse - merge - compress).max(0.0);
-    own / (cal.nodes as f64 * cal.wall_seconds).max(1e-9)
+    parse + merge + compress
+}
+
+/// The agents' own CPU (`Row::agent_own_cpu_seconds`) the model charges a run of
+/// `nodes` agents that it plays in `wall` seconds.
+fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wall: f64) -> f64 {
+    if arch == Arch::Mpiblast {
+        return 0.0;
+    }
+    let beats = model::heartbeats_per_agent_second(run.nodes) * costs.heartbeat_cpu_seconds;
+    tasks_cpu(run, work, arch, costs.compress_bytes_per_second) + (costs.agent_own_cores + beats) * run.nodes as f64 * wall
+}
+
+/// CPU seconds per heartbeat, from the idle agents of the largest run that measured
+/// them (`Row::idle_agent_cores`): what that group spent a second over the heartbeats
+/// it sent a second. Zero when no run measured it.
+fn heartbeat_cpu_seconds(runs: &[Row]) -> f64 {
+    let Some(r) = runs.iter().filter(|r| r.idle_agent_cores > 0.0 && r.nodes > 1).max_by_key(|r| r.nodes) else { return 0.0 };
+    r.idle_agent_cores / (r.nodes as f64 * model::heartbeats_per_agent_second(r.nodes))
 }
 
 /// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
@@ -130,11 +159,13 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         take_seconds: 0.001,
         shared_cores: Some(cores),
         agent_own_cores: 0.0,
+        heartbeat_cpu_seconds: heartbeat_cpu_seconds(runs),
         fixed_seconds: 0.0,
     };
     eprintln!(
-        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated",
-        compress_rate / 1e6
+        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated; a heartbeat {:.1} µs of CPU (idle agents)",
+        compress_rate / 1e6,
+        1e6 * base_costs.heartbeat_cpu_seconds
     );
     let mut points = Vec::new();
     let mut worst: f64 = 0.0;
@@ -143,8 +174,10 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
     variants.dedup();
     let mut calibrated = Vec::new();
     println!("\nModel (calibrated on the smallest run of each variant) against the replayed runs:\n");
-    println!("| nodes | variant | measured s | model s | error | in search: measured, model | active: measured, model |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| nodes | variant | measured s | model s | error | in search: measured, model | active: measured, model | agents' own CPU-s: measured, model |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
     for &v in &variants {
         let mut mine: Vec<&Row> = runs.iter().filter(|r| r.variant_index == v).collect();
         mine.sort_by_key(|r| r.nodes);
@@ -153,7 +186,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         if work.is_empty() {
             continue;
         }
-        let own = agent_own_cores(cal, &work, arch(v), compress_rate);
+        let own = agent_own_cores(cal, &work, arch(v), compress_rate, base_costs.heartbeat_cpu_seconds);
         if own > 0.0 {
             eprintln!(
                 "bench cluster model: {}: each agent's own CPU {:.2} % of a core (from {} nodes: {:.1} CPU-s in {:.1} s)",
@@ -177,8 +210,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
             if r.nodes != cal.nodes {
                 worst = worst.max(err.abs());
             }
+            let own_cpu = modelled_own_cpu(r, &work, arch(v), &costs, p.wall_seconds);
             println!(
-                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} %, {:.1} % | {:.1} %, {:.1} % |",
+                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} %, {:.1} % | {:.1} %, {:.1} % | {:.1}, {:.1} |",
                 r.nodes,
                 r.variant,
                 r.wall_seconds,
@@ -188,7 +222,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 100.0 * r.search_fraction,
                 100.0 * p.search_fraction,
                 100.0 * r.active_search_fraction,
-                100.0 * p.active_search_fraction
+                100.0 * p.active_search_fraction,
+                r.agent_own_cpu_seconds,
+                own_cpu
             );
             points.push(Point {
                 nodes: r.nodes,
@@ -200,6 +236,8 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 predicted_search_fraction: p.search_fraction,
                 measured_active_search_fraction: Some(r.active_search_fraction),
                 predicted_active_search_fraction: p.active_search_fraction,
+                measured_agent_own_cpu_seconds: r.agent_own_cpu_seconds,
+                predicted_agent_own_cpu_seconds: own_cpu,
             });
         }
         calibrated.push((v, cal.variant.clone(), cal.nodes, work, costs));
@@ -283,6 +321,7 @@ mod tests {
             active_search_fraction: 1.0,
             agent_cpu_percent: 0.0,
             agent_own_cpu_seconds: own,
+            idle_agent_cores: 0.0,
             bytes_wire: 0,
             bytes_raw,
             mergers: 1,
@@ -297,14 +336,25 @@ mod tests {
         let work = vec![BatchWork { fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)], whole: vec![], merge_seconds: 3.0, write_seconds: 9.0 }];
         let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: true };
         let cal = row(4, 100.0, 30.0, 500_000_000);
-        assert!((agent_own_cores(&cal, &work, dynamic, 1e8) - 0.05).abs() < 1e-12);
+        assert!((agent_own_cores(&cal, &work, dynamic, 1e8, 0.0) - 0.05).abs() < 1e-12);
         // Without compression its 5 s stay the agents' own.
         let plain = Arch::Agents { assign: Assign::Dynamic, compress: false };
-        assert!((agent_own_cores(&cal, &work, plain, 1e8) - 0.0625).abs() < 1e-12);
+        assert!((agent_own_cores(&cal, &work, plain, 1e8, 0.0) - 0.0625).abs() < 1e-12);
         // Not for mpiBLAST, nor for a run saved before the agents' own CPU was kept.
-        assert_eq!(agent_own_cores(&cal, &work, Arch::Mpiblast, 1e8), 0.0);
-        assert_eq!(agent_own_cores(&row(4, 100.0, 0.0, 0), &work, dynamic, 1e8), 0.0);
+        assert_eq!(agent_own_cores(&cal, &work, Arch::Mpiblast, 1e8, 0.0), 0.0);
+        assert_eq!(agent_own_cores(&row(4, 100.0, 0.0, 0), &work, dynamic, 1e8, 0.0), 0.0);
         // Never below zero.
-        assert_eq!(agent_own_cores(&row(4, 100.0, 1.0, 0), &work, dynamic, 1e8), 0.0);
+        assert_eq!(agent_own_cores(&row(4, 100.0, 1.0, 0), &work, dynamic, 1e8, 0.0), 0.0);
+        // Heartbeats at 1/240 CPU-s each: 4 agents × 6 a second × 100 s, 10 CPU-s.
+        assert!((agent_own_cores(&cal, &work, dynamic, 1e8, 1.0 / 240.0) - 0.025).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_heartbeat_s_cpu_comes_from_the_largest_idle_group_measured() {
+        assert_eq!(heartbeat_cpu_seconds(&[row(36, 60.0, 30.0, 0)]), 0.0, "nothing measured");
+        let idle = |nodes, cores| Row { idle_agent_cores: cores, ..row(nodes, 60.0, 30.0, 0) };
+        // 36 agents heartbeat 35 peers a second each: 0.35 cores over 1,260 a second.
+        let runs = [idle(4, 0.01), idle(36, 0.35), row(64, 60.0, 30.0, 0)];
+        assert!((heartbeat_cpu_seconds(&runs) - 0.35 / 1260.0).abs() < 1e-15);
     }
 }

@@ -78,8 +78,23 @@ pub struct Costs {
     /// in cores, while the run lasts. It takes that much of the cores the agents' work
     /// runs on: all agents' share of the shared cores, or one agent's of its own core.
     pub agent_own_cores: f64,
+    /// CPU of one heartbeat (sent, received, acknowledged; both agents together), in
+    /// seconds. Every agent heartbeats every other ([`heartbeats_per_agent_second`]),
+    /// so this grows with the square of the group on shared cores, and with the group
+    /// on an agent's own core.
+    pub heartbeat_cpu_seconds: f64,
     /// Launch, start-up, final assembly: everything that does not depend on the tasks.
     pub fixed_seconds: f64,
+}
+
+/// Heartbeats each of `agents` agents sends a second (and receives as many), by the
+/// agents' own rule (`AgentConfig::heartbeat_period`, default configuration).
+pub fn heartbeats_per_agent_second(agents: usize) -> f64 {
+    if agents < 2 {
+        return 0.0;
+    }
+    let peers = agents - 1;
+    peers as f64 / gepsea_agent::server::AgentConfig::new(0, "").heartbeat_period(peers).as_secs_f64()
 }
 
 /// What the model predicts for one run.
@@ -184,25 +199,28 @@ type Task = (usize, f64, u64, f64, Option<usize>);
 /// fallbacks are at the front; then, with `affinity` (the mpiBLAST master), the oldest
 /// task on `last`; then the oldest.
 fn next_task(queue: &mut VecDeque<Task>, last: Option<usize>, affinity: bool) -> Option<Task> {
-    let pos = match queue.front()? {
-        (.., None) => 0,
-        _ if affinity && last.is_some() => queue.iter().position(|t| t.4 == last).unwrap_or(0),
-        _ => 0,
-    };
+    let urgent = queue.front()?.4.is_none();
+    let pos = if affinity && last.is_some() && !urgent { queue.iter().position(|t| t.4 == last).unwrap_or(0) } else { 0 };
     queue.remove(pos)
+}
+
+/// Every fragment's task, batch by batch, as both masters submit them: batches
+/// complete one after another.
+fn queued(workload: &[BatchWork]) -> VecDeque<Task> {
+    let mut queue = VecDeque::new();
+    for (b, w) in workload.iter().enumerate() {
+        for (f, &(s, bytes, parse)) in w.fragments.iter().enumerate() {
+            queue.push_back((b, s, bytes, parse, Some(f)));
+        }
+    }
+    queue
 }
 
 /// Plays `workload` on `workers` nodes (one worker each) under `arch`.
 pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Costs) -> Outcome {
     let workers = workers.max(1);
     let nb = workload.len();
-    // Batch-major, as both masters submit them: batches complete one after another.
-    let mut queue: VecDeque<Task> = VecDeque::new();
-    for (b, w) in workload.iter().enumerate() {
-        for (f, &(s, bytes, parse)) in w.fragments.iter().enumerate() {
-            queue.push_back((b, s, bytes, parse, Some(f)));
-        }
-    }
+    let mut queue = queued(workload);
     let mut ev = Queue { heap: BinaryHeap::new(), seq: 0 };
     for w in 0..workers {
         ev.push(0.0, Kind::WorkerFree(w));
@@ -222,7 +240,11 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     let mpiblast = arch == Arch::Mpiblast;
     // Every agent's own CPU comes off the cores: the same few when emulated, its own
     // node's on a real cluster (one core per worker). mpiBLAST's master uses none.
-    let agents_own = if mpiblast { 0.0 } else { costs.agent_own_cores * workers as f64 };
+    let agents_own = if mpiblast {
+        0.0
+    } else {
+        (costs.agent_own_cores + heartbeats_per_agent_second(workers) * costs.heartbeat_cpu_seconds) * workers as f64
+    };
     let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers), agents_own);
     let mut end = 0.0f64;
     // Per worker: first task taken, last result handed over.
@@ -385,6 +407,7 @@ mod tests {
             take_seconds: 0.0,
             shared_cores: None,
             agent_own_cores: 0.0,
+            heartbeat_cpu_seconds: 0.0,
             fixed_seconds: 0.0,
         }
     }
@@ -442,6 +465,25 @@ mod tests {
     }
 
     #[test]
+    fn heartbeats_take_cores_in_proportion_to_the_group_s_heartbeat_rate() {
+        // By the agents' rule: a heartbeat to each peer every 500 ms, slowed to 1 s
+        // (a third of the 3 s peer timeout) past 16 peers.
+        assert_eq!(heartbeats_per_agent_second(1), 0.0);
+        assert!((heartbeats_per_agent_second(4) - 6.0).abs() < 1e-9);
+        assert!((heartbeats_per_agent_second(36) - 35.0).abs() < 1e-9);
+        assert!((heartbeats_per_agent_second(1000) - 999.0).abs() < 1e-9);
+        // The busy case above, with the half core spent on heartbeats instead: 4 agents
+        // × 6 a second × 1/48 s each.
+        let w = vec![batch(&[1.0], 1.0, 3.0)];
+        let agents = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        let beating = Costs { shared_cores: Some(1), heartbeat_cpu_seconds: 1.0 / 48.0, ..costs() };
+        assert!((simulate(&w, 4, agents, &beating).wall_seconds - 9.0).abs() < 1e-9);
+        // Twice the agents on the same core: 8 × 14 a second × 1/48 s is past the
+        // model's 90 % limit, so the agents' work gets a tenth of the core.
+        assert!((simulate(&w, 8, agents, &beating).wall_seconds - 41.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn a_short_parse_is_not_queued_behind_a_long_write() {
         // One shared core, two workers. Batch 0 (search 1 s) writes for 10 s; batch 1's
         // archive (search 2 s) takes 0.5 s to parse, then its 5 s fallback, then a 1 s
@@ -463,12 +505,7 @@ mod tests {
         // affinity each worker searches its fragment in both batches before it moves to
         // another fragment; without, batch by batch.
         let w = vec![batch(&[1.0, 1.0, 1.0, 1.0], 0.0, 1.0), batch(&[1.0, 1.0, 1.0, 1.0], 0.0, 1.0)];
-        let mut q: VecDeque<Task> = VecDeque::new();
-        for (b, bw) in w.iter().enumerate() {
-            for (f, &(s, bytes, parse)) in bw.fragments.iter().enumerate() {
-                q.push_back((b, s, bytes, parse, Some(f)));
-            }
-        }
+        let q = queued(&w);
         let order = |affinity: bool| {
             let mut q = q.clone();
             let mut last = [None, None];
