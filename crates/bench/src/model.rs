@@ -78,23 +78,8 @@ pub struct Costs {
     /// in cores, while the run lasts. It takes that much of the cores the agents' work
     /// runs on: all agents' share of the shared cores, or one agent's of its own core.
     pub agent_own_cores: f64,
-    /// CPU of one heartbeat (sent, received, acknowledged; both agents together), in
-    /// seconds. Every agent heartbeats every other ([`heartbeats_per_agent_second`]),
-    /// so this grows with the square of the group on shared cores, and with the group
-    /// on an agent's own core.
-    pub heartbeat_cpu_seconds: f64,
     /// Launch, start-up, final assembly: everything that does not depend on the tasks.
     pub fixed_seconds: f64,
-}
-
-/// Heartbeats each of `agents` agents sends a second (and receives as many), by the
-/// agents' own rule (`AgentConfig::heartbeat_period`, default configuration).
-pub fn heartbeats_per_agent_second(agents: usize) -> f64 {
-    if agents < 2 {
-        return 0.0;
-    }
-    let peers = agents - 1;
-    peers as f64 / gepsea_agent::server::AgentConfig::new(0, "").heartbeat_period(peers).as_secs_f64()
 }
 
 /// What the model predicts for one run.
@@ -240,11 +225,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     let mpiblast = arch == Arch::Mpiblast;
     // Every agent's own CPU comes off the cores: the same few when emulated, its own
     // node's on a real cluster (one core per worker). mpiBLAST's master uses none.
-    let agents_own = if mpiblast {
-        0.0
-    } else {
-        (costs.agent_own_cores + heartbeats_per_agent_second(workers) * costs.heartbeat_cpu_seconds) * workers as f64
-    };
+    let agents_own = if mpiblast { 0.0 } else { costs.agent_own_cores * workers as f64 };
     let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers), agents_own);
     let mut end = 0.0f64;
     // Per worker: first task taken, last result handed over.
@@ -407,7 +388,6 @@ mod tests {
             take_seconds: 0.0,
             shared_cores: None,
             agent_own_cores: 0.0,
-            heartbeat_cpu_seconds: 0.0,
             fixed_seconds: 0.0,
         }
     }
@@ -462,25 +442,6 @@ mod tests {
         assert!((simulate(&w, 4, agents, &own).wall_seconds - 9.0).abs() < 1e-9);
         // mpiBLAST has no agents.
         assert!((simulate(&w, 4, Arch::Mpiblast, &busy).wall_seconds - 5.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn heartbeats_take_cores_in_proportion_to_the_group_s_heartbeat_rate() {
-        // By the agents' rule: a heartbeat to each peer every 500 ms, slowed to 1 s
-        // (a third of the 3 s peer timeout) past 16 peers.
-        assert_eq!(heartbeats_per_agent_second(1), 0.0);
-        assert!((heartbeats_per_agent_second(4) - 6.0).abs() < 1e-9);
-        assert!((heartbeats_per_agent_second(36) - 35.0).abs() < 1e-9);
-        assert!((heartbeats_per_agent_second(1000) - 999.0).abs() < 1e-9);
-        // The busy case above, with the half core spent on heartbeats instead: 4 agents
-        // × 6 a second × 1/48 s each.
-        let w = vec![batch(&[1.0], 1.0, 3.0)];
-        let agents = Arch::Agents { assign: Assign::Dynamic, compress: false };
-        let beating = Costs { shared_cores: Some(1), heartbeat_cpu_seconds: 1.0 / 48.0, ..costs() };
-        assert!((simulate(&w, 4, agents, &beating).wall_seconds - 9.0).abs() < 1e-9);
-        // Twice the agents on the same core: 8 × 14 a second × 1/48 s is past the
-        // model's 90 % limit, so the agents' work gets a tenth of the core.
-        assert!((simulate(&w, 8, agents, &beating).wall_seconds - 41.0).abs() < 1e-9);
     }
 
     #[test]
