@@ -257,7 +257,8 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
 /// The CPU of `nodes` agents, one per node of `bed` as a search starts them
 /// (authenticated links, a rendezvous directory), left idle: in cores, over 5 s once all
 /// are ready and their first heartbeat rounds are past. What an idle group spends is its
-/// heartbeats (every agent heartbeats every other); the model charges them to the runs.
+/// heartbeats (every agent heartbeats every other). Reported beside the runs; the model
+/// does not charge it apart (`cluster_model::agent_own_cores` says why).
 fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<f64> {
     let ns = format!("gbidle{}n{nodes}", std::process::id());
     let dir = d.join(format!("idle-{nodes}"));

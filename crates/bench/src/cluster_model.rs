@@ -108,7 +108,7 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
 /// Heartbeats are not charged apart, though every agent heartbeats every other: with
 /// the idle groups' cost per heartbeat (`heartbeat_cpu_seconds`) charged on top, the
 /// model gave 36 nodes' agents 32.6 and 38.2 CPU-s of their own in two runs that
-/// measured 27.5 and 26.8 (without: 26.0 and 30.4). In a run the heartbeats come while
+/// measured 27.5 and 26.8 (without: 26.4 and 30.4). In a run the heartbeats come while
 /// the agents are awake, and the calibration's share per agent-second holds them.
 fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
     if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
@@ -131,8 +131,8 @@ fn tasks_cpu(run: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f
     parse + merge + compress
 }
 
-/// The agents' own CPU (`Row::agent_own_cpu_seconds`) the model charges a run of
-/// `nodes` agents that it plays in `wall` seconds.
+/// The agents' own CPU (`Row::agent_own_cpu_seconds`) the model charges `run`'s agents
+/// when it plays the run in `wall` seconds.
 fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wall: f64) -> f64 {
     if arch == Arch::Mpiblast {
         return 0.0;

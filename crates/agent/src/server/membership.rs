@@ -22,8 +22,9 @@ pub(super) fn heartbeat_period(base: Duration, peer_timeout: Duration, peers: us
 /// agent's heartbeat rounds fall on the same instants (as closely as the nodes' clocks
 /// agree). Spread at random, each of an agent's peers' heartbeats came on its own, and
 /// each cost its receiver the event thread's wake-up, the loop's, and the delayed
-/// acknowledgement's timer; crossing in one instant, an agent's own heartbeat to a peer
-/// carries the acknowledgement of the peer's, and the arrivals are read together.
+/// acknowledgement's timer; arriving together, a round's heartbeats are read in one
+/// drain and acknowledged in one timer's pass (each acknowledgement is still a write of
+/// its own: both ends' rounds leave before either arrives).
 pub(super) fn until_next_round(period: Duration, now: std::time::SystemTime) -> Duration {
     let period_ns = period.as_nanos().max(1);
     let since_epoch = now.duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
