@@ -143,7 +143,9 @@ pub(crate) struct Row {
     pub agent_own_cpu_seconds: f64,
     /// CPU of this many agents left idle on the same testbed, in cores, measured before
     /// the runs (`idle_agents_cores`): what their heartbeats cost, which grows with the
-    /// square of the group. Zero for mpiBLAST and for runs saved before it was kept.
+    /// square of the group. Zero for mpiBLAST, for one node, for runs that were not
+    /// replayed (the model that reports it plays replays only) and for runs saved
+    /// before it was kept.
     #[serde(default)]
     pub idle_agent_cores: f64,
     pub bytes_wire: u64,
@@ -264,11 +266,7 @@ fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -
     let dir = d.join(format!("idle-{nodes}"));
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("key");
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::write(&key, gepsea_net::auth::Key::generate()?.bytes())?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
-    }
+    crate::net::write_key_file(&key)?;
     let rv = dir.join("agents");
     let mut agents = crate::net::Kill(Vec::new());
     let result = (|| -> Result<f64> {
@@ -528,7 +526,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         };
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
-        let idle_cores = if variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
+        // Only the model reports it (replays), and one agent has no one to heartbeat.
+        let idle_cores = if recording.is_some() && nodes > 1 && variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
             let c = idle_agents_cores(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
             eprintln!("  {nodes} node(s), agents left idle: {:.3} cores in all (heartbeats)", c);
             c

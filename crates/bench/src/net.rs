@@ -55,6 +55,14 @@ impl Drop for Kill {
     }
 }
 
+/// A fresh random link key at `path`, owner-only, as `--key-file` requires.
+pub(crate) fn write_key_file(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, gepsea_net::auth::Key::generate()?.bytes())?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
 pub(crate) fn sibling(name: &str) -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let p = me.with_file_name(name);
@@ -202,9 +210,7 @@ fn gepsea_case_with(
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("key");
     if security != Security::Plain {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::write(&key, gepsea_net::auth::Key::generate()?.bytes())?;
-        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+        write_key_file(&key)?;
     }
     let scale = if quick { "0.05" } else { "1" };
     let bytes = if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() };
