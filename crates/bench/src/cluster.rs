@@ -142,8 +142,9 @@ pub(crate) struct Row {
     #[serde(default)]
     pub agent_own_cpu_seconds: f64,
     /// CPU of this many agents left idle on the same testbed, in cores, measured before
-    /// the runs (`idle_agents_cores`): what their heartbeats cost, which grows with the
-    /// square of the group. Zero for mpiBLAST, for one node, for runs that were not
+    /// the runs (`idle_agents_cores`): what the group costs when it has nothing to do
+    /// (until the eleventh session, heartbeats that grew with the square of the group).
+    /// Zero for mpiBLAST, for one node, for runs that were not
     /// replayed (the model that reports it plays replays only) and for runs saved
     /// before it was kept.
     #[serde(default)]
@@ -258,9 +259,9 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
 
 /// The CPU of `nodes` agents, one per node of `bed` as a search starts them
 /// (authenticated links, a rendezvous directory), left idle: in cores, over 5 s once all
-/// are ready and their first heartbeat rounds are past. What an idle group spends is its
-/// heartbeats (every agent heartbeats every other). Reported beside the runs; the model
-/// does not charge it apart (`cluster_model::agent_own_cores` says why).
+/// are ready. An idle agent only looks for new agents now and then; its links are
+/// watched by the kernel (TCP keepalive). Reported beside the runs; the model does not
+/// charge it apart (`cluster_model::agent_own_cores` says why).
 fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<f64> {
     let ns = format!("gbidle{}n{nodes}", std::process::id());
     let dir = d.join(format!("idle-{nodes}"));
@@ -526,10 +527,10 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         };
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
-        // Only the model reports it (replays), and one agent has no one to heartbeat.
+        // Only the model reports it (replays), and one agent has no links to keep.
         let idle_cores = if recording.is_some() && nodes > 1 && variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
             let c = idle_agents_cores(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
-            eprintln!("  {nodes} node(s), agents left idle: {:.3} cores in all (heartbeats)", c);
+            eprintln!("  {nodes} node(s), agents left idle: {:.3} cores in all", c);
             c
         } else {
             0.0

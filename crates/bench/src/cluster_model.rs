@@ -105,11 +105,11 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
 /// itself (parsing, merging, compressing), over the agents' time on the job. Zero for
 /// mpiBLAST, and for a saved run from before the agents' own CPU was recorded.
 ///
-/// Heartbeats are not charged apart, though every agent heartbeats every other: with
-/// the idle groups' cost per heartbeat (`heartbeat_cpu_seconds`) charged on top, the
-/// model gave 36 nodes' agents 32.6 and 38.2 CPU-s of their own in two runs that
-/// measured 27.5 and 26.8 (without: 26.4 and 30.4). In a run the heartbeats come while
-/// the agents are awake, and the calibration's share per agent-second holds them.
+/// An idle group's cost is not charged apart: when agents still heartbeated each other,
+/// the idle groups' cost per heartbeat charged on top gave 36 nodes' agents 32.6 and
+/// 38.2 CPU-s of their own in two runs that measured 27.5 and 26.8 (without: 26.4 and
+/// 30.4). Background work comes while the agents are awake, and the calibration's share
+/// per agent-second holds it.
 fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
     if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
         return 0.0;
@@ -140,23 +140,12 @@ fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wa
     tasks_cpu(run, work, arch, costs.compress_bytes_per_second) + costs.agent_own_cores * run.nodes as f64 * wall
 }
 
-/// Heartbeats each of `agents` agents sends a second (and receives as many), by the
-/// agents' own rule (`AgentConfig::heartbeat_period`, default configuration).
-fn heartbeats_per_agent_second(agents: usize) -> f64 {
-    if agents < 2 {
-        return 0.0;
-    }
-    let peers = agents - 1;
-    peers as f64 / gepsea_agent::server::AgentConfig::new(0, "").heartbeat_period(peers).as_secs_f64()
-}
-
-/// CPU seconds per heartbeat, from the idle agents of the largest run that measured
-/// them (`Row::idle_agent_cores`): what that group spent a second over the heartbeats
-/// it sent a second. Zero when no run measured it. Reported, not charged (see
+/// Cores one idle agent costs, from the largest idle group measured
+/// (`Row::idle_agent_cores`). Zero when no run measured it. Reported, not charged (see
 /// `agent_own_cores`).
-fn heartbeat_cpu_seconds(runs: &[Row]) -> f64 {
+fn idle_agent_cores_each(runs: &[Row]) -> f64 {
     let Some(r) = runs.iter().filter(|r| r.idle_agent_cores > 0.0 && r.nodes > 1).max_by_key(|r| r.nodes) else { return 0.0 };
-    r.idle_agent_cores / (r.nodes as f64 * heartbeats_per_agent_second(r.nodes))
+    r.idle_agent_cores / r.nodes as f64
 }
 
 /// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
@@ -176,9 +165,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         fixed_seconds: 0.0,
     };
     eprintln!(
-        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated; a heartbeat {:.1} µs of CPU in an idle group (not charged apart)",
+        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated; an idle agent {:.3} % of a core (not charged apart)",
         compress_rate / 1e6,
-        1e6 * heartbeat_cpu_seconds(runs)
+        100.0 * idle_agent_cores_each(runs)
     );
     let mut points = Vec::new();
     let mut worst: f64 = 0.0;
@@ -361,17 +350,10 @@ mod tests {
     }
 
     #[test]
-    fn a_heartbeat_s_cpu_comes_from_the_largest_idle_group_measured() {
-        // By the agents' rule: a heartbeat to each peer every 500 ms, slowed to 1 s
-        // (a third of the 3 s peer timeout) past 16 peers.
-        assert_eq!(heartbeats_per_agent_second(1), 0.0);
-        assert!((heartbeats_per_agent_second(4) - 6.0).abs() < 1e-9);
-        assert!((heartbeats_per_agent_second(36) - 35.0).abs() < 1e-9);
-        assert!((heartbeats_per_agent_second(1000) - 999.0).abs() < 1e-9);
-        assert_eq!(heartbeat_cpu_seconds(&[row(36, 60.0, 30.0, 0)]), 0.0, "nothing measured");
+    fn an_idle_agent_s_cost_comes_from_the_largest_idle_group_measured() {
+        assert_eq!(idle_agent_cores_each(&[row(36, 60.0, 30.0, 0)]), 0.0, "nothing measured");
         let idle = |nodes, cores| Row { idle_agent_cores: cores, ..row(nodes, 60.0, 30.0, 0) };
-        // 36 agents heartbeat 35 peers a second each: 0.35 cores over 1,260 a second.
-        let runs = [idle(4, 0.01), idle(36, 0.35), row(64, 60.0, 30.0, 0)];
-        assert!((heartbeat_cpu_seconds(&runs) - 0.35 / 1260.0).abs() < 1e-15);
+        let runs = [idle(4, 0.01), idle(36, 0.018), row(64, 60.0, 30.0, 0)];
+        assert!((idle_agent_cores_each(&runs) - 0.0005).abs() < 1e-15);
     }
 }

@@ -74,7 +74,7 @@ pub struct Costs {
     pub take_seconds: f64,
     /// Cores the agents' work shares (`None`: every agent has its own).
     pub shared_cores: Option<usize>,
-    /// CPU an agent spends on itself (its loop, event thread, heartbeats, hand-overs),
+    /// CPU an agent spends on itself (its loop, event thread, discovery, hand-overs),
     /// in cores, while the run lasts. It takes that much of the cores the agents' work
     /// runs on: all agents' share of the shared cores, or one agent's of its own core.
     pub agent_own_cores: f64,

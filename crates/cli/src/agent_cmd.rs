@@ -63,7 +63,8 @@ pub struct RunArgs {
     /// Pin the agent to this core (e.g. a spare one).
     #[arg(long)]
     cpu: Option<usize>,
-    /// Declare a peer dead after its link was down this long (ms).
+    /// Declare a peer dead after its link was down this long (ms); a peer whose host
+    /// goes silent (no FIN, nothing answers) loses its link after as long again.
     #[arg(long)]
     peer_timeout_ms: Option<u64>,
     /// Bytes of the distributed data cache on this node.

@@ -697,6 +697,36 @@ fn killing_a_nodes_agent_releases_its_locks_and_reelects_the_scheduler() {
     assert_eq!(a.run(3, &["board-get", "survivor"]).trim().split(' ').nth(1), Some("3500"));
 }
 
+/// A node that goes silent without closing its connections (a host powered off, a
+/// cable pulled: no FIN, no RST, nothing answers) is declared dead by the others while
+/// nothing is being said to it (the kernel's keepalive probes go unanswered; without
+/// them a silent peer would be found only by data left unacknowledged, after the
+/// kernel's retransmissions, about 15 minutes), and the silent node declares them dead
+/// too. The survivors go on serving.
+#[test]
+fn a_node_that_goes_silent_is_declared_dead_while_idle() {
+    if skip_netns() {
+        return;
+    }
+    let a = Agents::new(3, true);
+    for i in 0..3 {
+        assert_eq!(a.status(i)["view"], serde_json::json!([1, 2, 3]));
+    }
+    a.run(0, &["cas-incr", "before", "5"]);
+    a.bed.as_ref().unwrap().cut(2).expect("taking node 3 off the bridge");
+    let cut = Instant::now();
+    wait_until(
+        Duration::from_secs(60),
+        || (0..2).all(|i| a.status(i)["view"] == serde_json::json!([1, 2])) && a.status(2)["view"] == serde_json::json!([3]),
+        "nodes 1 and 2 to declare node 3 dead, and node 3 them",
+    );
+    eprintln!("silent node declared dead {:.1} s after the cut (peer timeout 1.5 s)", cut.elapsed().as_secs_f64());
+    for i in 0..2 {
+        a.run(i, &["cas-incr", "after", "5"]);
+    }
+    assert_eq!(a.run(1, &["board-get", "after"]).trim().split(' ').nth(1), Some("10"));
+}
+
 /// A node whose agent died and was started again (same node id, new incarnation) is
 /// let back in: every agent's view holds it again with its new pid, the keys, locks
 /// and merge streams it now owns are handed to it (a lock held and waited on across

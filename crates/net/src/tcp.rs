@@ -13,6 +13,25 @@ use crate::reliable::{RecvWindow, SendWindow};
 /// The most one read into the decoder takes.
 const READ_AT_MOST: usize = 64 << 10;
 
+/// Makes the kernel notice a peer that went silent without closing its end (a host
+/// powered off, a cable pulled, a partition): keepalive probes once the connection has
+/// been idle for a third of `silence` (whole seconds, at least 1), and `TCP_USER_TIMEOUT`
+/// of `silence`, which bounds both how long our data may stay unacknowledged and how long
+/// probes may go unanswered (it overrides the probe count). The connection then fails
+/// with `ETIMEDOUT` like any other broken connection. The probes and their answers are
+/// the kernel's own: an idle link costs its processes nothing.
+pub fn watch_for_silence(stream: &mio::net::TcpStream, silence: Duration) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let probe = u32::try_from((silence / 3).as_secs().max(1)).unwrap_or(u32::MAX);
+    let ms = u32::try_from(silence.as_millis().max(1)).unwrap_or(u32::MAX);
+    setsockopt(stream, sockopt::KeepAlive, &true)?;
+    setsockopt(stream, sockopt::TcpKeepIdle, &probe)?;
+    setsockopt(stream, sockopt::TcpKeepInterval, &probe)?;
+    setsockopt(stream, sockopt::TcpKeepCount, &3)?;
+    setsockopt(stream, sockopt::TcpUserTimeout, &ms)?;
+    Ok(())
+}
+
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {

@@ -175,6 +175,13 @@ impl NetnsBridge {
         mpirun_across(self.cmd(0, "mpirun"), &self.ns, &self.ip, &self.subnet(), dir, slots, np)
     }
 
+    /// Takes node `i` off the network without a word, as a host that loses power or
+    /// its cable does: its port on the bridge goes down, so nothing it sends arrives
+    /// and nothing sent to it is answered (no FIN, no RST); its processes run on.
+    pub fn cut(&self, i: usize) -> std::io::Result<()> {
+        run(&["ip", "-n", &self.switch, "link", "set", &format!("p{i}"), "down"])
+    }
+
     /// Kills every process inside node `i`'s namespace.
     pub fn kill_all(&self, i: usize) {
         kill_ns(&self.ns[i]);

@@ -13,7 +13,7 @@ struct Seen {
 }
 
 impl Seen {
-    /// `None` if the pass handled nothing but background messages (heartbeats, state
+    /// `None` if the pass handled nothing but background messages (greetings, state
     /// gossip: see `spin::is_background`), which do not make the loop spin; otherwise
     /// whether some of its work was for another agent.
     fn work(&self, agent: &Agent, handled: usize) -> Option<bool> {
@@ -190,7 +190,7 @@ impl Agent {
 
     fn next_timeout(&self) -> Duration {
         let now = Instant::now();
-        let mut t = self.next_heartbeat;
+        let mut t = self.next_discovery;
         for c in self.clients.values() {
             if let Some((_, _, d)) = c.parked {
                 t = t.min(d);
@@ -211,16 +211,9 @@ impl Agent {
         if self.lazy_deadline.is_some_and(|d| d <= now) {
             self.flush_lazy();
         }
-        if now >= self.next_heartbeat {
-            let peers = self.view.len().saturating_sub(1);
-            let period = membership::heartbeat_period(self.cfg.heartbeat, self.cfg.peer_timeout, peers);
-            self.next_heartbeat = now + membership::until_next_round(period, std::time::SystemTime::now());
+        if now >= self.next_discovery {
+            self.next_discovery = now + self.cfg.discovery;
             self.discover();
-            for n in self.view.clone() {
-                if n != self.me {
-                    self.send_peer(n, &PeerMsg::Heartbeat);
-                }
-            }
             let unknown: Vec<u32> = self.known.iter().filter(|(n, v)| v.is_none() && !self.dead.contains(n)).map(|(n, _)| *n).collect();
             for n in unknown {
                 self.send_peer(n, &PeerMsg::Hello { node: self.me, pid: std::process::id(), incarnation: self.incarnation });

@@ -4,11 +4,12 @@
 //! registration socket and its client connections, the gepsea-net port's event
 //! descriptor (requests from clients, messages from other agents, completed sends and
 //! remote memory accesses, failed peers), a waker for calls from the agent's own job
-//! threads, and a timer for heartbeats and deadlines. Nothing in the loop blocks: work
+//! threads, and a timer for discovery and deadlines. Nothing in the loop blocks: work
 //! that takes CPU or waits on other agents (compression, plug-ins, cache misses that
 //! must consult the directory and fetch) runs on job threads that call back into the
 //! loop through the same [`Services`] API applications use. Idle, the loop wakes only
-//! for the heartbeat (every `heartbeat`), so an idle agent costs almost no CPU.
+//! to look for new agents (every `discovery`); links to the other agents are watched
+//! by the kernel (TCP keepalive), so an idle agent costs almost no CPU.
 //!
 //! **Ownership.** Bulletin-board keys, locks and merge streams are owned by one agent
 //! each, chosen by rendezvous hashing over the live agents (`board::ranked`); requests
@@ -19,7 +20,7 @@
 //! **Failures.** A client that dies closes its registration socket: its agent tells every
 //! agent (`ProcessDied`), which release its locks, requeue its tasks and free its global
 //! memory. An agent that dies is detected by gepsea-net (its link stays down longer than
-//! `peer_timeout`); every survivor drops it from the view, re-homes board entries,
+//! `peer_timeout`, or its host went silent: see `membership`); every survivor drops it from the view, re-homes board entries,
 //! re-registers the locks its clients hold with their new owners (`Reclaim`) and, if the
 //! scheduler changed, rejoins the new scheduler. New owners hold back lock requests and
 //! the new scheduler holds back assignments until every survivor has re-registered.
@@ -87,9 +88,13 @@ pub struct AgentConfig {
     pub peers: Vec<(u32, SocketAddr)>,
     /// Agents expected; the agent reports ready (and clients start) once all are up.
     pub nodes: Option<usize>,
-    /// A peer whose link stays down this long is declared dead.
+    /// A peer whose link stays down this long is declared dead; a connected peer that
+    /// goes silent (neither data nor TCP keepalive probes acknowledged) loses its link
+    /// after as long (see `membership`).
     pub peer_timeout: Duration,
-    pub heartbeat: Duration,
+    /// How often the agent looks for new agents in the rendezvous directory and greets
+    /// the ones that have not answered yet.
+    pub discovery: Duration,
     /// Bytes of the data cache.
     pub cache_bytes: usize,
     /// Bytes of global memory this agent lends.
@@ -109,13 +114,6 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// The period between this agent's heartbeats to each of `peers` agents (every
-    /// agent heartbeats every other; the period grows with the group, see
-    /// `membership::HEARTBEATS_PER_SECOND`).
-    pub fn heartbeat_period(&self, peers: usize) -> Duration {
-        membership::heartbeat_period(self.heartbeat, self.peer_timeout, peers)
-    }
-
     pub fn new(node: u32, namespace: &str) -> Self {
         AgentConfig {
             node,
@@ -125,7 +123,7 @@ impl AgentConfig {
             peers: Vec::new(),
             nodes: None,
             peer_timeout: Duration::from_secs(3),
-            heartbeat: Duration::from_millis(500),
+            discovery: Duration::from_millis(500),
             cache_bytes: 1 << 30,
             gma_bytes: 1 << 30,
             jobs: 4,
@@ -398,7 +396,7 @@ pub struct Agent {
     calls_rx: Receiver<Call>,
     done_rx: Receiver<JobDone>,
     shutdown: Arc<Shutdown>,
-    next_heartbeat: Instant,
+    next_discovery: Instant,
     requests_served: u64,
     peer_messages: u64,
     /// Of which liveness and gossip ([`spin::is_background`]).
@@ -451,6 +449,7 @@ impl Agent {
         pc.key = cfg.key.clone();
         pc.encrypt = cfg.encrypt;
         pc.linger = Duration::from_millis(500);
+        pc.keepalive = Some(cfg.peer_timeout);
         for (n, a) in &cfg.peers {
             if *n != me {
                 pc.routes.insert(Addr::new(*n, 0), *a);
@@ -583,7 +582,7 @@ impl Agent {
             calls_rx,
             done_rx,
             shutdown,
-            next_heartbeat: Instant::now(),
+            next_discovery: Instant::now(),
             requests_served: 0,
             peer_messages: 0,
             background_messages: 0,

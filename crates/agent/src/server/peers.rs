@@ -37,7 +37,6 @@ impl Agent {
                 self.peer_alive(node, pid, incarnation);
             }
             PeerMsg::HelloAck { node, pid, incarnation } => self.peer_alive(node, pid, incarnation),
-            PeerMsg::Heartbeat => {}
             PeerMsg::Routed { op, client, body } => self.exec_owned(from, op, client, body),
             PeerMsg::RoutedReply { op, reply } => {
                 if let Some(r) = self.routed.remove(&op) {
@@ -244,7 +243,7 @@ impl Agent {
                     if self.dead.contains(&dest) {
                         // Forwarded by an agent that has not seen `dest` die yet: ask
                         // again a little later, when it may have.
-                        self.retry_routes.push((Instant::now() + self.cfg.heartbeat, op));
+                        self.retry_routes.push((Instant::now() + self.cfg.discovery, op));
                     }
                 }
             }

@@ -22,11 +22,11 @@
 //! lock pair at p50: a yield every round 48-54 and 63-76 µs, every 8th 47-61 and 70-95,
 //! every 32nd 64-75 and 119-129.
 //!
-//! Background messages ([`is_background`]: heartbeats, state gossip, hellos) are not
-//! work: nothing follows them soon, and every agent sends them to every other, so
-//! with many agents they arrive all the time. Spinning after each kept 36 agents on
-//! this machine's 2 cores busy at about 1 core for heartbeats alone, and took the
-//! cores from the `blast_formatter` processes writing the job's output.
+//! Background messages ([`is_background`]: state gossip, hellos) are not work:
+//! nothing follows them soon, and every agent sends them to every other, so with many
+//! agents they arrive in bursts. Spinning after each (then with heartbeats too) kept 36
+//! agents on this machine's 2 cores busy at about 1 core, and took the cores from the
+//! `blast_formatter` processes writing the job's output.
 
 use std::time::{Duration, Instant};
 
@@ -39,10 +39,10 @@ pub(super) const REMOTE: Duration = Duration::from_micros(200);
 /// Spin while an operation is out at another agent.
 pub(super) const AWAITING_PEER: Duration = Duration::from_micros(500);
 
-/// Whether a message from another agent is background: liveness and gossip that no
+/// Whether a message from another agent is background: greetings and gossip that no
 /// reply or next request follows, so it does not make the loop spin.
 pub(super) fn is_background(m: &PeerMsg) -> bool {
-    matches!(m, PeerMsg::Heartbeat | PeerMsg::State(_) | PeerMsg::Hello { .. } | PeerMsg::HelloAck { .. })
+    matches!(m, PeerMsg::State(_) | PeerMsg::Hello { .. } | PeerMsg::HelloAck { .. })
 }
 
 /// What a pass of the loop did, from its counts: `handled` things (each message one),
@@ -98,17 +98,17 @@ mod tests {
     const US: Duration = Duration::from_micros(1);
 
     #[test]
-    fn a_pass_of_heartbeats_alone_is_not_work() {
+    fn a_pass_of_greetings_alone_is_not_work() {
         assert_eq!(pass_work(0, 0, 0), None);
-        assert_eq!(pass_work(3, 3, 3), None, "three heartbeats");
-        assert_eq!(pass_work(4, 3, 3), Some(false), "three heartbeats and a client's request");
-        assert_eq!(pass_work(4, 4, 3), Some(true), "three heartbeats and a routed operation");
+        assert_eq!(pass_work(3, 3, 3), None, "three hellos");
+        assert_eq!(pass_work(4, 3, 3), Some(false), "three hellos and a client's request");
+        assert_eq!(pass_work(4, 4, 3), Some(true), "three hellos and a routed operation");
         assert_eq!(pass_work(1, 0, 0), Some(false), "a job thread's result");
     }
 
     #[test]
     fn liveness_and_gossip_are_background_and_operations_are_not() {
-        assert!(is_background(&PeerMsg::Heartbeat));
+        assert!(is_background(&PeerMsg::Hello { node: 1, pid: 2, incarnation: 3 }));
         assert!(is_background(&PeerMsg::HelloAck { node: 1, pid: 2, incarnation: 3 }));
         assert!(!is_background(&PeerMsg::RoutedReply { op: 1, reply: crate::wire::Reply::Ok }));
         assert!(!is_background(&PeerMsg::Take { op: 1, client: crate::core::Client::new(1, 2) }));

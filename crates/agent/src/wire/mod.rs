@@ -479,7 +479,6 @@ pub enum PeerMsg {
         pid: u32,
         incarnation: u64,
     },
-    Heartbeat,
     /// An owner-routed operation (board, lock, merge, directory) from `origin`'s client.
     Routed {
         op: u64,

@@ -371,12 +371,14 @@ impl State {
         for p in acks {
             self.send_ack(p);
         }
+        self.expire_reconnects(now);
         let retry: Vec<Addr> =
             self.links.iter().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
         for p in retry {
             // Reconnect while anything depends on the peer (until `reconnect_timeout`
-            // declares it failed); an idle link may stay down.
-            let wants = self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p) || self.proto.waits_on(p);
+            // declares it failed); an idle link may stay down, unless links are kept up.
+            let wants =
+                self.cfg.keepalive.is_some() || self.links[&p].send.unacked() > 0 || self.proto.is_dirty(p) || self.proto.waits_on(p);
             if wants {
                 self.connect_tcp(p);
             } else if let Some(l) = self.links.get_mut(&p) {
@@ -387,7 +389,26 @@ impl State {
     }
 
     pub(super) fn next_timer(&self) -> Option<Instant> {
-        let links = self.links.values().flat_map(|l| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }]).flatten();
-        links.chain(self.shm_retry.values().map(|(_, next)| *next)).min()
+        let links =
+            self.links.values().flat_map(|l| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }, self.reconnect_deadline(l)]);
+        links.flatten().chain(self.shm_retry.values().map(|(_, next)| *next)).min()
+    }
+
+    /// When a reconnection attempt still under way on a link that went down gives up:
+    /// a connect to a host that vanished gets no answer at all, and the kernel would
+    /// retry its SYN for minutes.
+    fn reconnect_deadline(&self, l: &Link) -> Option<Instant> {
+        let conn = self.tcp.get(&l.conn?)?;
+        (conn.state != ConnState::Established).then_some(l.down_since? + self.cfg.reconnect_timeout)
+    }
+
+    /// Reconnection attempts past their deadline fail (`link_down` then gives up on
+    /// the peer).
+    fn expire_reconnects(&mut self, now: Instant) {
+        let expired: Vec<usize> =
+            self.links.values().filter(|l| self.reconnect_deadline(l).is_some_and(|t| t <= now)).filter_map(|l| l.conn).collect();
+        for id in expired {
+            self.conn_lost(id, "reconnecting timed out");
+        }
     }
 }

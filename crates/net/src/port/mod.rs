@@ -112,6 +112,15 @@ pub struct PortConfig {
     pub reconnect_timeout: Duration,
     /// How long dropping the port waits for queued output to be delivered.
     pub linger: Duration,
+    /// Keep TCP links up, for ports that must notice a lost peer while nothing is being
+    /// said (agents): a link that drops is reconnected at once whether or not anything
+    /// waits on it, and a connected peer that goes silent at the TCP level (neither our
+    /// data nor the kernel's keepalive probes acknowledged) for this long loses its
+    /// connection ([`crate::tcp::watch_for_silence`]). Either way a peer unreachable for
+    /// `reconnect_timeout` more is reported failed. `None` (the default): links come up
+    /// when there is something to send, and only data left unacknowledged finds a lost
+    /// peer.
+    pub keepalive: Option<Duration>,
     /// Write an event trace of the application's messages to this file (see
     /// [`crate::trace`]). Default: under `$GEPSEA_NET_TRACE` when that is set.
     pub trace: Option<PathBuf>,
@@ -144,6 +153,7 @@ impl PortConfig {
             lease: Duration::from_micros(50),
             reconnect_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(5),
+            keepalive: None,
             trace: std::env::var_os("GEPSEA_NET_TRACE")
                 .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
             key: None,

@@ -35,6 +35,7 @@ impl State {
                 return;
             }
         };
+        self.watch_for_silence(&stream);
         let id = self.next_id;
         self.next_id += 1;
         let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
@@ -69,11 +70,22 @@ impl State {
         self.tcp_writable(id);
     }
 
+    /// With [`PortConfig::keepalive`](super::PortConfig::keepalive), the kernel watches
+    /// the connection for a silent peer.
+    fn watch_for_silence(&mut self, stream: &mio::net::TcpStream) {
+        if let Some(silence) = self.cfg.keepalive {
+            if let Err(e) = crate::tcp::watch_for_silence(stream, silence) {
+                self.log_error(format!("keepalive options: {e}"));
+            }
+        }
+    }
+
     pub(super) fn accept_tcp(&mut self) {
         loop {
             let Some(l) = self.tcp_listener.as_ref() else { return };
             match l.accept() {
                 Ok((stream, _)) => {
+                    self.watch_for_silence(&stream);
                     let id = self.next_id;
                     self.next_id += 1;
                     let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));
