@@ -20,9 +20,10 @@
 //! **Failures.** A client that dies closes its registration socket: its agent tells every
 //! agent (`ProcessDied`), which release its locks, requeue its tasks and free its global
 //! memory. An agent that dies is detected by gepsea-net (its link stays down longer than
-//! `peer_timeout`, or its host went silent: see `membership`); every survivor drops it from the view, re-homes board entries,
-//! re-registers the locks its clients hold with their new owners (`Reclaim`) and, if the
-//! scheduler changed, rejoins the new scheduler. New owners hold back lock requests and
+//! `peer_timeout`, or its host went silent: see `membership`); every survivor drops it
+//! from the view, re-homes board entries, re-registers the locks its clients hold with
+//! their new owners (`Reclaim`) and, if the scheduler changed, rejoins the new
+//! scheduler. New owners hold back lock requests and
 //! the new scheduler holds back assignments until every survivor has re-registered.
 //!
 //! Limits (documented in `docs/architecture.md`): agents should all be up before clients
