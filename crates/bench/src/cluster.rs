@@ -144,9 +144,8 @@ pub(crate) struct Row {
     /// CPU of this many agents left idle on the same testbed, in cores, measured before
     /// the runs (`idle_agents_cores`): what the group costs when it has nothing to do
     /// (until the eleventh session, heartbeats that grew with the square of the group).
-    /// Zero for mpiBLAST, for one node, for runs that were not
-    /// replayed (the model that reports it plays replays only) and for runs saved
-    /// before it was kept.
+    /// Zero for mpiBLAST, for one node, for runs that were not replayed (the model that
+    /// reports it plays replays only) and for runs saved before it was kept.
     #[serde(default)]
     pub idle_agent_cores: f64,
     pub bytes_wire: u64,

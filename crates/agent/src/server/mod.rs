@@ -23,8 +23,8 @@
 //! `peer_timeout`, or its host went silent: see `membership`); every survivor drops it
 //! from the view, re-homes board entries, re-registers the locks its clients hold with
 //! their new owners (`Reclaim`) and, if the scheduler changed, rejoins the new
-//! scheduler. New owners hold back lock requests and
-//! the new scheduler holds back assignments until every survivor has re-registered.
+//! scheduler. New owners hold back lock requests and the new scheduler holds back
+//! assignments until every survivor has re-registered.
 //!
 //! Limits (documented in `docs/architecture.md`): agents should all be up before clients
 //! take locks (`--nodes` makes clients wait for that); merge streams and the cache copies
