@@ -13,7 +13,9 @@
 //! object it reads. A taker gets, in this order, the first queued task whose object its
 //! node already holds, else the first whose object no node holds (or that names none),
 //! else the first task. So a node keeps working on the data it has, and data that some
-//! other node holds is left for that node while there is anything else to do. What
+//! other node holds is left for that node while there is anything else to do. The same
+//! holds the other way round: a task that arrives while several takers wait goes to
+//! the first of them whose node holds its data (else to the one that waited longest). What
 //! each node holds comes from the global process state ([`Scheduler::set_holdings`]).
 //!
 //! Failover: the scheduler's state is not replicated; instead every agent remembers
@@ -299,11 +301,17 @@ impl Scheduler {
             return out;
         }
         while !self.queue.is_empty() && !self.waiting.is_empty() {
-            let (op, client) = self.waiting.front().copied().unwrap();
-            let id = self.queue.remove(self.pick(client.node)).unwrap();
+            let front = self.waiting.front().copied().unwrap();
+            let id = self.queue.remove(self.pick(front.1.node)).unwrap();
             // Queued ids always have a payload (`done` removes both); skip one that does not.
             let Some(task) = self.payloads.get(&id).cloned() else { continue };
-            self.waiting.pop_front();
+            // A task the front taker's node does not hold goes to the first waiting
+            // taker whose node does: tasks submitted one by one to many waiting takers
+            // (a job's start) then land where their data is, as later takes do.
+            let held_by = |node: u32| task.affinity.as_ref().is_some_and(|a| self.holdings.get(&node).is_some_and(|h| h.contains(a)));
+            let taker =
+                if task.urgent || held_by(front.1.node) { 0 } else { self.waiting.iter().position(|(_, c)| held_by(c.node)).unwrap_or(0) };
+            let (op, client) = self.waiting.remove(taker).unwrap();
             self.assigned.insert(id, client);
             self.assigned_total += 1;
             out.push(Assignment { op, client, task });
@@ -402,6 +410,22 @@ mod tests {
         p.node_died(2);
         assert_eq!(p.place("b0", 1, &[1, 3], 1), Ok(1));
         assert_eq!(p.place("b9", 1, &[], 1), Err(PlaceError::NoLiveAgent("b9".into())));
+    }
+
+    #[test]
+    fn a_task_submitted_to_waiting_takers_goes_to_one_whose_node_holds_its_data() {
+        let mut s = Scheduler::new();
+        let (a, b, c) = (Client::new(1, 1), Client::new(2, 1), Client::new(3, 1));
+        s.set_holdings(1, ["f0".to_string()]);
+        s.set_holdings(2, ["f1".to_string()]);
+        for (op, taker) in [(10, a), (11, b), (12, c)] {
+            assert!(s.take(op, taker).is_empty());
+        }
+        // Node 2 holds f1: its taker, although node 1's waited longer.
+        assert_eq!(s.submit(near(1, "f1"), 1), vec![Assignment { op: 11, client: b, task: near(1, "f1") }]);
+        // Nobody waiting holds f1 any more: the longest waiting taker.
+        assert_eq!(s.submit(near(2, "f1"), 1), vec![Assignment { op: 10, client: a, task: near(2, "f1") }]);
+        assert_eq!(s.submit(near(3, "f0"), 1), vec![Assignment { op: 12, client: c, task: near(3, "f0") }]);
     }
 
     #[test]

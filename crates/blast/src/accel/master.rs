@@ -34,15 +34,29 @@ pub fn master(
     };
     let mut agents = agents_now()?;
     let mut nodes: BTreeSet<u32> = agents.keys().copied().collect();
-    // Data streaming: every agent starts staging the fragments it will search first
-    // (fragment f on the (f mod n)-th node) while the first tasks are handed out.
+    // Data streaming: every agent stages the fragments it will search first (see
+    // `prefetch_plan`). The tasks go out once each node holds its first one, so that
+    // the scheduler, which hands a taker a task on a fragment its node holds, can keep
+    // every node on its own fragment from the first task on; the rest are staged while
+    // the search goes on.
     let mut prefetches = Vec::new();
     if spec.hot_swap && spec.split == SplitBy::Fragments {
         let order: Vec<u32> = nodes.iter().copied().collect();
-        for (i, &node) in order.iter().enumerate() {
-            let fragments: Vec<usize> = (0..spec.fragments.len()).filter(|f| f % order.len() == i).collect();
-            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments, ahead: false }).unwrap();
-            prefetches.push(client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body }));
+        let prefetch = |node: u32, fragments: &[usize]| {
+            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments: fragments.to_vec(), ahead: false })
+                .unwrap();
+            client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body })
+        };
+        let plan = prefetch_plan(order.len(), spec.fragments.len());
+        let firsts: Vec<u64> = order.iter().zip(&plan).filter(|(_, f)| !f.is_empty()).map(|(&node, f)| prefetch(node, &f[..1])).collect();
+        prefetches.extend(order.iter().zip(&plan).filter(|(_, f)| f.len() > 1).map(|(&node, f)| prefetch(node, &f[1..])));
+        for id in firsts {
+            // A failed prefetch only means that a worker stages the fragment itself; a
+            // slow one (a large fragment) goes on while the tasks go out.
+            match client.finish(id, Duration::from_secs(120)) {
+                Ok(_) | Err(gepsea_agent::api::ApiError::Timeout(_)) => {}
+                Err(e) => eprintln!("gepsea search: a fragment prefetch failed: {e}"),
+            }
         }
     }
     let mut stats = AccelStats::default();
@@ -180,6 +194,25 @@ pub fn master(
     Ok(stats)
 }
 
+/// The fragments each of `nodes` nodes stages before searching, for `fragments`
+/// fragments: fragment `f` on the `(f mod nodes)`-th node, so that every fragment is on
+/// some node; with more nodes than fragments, node `i` stages fragment `i mod
+/// fragments`, so that no node starts without one. Each node's first fragment is the one
+/// it searches first.
+pub(crate) fn prefetch_plan(nodes: usize, fragments: usize) -> Vec<Vec<usize>> {
+    (0..nodes)
+        .map(|i| {
+            if fragments == 0 {
+                Vec::new()
+            } else if nodes > fragments {
+                vec![i % fragments]
+            } else {
+                (i..fragments).step_by(nodes).collect()
+            }
+        })
+        .collect()
+}
+
 /// Submits a task; a fragment search names its fragment, so that the scheduler prefers
 /// a node that holds it.
 pub(crate) fn submit_task(client: &gepsea_client::Client, spec: &JobSpec, task: &TaskPayload) -> Result<u64, gepsea_agent::api::ApiError> {
@@ -221,4 +254,22 @@ pub(crate) fn submit_tasks(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefetch_plan;
+
+    #[test]
+    fn every_fragment_is_prefetched_and_every_node_gets_one_to_start_with() {
+        assert_eq!(prefetch_plan(1, 3), vec![vec![0, 1, 2]]);
+        assert_eq!(prefetch_plan(3, 8), vec![vec![0, 3, 6], vec![1, 4, 7], vec![2, 5]]);
+        assert_eq!(prefetch_plan(4, 4), vec![vec![0], vec![1], vec![2], vec![3]]);
+        let many = prefetch_plan(36, 8);
+        assert_eq!(many.len(), 36);
+        for (i, f) in many.iter().enumerate() {
+            assert_eq!(f, &vec![i % 8], "node {i}");
+        }
+        assert_eq!(prefetch_plan(2, 0), vec![Vec::<usize>::new(), Vec::new()]);
+    }
 }

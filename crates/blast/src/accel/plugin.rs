@@ -631,6 +631,11 @@ impl Plugin for BlastPlugin {
             BlastRequest::Forget { job } => self.forget(&job),
             BlastRequest::Prefetch { job, fragments, ahead } => {
                 let spec = self.spec(&job)?;
+                if !ahead {
+                    // The look-ahead leaves these to this prefetch rather than staging
+                    // one of them first (and this prefetch then finding it staged).
+                    self.prefetching.lock().extend(fragments.iter().map(|&f| (job.clone(), f)));
+                }
                 for f in fragments {
                     self.stage(ctx, &job, &spec, f, !ahead)?;
                 }
