@@ -26,6 +26,10 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
     // agent's lifetime, so only the first use asks the agent (whose job thread for this
     // worker may be busy merging the batch the previous result completed).
     let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
+    // Specs of the jobs this worker has taken tasks of, at most `SPECS_KEPT` (a worker
+    // serves one job after another for as long as its agent runs).
+    const SPECS_KEPT: usize = 16;
+    let mut specs: HashMap<PathBuf, std::rc::Rc<JobSpec>> = HashMap::new();
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     // The last task's completion, sent without waiting for its answer: the agent answers
     // it from its loop, in order, before the take that follows it, so that take need not
@@ -51,17 +55,30 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
             }
             TaskPayload::Fragment { job, .. } | TaskPayload::Whole { job, .. } | TaskPayload::Batch { job, .. } => job.clone(),
         };
-        let spec_path = job.join("job.json");
         if !job.exists() {
             // The master finished and removed the job: this is a repeat of a task whose
             // result already arrived (submitted again after an agent died).
             client.done(t.id).map_err(api_err)?;
             continue;
         }
-        let spec: JobSpec = std::fs::read_to_string(&spec_path)
-            .map_err(|e| e.to_string())
-            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-            .map_err(|e| SearchError::Io(format!("{}: {e}", spec_path.display())))?;
+        // A job's spec does not change while it runs: read once per job, not per task
+        // (the job directory is usually on a network file system).
+        let spec = match specs.get(&job) {
+            Some(s) => s.clone(),
+            None => {
+                let spec_path = job.join("job.json");
+                let spec: JobSpec = std::fs::read_to_string(&spec_path)
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                    .map_err(|e| SearchError::Io(format!("{}: {e}", spec_path.display())))?;
+                let spec = std::rc::Rc::new(spec);
+                if specs.len() == SPECS_KEPT {
+                    specs.clear();
+                }
+                specs.insert(job.clone(), spec.clone());
+                spec
+            }
+        };
         let (query_file, database) = match &payload {
             TaskPayload::Fragment { batch, fragment, .. } => (batch_file(&job, *batch), format!("{}.stats", spec.fragments[*fragment])),
             TaskPayload::Whole { batch, queries, .. } => (whole_file(&job, *batch, queries[0]), spec.db_name.clone()),
