@@ -138,9 +138,9 @@ impl Agent {
                     self.deliver_assignments(a);
                 }
             }
-            PeerMsg::Take { op, client } => {
+            PeerMsg::Take { op, client, ahead } => {
                 if let Some(s) = &mut self.scheduler {
-                    let a = s.take(op, client);
+                    let a = if ahead { s.take_ahead(op, client) } else { s.take(op, client) };
                     self.deliver_assignments(a);
                 }
             }
@@ -178,9 +178,12 @@ impl Agent {
             }
             PeerMsg::Done { task } => {
                 if let Some(s) = &mut self.scheduler {
-                    if let Some(sub) = s.done(task) {
+                    let sub = s.done(task);
+                    let a = s.assign_waiting();
+                    if let Some(sub) = sub {
                         self.send_peer(sub, &PeerMsg::TaskFinished { task });
                     }
+                    self.deliver_assignments(a);
                 }
             }
             PeerMsg::Giveback { task } => {
