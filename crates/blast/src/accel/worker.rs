@@ -7,18 +7,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gepsea_agent::api::Api;
-use gepsea_agent::wire::{Dest, Op, Reply};
+use gepsea_agent::wire::Dest;
 
 use crate::error::SearchError;
 use crate::plan::*;
 use crate::tools::{self, ToolError};
 
 use super::*;
-
-/// How long a take asked ahead waits at the scheduler. Served at once while the queue
-/// is long; otherwise it expires and the worker takes its next task once this one is
-/// done, as it would without asking ahead.
-const AHEAD_WAIT: Duration = Duration::from_secs(1);
 
 // ----- the worker ----------------------------------------------------------------------
 
@@ -41,20 +36,8 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
     // wait for the answer first (one round trip through the agent less per task; on
     // 2 cores shared by 36 emulated nodes the two took 34 ms per task at the median).
     let mut done_unanswered: Option<u64> = None;
-    // The next task, asked for while this one is searched, so that the search that
-    // follows does not wait for a round trip to the scheduler (at 36 nodes on 2 cores
-    // that took 8-10 ms at the median, 2-3 % of the workers' time). The scheduler
-    // hands it ahead only while work is left for every busy worker (see
-    // `Scheduler::take_ahead`), so no worker runs dry while others hold tasks ahead.
-    let mut ahead: Option<u64> = None;
     loop {
-        let next = match ahead.take() {
-            Some(id) => client.finish(id, AHEAD_WAIT + Duration::from_secs(5)).and_then(|r| match r {
-                Reply::Task(t) => Ok(t),
-                other => Err(gepsea_agent::api::ApiError::Unexpected(format!("{other:?}"), "take")),
-            }),
-            None => client.take(Duration::from_secs(1)),
-        };
+        let next = client.take(Duration::from_secs(1));
         if let Some(id) = done_unanswered.take() {
             client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
         }
@@ -151,7 +134,6 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         if let Some(p) = &part_arg {
             args.extend(["-out", p.as_str()]);
         }
-        ahead = Some(client.start(Op::Take { wait_ms: AHEAD_WAIT.as_millis() as u64, ahead: true }));
         let started = Instant::now();
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| {
@@ -196,8 +178,8 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         };
         let body = postcard::to_stdvec(&request).unwrap();
         // Hand the result over and go on: collect earlier hand-overs without waiting.
-        inflight.push(client.start(Op::Plugin { name: "blast".into(), body }));
-        done_unanswered = Some(client.start(Op::Done { task: t.id }));
+        inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
+        done_unanswered = Some(client.start(gepsea_agent::wire::Op::Done { task: t.id }));
         // Results not yet taken by the agent are held here: bound them.
         while inflight.len() > 8 {
             let id = inflight.remove(0);
