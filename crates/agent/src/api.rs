@@ -156,7 +156,7 @@ pub trait Api: Services {
     }
     /// The next task, waiting up to `wait` (None: nothing came).
     fn take(&self, wait: Duration) -> Result<Option<Task>, ApiError> {
-        expect!(self.call(Op::Take { wait_ms: wait.as_millis() as u64, ahead: false }), "take", Reply::Task(t) => t)
+        expect!(self.call(Op::Take { wait_ms: wait.as_millis() as u64 }), "take", Reply::Task(t) => t)
     }
     /// The agent that takes on `key` (e.g. merging one batch of results): the one with
     /// the least outstanding weight, as the load balancer sees it; the same agent while

@@ -126,8 +126,6 @@ pub struct Scheduler {
     /// them; the submitter's rejoin will bring the payload).
     orphans: HashSet<u64>,
     waiting: VecDeque<(u64, Client)>,
-    /// The waiting takes that are *ahead* takes, by (op, node) (see [`Scheduler::take_ahead`]).
-    ahead: HashSet<(u64, u32)>,
     /// Agents whose rejoin is still awaited (empty: assigning).
     awaiting: BTreeSet<u32>,
     pub assigned_total: u64,
@@ -164,27 +162,14 @@ impl Scheduler {
         self.assign()
     }
 
-    /// A take by a process that is still working on a task it holds, asking for its
-    /// next one ahead so that it can go on without a round trip to the scheduler. It
-    /// is served only while more tasks are queued than are held (so that handing one
-    /// ahead leaves work for every busy taker), or once its process holds no task any
-    /// more; otherwise it waits, and a process that runs out of work meanwhile does not
-    /// find the last tasks held ahead by others.
-    pub fn take_ahead(&mut self, op: u64, client: Client) -> Vec<Assignment> {
-        self.ahead.insert((op, client.node));
-        self.take(op, client)
-    }
-
     /// Withdraws a waiting take; true if it was still waiting.
     pub fn cancel_take(&mut self, op: u64, node: u32) -> bool {
-        self.ahead.remove(&(op, node));
         let before = self.waiting.len();
         self.waiting.retain(|(o, c)| !(*o == op && c.node == node));
         before != self.waiting.len()
     }
 
-    /// A task finished; returns its submitter's node (to tell it). Its process's ahead
-    /// take may now be served: see [`Scheduler::assign_waiting`].
+    /// A task finished; returns its submitter's node (to tell it).
     pub fn done(&mut self, task: u64) -> Option<u32> {
         self.assigned.remove(&task);
         self.queue.retain(|t| *t != task);
@@ -218,8 +203,6 @@ impl Scheduler {
             self.requeue_front(id);
         }
         self.waiting.retain(|(_, c)| !dead(c));
-        let waiting = &self.waiting;
-        self.ahead.retain(|&(op, node)| waiting.iter().any(|(o, c)| *o == op && c.node == node));
         self.assign()
     }
 
@@ -312,26 +295,13 @@ impl Scheduler {
         out
     }
 
-    /// Assigns what can be assigned now (after [`Scheduler::done`], whose process's
-    /// ahead take may have become servable).
-    pub fn assign_waiting(&mut self) -> Vec<Assignment> {
-        self.assign()
-    }
-
-    /// Whether waiting take (`op`, `client`) may be served now (see
-    /// [`Scheduler::take_ahead`]).
-    fn servable(&self, op: u64, client: Client) -> bool {
-        !self.ahead.contains(&(op, client.node)) || self.queue.len() > self.assigned.len() || !self.assigned.values().any(|c| *c == client)
-    }
-
     fn assign(&mut self) -> Vec<Assignment> {
         let mut out = Vec::new();
         if self.settling() {
             return out;
         }
-        while !self.queue.is_empty() {
-            let Some(first) = self.waiting.iter().position(|&(op, c)| self.servable(op, c)) else { break };
-            let front = self.waiting[first];
+        while !self.queue.is_empty() && !self.waiting.is_empty() {
+            let front = self.waiting.front().copied().unwrap();
             let id = self.queue.remove(self.pick(front.1.node)).unwrap();
             // Queued ids always have a payload (`done` removes both); skip one that does not.
             let Some(task) = self.payloads.get(&id).cloned() else { continue };
@@ -339,13 +309,9 @@ impl Scheduler {
             // taker whose node does: tasks submitted one by one to many waiting takers
             // (a job's start) then land where their data is, as later takes do.
             let held_by = |node: u32| task.affinity.as_ref().is_some_and(|a| self.holdings.get(&node).is_some_and(|h| h.contains(a)));
-            let taker = if task.urgent || held_by(front.1.node) {
-                first
-            } else {
-                self.waiting.iter().position(|&(op, c)| held_by(c.node) && self.servable(op, c)).unwrap_or(first)
-            };
+            let taker =
+                if task.urgent || held_by(front.1.node) { 0 } else { self.waiting.iter().position(|(_, c)| held_by(c.node)).unwrap_or(0) };
             let (op, client) = self.waiting.remove(taker).unwrap();
-            self.ahead.remove(&(op, client.node));
             self.assigned.insert(id, client);
             self.assigned_total += 1;
             out.push(Assignment { op, client, task });
@@ -460,32 +426,6 @@ mod tests {
         // Nobody waiting holds f1 any more: the longest waiting taker.
         assert_eq!(s.submit(near(2, "f1"), 1), vec![Assignment { op: 10, client: a, task: near(2, "f1") }]);
         assert_eq!(s.submit(near(3, "f0"), 1), vec![Assignment { op: 12, client: c, task: near(3, "f0") }]);
-    }
-
-    #[test]
-    fn a_take_ahead_is_served_only_while_work_is_left_for_every_busy_taker() {
-        let mut s = Scheduler::new();
-        let (a, b) = (Client::new(1, 1), Client::new(2, 1));
-        for id in 1..=3 {
-            s.submit(task(id), 1);
-        }
-        assert_eq!(s.take(10, a)[0].task.id, 1);
-        // Two queued, one held: a takes its next one while it works on task 1.
-        assert_eq!(s.take_ahead(11, a)[0].task.id, 2);
-        // One queued, two held: handing task 3 ahead could leave b without work.
-        assert!(s.take_ahead(12, a).is_empty());
-        assert_eq!(s.take(13, b)[0].task.id, 3);
-        s.submit(task(4), 1);
-        assert_eq!(s.done(1), Some(1));
-        // a still holds task 2: its ahead take keeps waiting while b may need task 4.
-        assert!(s.assign_waiting().is_empty());
-        assert_eq!(s.done(2), Some(1));
-        // a holds nothing now: its ahead take is an ordinary one.
-        assert_eq!(s.assign_waiting(), vec![Assignment { op: 12, client: a, task: task(4) }]);
-        // A cancelled ahead take leaves nothing behind.
-        assert!(s.take_ahead(14, b).is_empty());
-        assert!(s.cancel_take(14, 2));
-        assert!(s.ahead.is_empty());
     }
 
     #[test]

@@ -138,9 +138,9 @@ impl Agent {
                     self.deliver_assignments(a);
                 }
             }
-            PeerMsg::Take { op, client, ahead } => {
+            PeerMsg::Take { op, client } => {
                 if let Some(s) = &mut self.scheduler {
-                    let a = if ahead { s.take_ahead(op, client) } else { s.take(op, client) };
+                    let a = s.take(op, client);
                     self.deliver_assignments(a);
                 }
             }
@@ -178,12 +178,9 @@ impl Agent {
             }
             PeerMsg::Done { task } => {
                 if let Some(s) = &mut self.scheduler {
-                    let sub = s.done(task);
-                    let a = s.assign_waiting();
-                    if let Some(sub) = sub {
+                    if let Some(sub) = s.done(task) {
                         self.send_peer(sub, &PeerMsg::TaskFinished { task });
                     }
-                    self.deliver_assignments(a);
                 }
             }
             PeerMsg::Giveback { task } => {

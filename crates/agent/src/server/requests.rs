@@ -200,14 +200,14 @@ impl Agent {
                 }
                 Reply::TaskId(id)
             }
-            Op::Take { wait_ms, ahead } => {
+            Op::Take { wait_ms } => {
                 let op = self.new_op();
                 if let ReplyTo::Client { port, id } = &reply {
                     self.cancellable.insert((*port, *id), op);
                 }
                 self.takes.insert(op, (client, reply, Instant::now() + Duration::from_millis(wait_ms)));
                 if let Some(s) = self.scheduler_node {
-                    self.send_peer(s, &PeerMsg::Take { op, client, ahead });
+                    self.send_peer(s, &PeerMsg::Take { op, client });
                 }
                 return;
             }

@@ -111,7 +111,7 @@ mod tests {
         assert!(is_background(&PeerMsg::Hello { node: 1, pid: 2, incarnation: 3 }));
         assert!(is_background(&PeerMsg::HelloAck { node: 1, pid: 2, incarnation: 3 }));
         assert!(!is_background(&PeerMsg::RoutedReply { op: 1, reply: crate::wire::Reply::Ok }));
-        assert!(!is_background(&PeerMsg::Take { op: 1, client: crate::core::Client::new(1, 2), ahead: false }));
+        assert!(!is_background(&PeerMsg::Take { op: 1, client: crate::core::Client::new(1, 2) }));
     }
 
     #[test]

@@ -262,9 +262,6 @@ pub enum Op {
     },
     Take {
         wait_ms: u64,
-        /// Asked while the process still works on a task it holds: see
-        /// [`crate::primitives::balance::Scheduler::take_ahead`].
-        ahead: bool,
     },
     /// Which agent takes on `key` (e.g. merging one batch): the scheduler's
     /// [`crate::primitives::balance::Placement`]. Replies `Node`.
@@ -526,7 +523,6 @@ pub enum PeerMsg {
     Take {
         op: u64,
         client: Client,
-        ahead: bool,
     },
     CancelTake {
         op: u64,
