@@ -1,7 +1,11 @@
 //! Wire frames: a fixed, versioned header followed by a payload.
 //!
 //! Over TCP every frame carries a CRC32C of its payload and a CRC32C of its header, so
-//! a flipped bit anywhere is detected before the frame is acted on. Over shared memory
+//! a flipped bit anywhere is detected before the frame is acted on. A large rendezvous
+//! piece may carry its payload's CRC32C in a [`Kind::Sum`] frame that follows it
+//! instead ([`FLAG_SUM_AFTER`]): the sender hands the piece to the kernel first and
+//! checksums it while the receiver copies, and the receiver acts on the piece only once
+//! the sum has come and matched. Over shared memory
 //! the same header travels in a compact form ([`Header::encode_compact`]): the ring
 //! joins two ports, keeps order and is protected by the kernel, so addresses, sequence
 //! numbers and checksums are left out.
@@ -48,6 +52,14 @@ pub const FLAG_SINGLE_COPY: u8 = 8;
 /// empty `Data` frame flagged `FLAG_SINGLE_COPY` is the sender's report that it wrote
 /// `[offset, total)` (with `FLAG_ERROR`: that it could not).
 pub const FLAG_WRITE: u8 = 16;
+/// A `Data` piece whose payload CRC is not in its header but in the [`Kind::Sum`] frame
+/// that follows it (and the other pieces so flagged before it) on the same TCP
+/// connection. The receiver holds such a piece, undelivered and unacknowledged, until
+/// that sum has matched; a connection that sends anything else first is reset.
+pub const FLAG_SUM_AFTER: u8 = 32;
+/// Bytes of one entry of a [`Kind::Sum`] payload: the piece's sequence number (u64) and
+/// its payload's CRC32C (u32), little-endian.
+pub const SUM_ENTRY_LEN: usize = 12;
 
 /// (node, port): the address of one process's port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -128,6 +140,10 @@ pub enum Kind {
     HelloAck = 12,
     /// The initiator's proof that it holds the link key (see [`crate::auth`]).
     Auth = 13,
+    /// The payload checksums of the [`FLAG_SUM_AFTER`] pieces sent just before it on
+    /// this connection, in order ([`encode_sums`]). Link control: not sequenced, never
+    /// replayed itself (replayed pieces get a sum of their own).
+    Sum = 14,
 }
 
 impl Kind {
@@ -146,13 +162,14 @@ impl Kind {
             11 => Kind::Hello,
             12 => Kind::HelloAck,
             13 => Kind::Auth,
+            14 => Kind::Sum,
             _ => return None,
         })
     }
 
     /// Frames that take part in the per-link sequence (everything but link control).
     pub fn is_sequenced(self) -> bool {
-        !matches!(self, Kind::Ack | Kind::Hello | Kind::HelloAck | Kind::Auth)
+        !matches!(self, Kind::Ack | Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Sum)
     }
 }
 
@@ -187,9 +204,17 @@ impl Header {
     /// Writes the header into `out` (exactly [`HEADER_LEN`] bytes), with the payload's
     /// and its own checksums.
     pub fn encode(&self, payload: &[u8], out: &mut [u8]) {
+        self.encode_with(payload.len(), self.flags | FLAG_PAYLOAD_CRC, crc32c(payload), out);
+    }
+
+    /// Writes the header of a piece whose payload checksum follows in a [`Kind::Sum`]
+    /// frame ([`FLAG_SUM_AFTER`]): nothing of the payload is read here.
+    pub fn encode_sum_after(&self, payload_len: usize, out: &mut [u8]) {
+        self.encode_with(payload_len, (self.flags & !FLAG_PAYLOAD_CRC) | FLAG_SUM_AFTER, 0, out);
+    }
+
+    fn encode_with(&self, payload_len: usize, flags: u8, crc: u32, out: &mut [u8]) {
         assert!(out.len() >= HEADER_LEN);
-        let flags = self.flags | FLAG_PAYLOAD_CRC;
-        let crc = crc32c(payload);
         let o = &mut out[..HEADER_LEN];
         o[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         o[4] = VERSION;
@@ -206,7 +231,7 @@ impl Header {
         o[48..56].copy_from_slice(&self.id.to_le_bytes());
         o[56..64].copy_from_slice(&self.offset.to_le_bytes());
         o[64..72].copy_from_slice(&self.total.to_le_bytes());
-        o[LEN_AT..LEN_AT + 4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        o[LEN_AT..LEN_AT + 4].copy_from_slice(&(payload_len as u32).to_le_bytes());
         o[76..80].copy_from_slice(&crc.to_le_bytes());
         o[80..84].copy_from_slice(&[0u8; 4]);
         let hcrc = crc32c(&o[..84]);
@@ -351,6 +376,28 @@ impl Frame {
     }
 }
 
+/// The payload of a [`Kind::Sum`] frame: one entry per piece, `(sequence number, CRC32C
+/// of its payload)`.
+pub fn encode_sums(sums: &[(u64, u32)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(sums.len() * SUM_ENTRY_LEN);
+    for &(seq, crc) in sums {
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+    out
+}
+
+/// The entries of a [`Kind::Sum`] payload; `None` if its length is not a whole number
+/// of entries.
+pub fn decode_sums(payload: &[u8]) -> Option<Vec<(u64, u32)>> {
+    payload.len().is_multiple_of(SUM_ENTRY_LEN).then(|| {
+        payload
+            .chunks_exact(SUM_ENTRY_LEN)
+            .map(|e| (u64::from_le_bytes(e[..8].try_into().unwrap()), u32::from_le_bytes(e[8..].try_into().unwrap())))
+            .collect()
+    })
+}
+
 /// Why bytes were refused as a frame. Every variant means the stream can no longer be
 /// trusted: the connection that produced it is reset and nothing from it is delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -373,6 +420,10 @@ pub enum FrameError {
     TooLong { len: usize, max: usize },
     #[error("truncated frame: have {have} bytes, need {need}")]
     Truncated { have: usize, need: usize },
+    #[error("{pieces} pieces ({bytes} bytes copied) wait for a checksum frame that does not come")]
+    SumMissing { pieces: usize, bytes: usize },
+    #[error("checksum frame out of step with the pieces before it: {0}")]
+    SumOutOfStep(String),
 }
 
 /// Incremental decoder for a byte stream of frames.
@@ -585,6 +636,28 @@ mod tests {
         assert!(matches!(d.next_frame(), Err(FrameError::PayloadCrc { .. })));
         // Nothing after a bad frame is trusted.
         assert!(d.next_frame().is_err());
+    }
+
+    #[test]
+    fn a_piece_with_its_sum_after_decodes_unchecked_and_its_sums_round_trip() {
+        let mut f = sample(1000);
+        f.header.kind = Kind::Data;
+        let mut b = vec![0u8; HEADER_LEN];
+        f.header.encode_sum_after(f.payload.len(), &mut b);
+        b.extend_from_slice(&f.payload);
+        // The decoder leaves the payload's check to whoever receives the sum.
+        b[HEADER_LEN + 10] ^= 0x40;
+        let mut d = FrameDecoder::new(1 << 20);
+        d.extend(&b);
+        let (h, p) = d.next_frame().unwrap().unwrap();
+        assert_eq!(h.flags, FLAG_LAST | FLAG_SUM_AFTER);
+        assert_eq!((h.len, h.crc, p.len()), (1000, 0, 1000));
+        let sums = [(77, crc32c(&f.payload)), (u64::MAX, 0xdead_beef)];
+        let wire = encode_sums(&sums);
+        assert_eq!(wire.len(), 2 * SUM_ENTRY_LEN);
+        assert_eq!(decode_sums(&wire).unwrap(), sums);
+        assert!(decode_sums(&wire[1..]).is_none(), "a partial entry is refused");
+        assert!(!Kind::Sum.is_sequenced());
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::unique;
-use gepsea_net::frame::{Addr, Channel, Frame, Header, Kind, FLAG_LAST, HEADER_LEN};
+use gepsea_net::frame::{encode_sums, Addr, Channel, Frame, Header, Kind, FLAG_LAST, HEADER_LEN};
 use gepsea_net::{Completion, Port, PortConfig};
 
 const ROGUE: Addr = Addr::new(9, 9);
@@ -202,4 +202,90 @@ fn a_damaged_piece_read_in_place_is_refused_and_its_replay_lands_intact() {
     let st = port.stats();
     assert_eq!(st.pieces_in_place, 2, "{st:?}");
     assert_eq!(st.frames_rejected, 1);
+}
+
+/// A piece as `rendezvous` makes it, but with its checksum to follow in a sum frame
+/// (`FLAG_SUM_AFTER`), as a port sends its large pieces.
+fn piece_sum_after(to: Addr, seq: u64, msg: u64, total: usize, offset: usize, body: &[u8]) -> Vec<u8> {
+    let wire = rendezvous(to, Kind::Data, seq, msg, total, offset, body);
+    let h = Header::decode(&wire[..HEADER_LEN], usize::MAX).unwrap();
+    let mut out = vec![0u8; HEADER_LEN];
+    h.encode_sum_after(body.len(), &mut out);
+    out.extend_from_slice(body);
+    out
+}
+
+/// The sum frame that follows pieces `(seq, body)`.
+fn sum_of(to: Addr, pieces: &[(u64, &[u8])]) -> Vec<u8> {
+    let sums: Vec<(u64, u32)> = pieces.iter().map(|&(seq, b)| (seq, crc32c::crc32c(b))).collect();
+    let mut h = Header::new(Kind::Sum, Channel::Control, ROGUE, to);
+    h.total = sums.len() as u64;
+    Frame { header: h, payload: Bytes::from(encode_sums(&sums)) }.to_bytes()
+}
+
+#[test]
+fn pieces_whose_sum_comes_after_are_held_until_it_matches_and_a_damaged_one_is_refused() {
+    // Large pieces go out before their checksums, which follow in a sum frame. A
+    // damaged piece must be refused when its sum comes, leaving nothing delivered or
+    // acknowledged and nothing in the buffer, so that its replay lands intact.
+    let ns = unique("frm");
+    let port = listening_port(&ns, 1);
+    let me = port.addr();
+    let total = 600 << 10;
+    let body: Vec<u8> = (0..total).map(|i| (i * 11 + i / 4096) as u8).collect();
+    let r = port.irecv(Some(ROGUE), Some(5), total);
+    let piece = 256 << 10;
+    let (a, b, c) = (&body[..piece], &body[piece..2 * piece], &body[2 * piece..]);
+    let rts = rendezvous(me, Kind::Rts, 1, 78, total, 0, &[]);
+    let first = piece_sum_after(me, 2, 78, total, 0, a);
+    let second = piece_sum_after(me, 3, 78, total, piece, b);
+    let third = piece_sum_after(me, 4, 78, total, 2 * piece, c);
+    let mut damaged = second.clone();
+    damaged[HEADER_LEN + 100_000] ^= 0x08;
+    let sum = sum_of(me, &[(2, a), (3, b), (4, c)]);
+
+    send_raw(&port, &[hello(me), rts, first.clone(), damaged, third.clone(), sum.clone()].concat(), true);
+    let st = wait_for(&port, |s| s.frames_rejected == 1);
+    assert!(st.recent_errors.last().unwrap().contains("payload checksum mismatch"), "{:?}", st.recent_errors);
+    assert_eq!(st.pieces_in_place, 0, "a piece was delivered before its sum");
+    assert!(port.test(r).is_none(), "a damaged piece completed the receive");
+
+    // Without its sum, a whole, undamaged message is held, not delivered.
+    send_raw(&port, &[hello(me), first.clone(), second.clone(), third.clone()].concat(), false);
+    wait_for(&port, |s| s.connections_lost >= 2);
+    assert!(port.test(r).is_none(), "pieces were delivered without their sum");
+
+    // The same incarnation reconnects: nothing of the pieces was acknowledged, and the
+    // replay with its sum lands exactly.
+    let mut s = TcpStream::connect(port.listen_addr().unwrap()).unwrap();
+    s.write_all(&hello(me)).unwrap();
+    let mut ack = [0u8; HEADER_LEN];
+    s.read_exact(&mut ack).unwrap();
+    let ack = Header::decode(&ack, 0).unwrap();
+    assert_eq!((ack.kind, ack.ack), (Kind::HelloAck, 1), "the announcement was delivered, the pieces were not");
+    s.write_all(&[first, second, third, sum].concat()).unwrap();
+    match port.wait_timeout(r, Duration::from_secs(10)).unwrap() {
+        Completion::Received(m) => assert!(m.data == body, "the message differs from what was sent"),
+        other => panic!("{other:?}"),
+    }
+    let st = port.stats();
+    assert_eq!(st.frames_rejected, 1);
+    assert!(st.pieces_in_place >= 1, "{st:?}");
+}
+
+#[test]
+fn a_frame_between_pieces_and_their_sum_is_refused() {
+    let ns = unique("frm");
+    let port = listening_port(&ns, 1);
+    let me = port.addr();
+    let total = 300 << 10;
+    let body = vec![7u8; total];
+    let r = port.irecv(Some(ROGUE), Some(5), total);
+    let other = port.irecv(Some(ROGUE), Some(6), 100);
+    let rts = rendezvous(me, Kind::Rts, 1, 79, total, 0, &[]);
+    let piece = piece_sum_after(me, 2, 79, total, 0, &body);
+    send_raw(&port, &[hello(me), rts, piece, eager(me, 3, 6, b"cuts in"), sum_of(me, &[(2, &body)])].concat(), true);
+    let st = wait_for(&port, |s| s.frames_rejected == 1);
+    assert!(st.recent_errors.last().unwrap().contains("came before the checksums"), "{:?}", st.recent_errors);
+    assert!(port.test(r).is_none() && port.test(other).is_none(), "something was delivered out of step");
 }

@@ -2,6 +2,8 @@
 //! the handshake with incarnations, reading frames, acknowledgements, link loss).
 
 use super::*;
+use crate::frame::{FrameError, FLAG_SUM_AFTER};
+use crate::tcp::{Finished, Held, PendingSums};
 
 /// The least payload still to come for a data frame to be read in place rather than
 /// through the decoder (one more system call per frame).
@@ -311,6 +313,17 @@ impl State {
                     } else {
                         let err = if state != ConnState::Established || conn_peer != Some(h.src) {
                             Some(format!("{:?} frame from {} before handshake", h.kind, h.src))
+                        } else if h.flags & FLAG_SUM_AFTER != 0 || h.kind == Kind::Sum || c.pending.holds_pieces() {
+                            // A piece whose checksum follows, its sum, or whatever dares
+                            // come between them.
+                            match Self::summed_frame(&mut c.pending, &h, payload) {
+                                Ok(ready) => deliver_summed(links, proto, stats, ready).err(),
+                                Err(e) => {
+                                    stats.frames_rejected += 1;
+                                    let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+                                    Some(format!("{}; resetting the connection", NetError::Frame { from, error: e }))
+                                }
+                            }
                         } else {
                             let link = links.get_mut(&h.src).expect("established connection has a link");
                             if let Err(e) = link.send.on_ack(h.ack) {
@@ -343,6 +356,27 @@ impl State {
         }
     }
 
+    /// A frame of connection `c` that takes part in deferred checksums: a piece whose
+    /// checksum follows (held, a copy of its payload kept), or a sum (the pieces it
+    /// clears, to deliver). Anything else while pieces are held is out of step.
+    fn summed_frame(pending: &mut PendingSums, h: &Header, payload: &[u8]) -> Result<Vec<Held>, FrameError> {
+        if h.flags & FLAG_SUM_AFTER != 0 {
+            if h.kind != Kind::Data {
+                return Err(FrameError::SumOutOfStep(format!("a {:?} frame asks for a checksum after it", h.kind)));
+            }
+            let crc = crate::frame::crc32c(payload);
+            pending.hold(*h, crc, Some(Bytes::copy_from_slice(payload)))?;
+            return Ok(Vec::new());
+        }
+        if h.kind != Kind::Sum {
+            return Err(FrameError::SumOutOfStep(format!("a {:?} frame came before the checksums of the pieces ahead of it", h.kind)));
+        }
+        match crate::frame::decode_sums(payload) {
+            Some(sums) if sums.len() as u64 == h.total => pending.take_summed(&sums),
+            _ => Err(FrameError::SumOutOfStep(format!("a checksum frame of {} bytes announcing {} entries", payload.len(), h.total))),
+        }
+    }
+
     /// Receives the incomplete frame at the front of connection `id`'s decoder straight
     /// into its message's buffer, when it is the next rendezvous data piece with at
     /// least [`DIRECT_MIN`] bytes still to come: the kernel's copy is then the only
@@ -357,7 +391,13 @@ impl State {
         if h.kind != Kind::Data || c.peer != Some(h.src) || (h.len as usize - have) < DIRECT_MIN {
             return;
         }
-        if !links.get(&h.src).is_some_and(|l| l.recv.is_next(h.seq)) {
+        let next = match c.pending.next_seq_after_held() {
+            // Behind pieces that wait for their sum, only another such piece may go in
+            // place (anything else is refused once whole, by `process_frames`).
+            Some(seq) => h.seq == seq && h.flags & FLAG_SUM_AFTER != 0,
+            None => links.get(&h.src).is_some_and(|l| l.recv.is_next(h.seq)),
+        };
+        if !next {
             return;
         }
         if let Some(dest) = proto.direct_destination(&h) {
@@ -390,7 +430,8 @@ impl State {
                 let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
                 format!("{}; resetting the connection", NetError::Frame { from, error: e })
             }
-            Some(Ok(h)) => {
+            Some(Ok(Finished::Held)) => return Some(outcome),
+            Some(Ok(Finished::Deliver(h))) => {
                 let link = links.get_mut(&h.src).expect("established connection has a link");
                 let delivered = link.send.on_ack(h.ack).map_err(|e| e.to_string()).and_then(|_| match link.recv.admit(h.seq) {
                     Ok(Admit::Deliver) => proto.data_received_in_place(&h).map_err(|e| e.to_string()),
@@ -575,19 +616,26 @@ impl State {
     pub(super) fn close_tcp(&mut self, id: usize) {
         if let Some(mut c) = self.tcp.remove(&id) {
             let _ = self.tcp_set.registry.deregister(&mut c.stream);
+            self.forget_undelivered(&c);
+        }
+    }
+
+    /// Pieces of a connection given up that were read in place but not delivered (the
+    /// one being read, those waiting for their sum) are cut from their buffers: their
+    /// bytes come again when the link replays, appended from where the first started.
+    fn forget_undelivered(&mut self, c: &TcpConn) {
+        let in_place = c.pending.held().filter(|p| p.payload.is_none()).map(|p| &p.header);
+        for h in in_place.chain(c.direct_header()) {
+            if let Some((dest, _)) = self.proto.rendezvous_buffer(h.src, h.id) {
+                dest.truncate(dest.len().min(h.offset as usize));
+            }
         }
     }
 
     pub(super) fn conn_lost(&mut self, id: usize, reason: &str) {
         let Some(mut c) = self.tcp.remove(&id) else { return };
         let _ = self.tcp_set.registry.deregister(&mut c.stream);
-        if let Some(h) = c.direct_header() {
-            // The piece being read in place was not delivered: its bytes come again
-            // when the link replays, appended from where it started.
-            if let Some((dest, _)) = self.proto.rendezvous_buffer(h.src, h.id) {
-                dest.truncate(h.offset as usize);
-            }
-        }
+        self.forget_undelivered(&c);
         self.stats.connections_lost += 1;
         debug!("{}: connection {id} lost: {reason}", self.me);
         if let Some(peer) = c.peer {
@@ -612,4 +660,27 @@ impl State {
             self.proto.peer_failed(peer, reason);
         }
     }
+}
+
+/// Delivers pieces whose sum matched, in order, as [`State::process_frames`] (a copy) or
+/// [`State::read_direct`] (already in its buffer) would have; the protocol error that
+/// drops the connection, if any.
+fn deliver_summed(links: &mut FxHashMap<Addr, Link>, proto: &mut Proto, stats: &mut PortStats, pieces: Vec<Held>) -> Result<(), String> {
+    for p in pieces {
+        let h = p.header;
+        let link = links.get_mut(&h.src).expect("established connection has a link");
+        link.send.on_ack(h.ack).map_err(|e| e.to_string())?;
+        match link.recv.admit(h.seq).map_err(|e| e.to_string())? {
+            Admit::Deliver => match &p.payload {
+                Some(payload) => proto.on_frame(&h, payload).map_err(|e| e.to_string())?,
+                None => {
+                    proto.data_received_in_place(&h).map_err(|e| e.to_string())?;
+                    stats.pieces_in_place += 1;
+                }
+            },
+            Admit::Duplicate if p.payload.is_some() => stats.duplicates_dropped += 1,
+            Admit::Duplicate => return Err(format!("data frame {} taken in place was already delivered", h.seq)),
+        }
+    }
+    Ok(())
 }
