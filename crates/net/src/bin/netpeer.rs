@@ -209,9 +209,11 @@ struct StreamArgs {
     bytes: usize,
 }
 
-/// Size of message `i` of a stream: 1 B to 64 KiB, crossing the eager threshold.
+/// Size of message `i` of a stream: 1 B to 300 KiB, crossing the eager threshold and
+/// the size from which pieces send their checksums after them (a 256 KiB piece and a
+/// short one), so that connections cut mid-stream also cut pieces waiting for their sum.
 pub fn stream_size(i: u64) -> usize {
-    [1usize, 100, 4096, 16 * 1024, 20_000, 64 * 1024][(i % 6) as usize] + (i as usize % 7)
+    [1usize, 100, 4096, 16 * 1024, 20_000, 64 * 1024, 300 * 1024][(i % 7) as usize] + (i as usize % 5)
 }
 
 fn main() -> Result<()> {
