@@ -125,7 +125,7 @@ pub struct Held {
 pub enum Finished {
     /// Its checksum matched: deliver it.
     Deliver(Header),
-    /// Its checksum follows in a sum frame: it is held ([`TcpConn::take_summed`]).
+    /// Its checksum follows in a sum frame: it is held ([`PendingSums::take_summed`]).
     Held,
 }
 
@@ -538,5 +538,52 @@ impl Link {
 impl Default for Link {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frame::Channel;
+
+    fn piece(seq: u64) -> Header {
+        let mut h = Header::new(Kind::Data, Channel::Normal, Addr::new(1, 1), Addr::new(2, 1));
+        h.seq = seq;
+        h.flags = FLAG_SUM_AFTER;
+        h
+    }
+
+    #[test]
+    fn held_pieces_leave_only_with_a_sum_that_matches_them_in_order() {
+        let mut p = PendingSums::default();
+        p.hold(piece(7), 0xaa, None).unwrap();
+        p.hold(piece(8), 0xbb, Some(Bytes::from_static(b"copy"))).unwrap();
+        assert_eq!(p.next_seq_after_held(), Some(9));
+        // Out of step, damaged, or too many entries: refused, and nothing is taken.
+        assert!(matches!(p.take_summed(&[(8, 0xbb)]), Err(FrameError::SumOutOfStep(_))));
+        assert_eq!(p.take_summed(&[(7, 0xab)]).err(), Some(FrameError::PayloadCrc { expected: 0xab, actual: 0xaa }));
+        assert!(matches!(p.take_summed(&[(7, 0xaa), (8, 0xbb), (9, 0)]), Err(FrameError::SumOutOfStep(_))));
+        assert_eq!(p.held().count(), 2);
+        // A sum may clear the oldest pieces only.
+        let first = p.take_summed(&[(7, 0xaa)]).unwrap();
+        assert_eq!(first.iter().map(|h| h.header.seq).collect::<Vec<_>>(), [7]);
+        assert!(p.holds_pieces());
+        let second = p.take_summed(&[(8, 0xbb)]).unwrap();
+        assert_eq!(second[0].payload.as_deref(), Some(&b"copy"[..]));
+        assert!(!p.holds_pieces() && p.next_seq_after_held().is_none());
+        assert_eq!(p.held_copied, 0);
+    }
+
+    #[test]
+    fn a_peer_that_never_sends_sums_is_cut_off_at_a_bound() {
+        let mut p = PendingSums::default();
+        for seq in 1..=HELD_AT_MOST as u64 {
+            p.hold(piece(seq), 0, None).unwrap();
+        }
+        assert!(matches!(p.hold(piece(HELD_AT_MOST as u64 + 1), 0, None), Err(FrameError::SumMissing { .. })));
+        let mut p = PendingSums::default();
+        let big = Bytes::from(vec![0u8; HELD_COPIES_AT_MOST]);
+        p.hold(piece(1), 0, Some(big)).unwrap();
+        assert!(matches!(p.hold(piece(2), 0, Some(Bytes::from_static(b"x"))), Err(FrameError::SumMissing { pieces: 2, .. })));
     }
 }
