@@ -102,7 +102,7 @@ pub struct TcpConn {
     /// summed: sequence number and payload.
     unsummed: Vec<(u64, Bytes)>,
     /// Where the sum of `unsummed` goes (its pieces' source and destination ports).
-    unsummed_route: Option<(Addr, Addr)>,
+    unsummed_route: (Addr, Addr),
     /// Received pieces waiting for their sum.
     pub pending: PendingSums,
     /// The data frame whose payload is being read straight into its message's buffer.
@@ -156,7 +156,7 @@ impl TcpConn {
             sealer: None,
             sealed_in: Vec::new(),
             unsummed: Vec::new(),
-            unsummed_route: None,
+            unsummed_route: (Addr::default(), Addr::default()),
             pending: PendingSums::default(),
             direct: None,
             after_direct: false,
@@ -186,10 +186,8 @@ impl TcpConn {
         if self.sealer.is_none() && f.header.kind == Kind::Data && f.header.total >= SUM_AFTER_MIN as u64 && !f.payload.is_empty() {
             f.header.encode_sum_after(f.payload.len(), &mut h);
             self.unsummed.push((f.header.seq, f.payload.clone()));
-            self.unsummed_route = Some((f.header.src, f.header.dst));
-            self.wq_bytes += HEADER_LEN + f.payload.len();
-            self.wq.push_back(Bytes::from(h));
-            self.wq.push_back(f.payload.clone());
+            self.unsummed_route = (f.header.src, f.header.dst);
+            self.push_encoded(h, &f.payload);
             return;
         }
         // Nothing may come between pieces and their sum.
@@ -200,10 +198,15 @@ impl TcpConn {
             s.push_plain(&f.payload);
             return;
         }
-        self.wq_bytes += HEADER_LEN + f.payload.len();
-        self.wq.push_back(Bytes::from(h));
-        if !f.payload.is_empty() {
-            self.wq.push_back(f.payload.clone());
+        self.push_encoded(h, &f.payload);
+    }
+
+    /// Appends an encoded header and its payload to the write queue (plain connections).
+    fn push_encoded(&mut self, head: Vec<u8>, payload: &Bytes) {
+        self.wq_bytes += HEADER_LEN + payload.len();
+        self.wq.push_back(Bytes::from(head));
+        if !payload.is_empty() {
+            self.wq.push_back(payload.clone());
         }
     }
 
@@ -216,16 +219,17 @@ impl TcpConn {
     /// checksums are computed now, after the pieces went to the kernel (or at least
     /// into the queue ahead of the sum).
     fn queue_sum(&mut self) {
-        let Some((src, dst)) = self.unsummed_route.take() else { return };
+        if self.unsummed.is_empty() {
+            return;
+        }
+        let (src, dst) = self.unsummed_route;
         let sums: Vec<(u64, u32)> = self.unsummed.drain(..).map(|(seq, p)| (seq, crate::frame::crc32c(&p))).collect();
         let mut h = Header::new(Kind::Sum, Channel::Control, src, dst);
         h.total = sums.len() as u64;
         let payload = Bytes::from(crate::frame::encode_sums(&sums));
         let mut head = vec![0u8; HEADER_LEN];
         h.encode(&payload, &mut head);
-        self.wq_bytes += HEADER_LEN + payload.len();
-        self.wq.push_back(Bytes::from(head));
-        self.wq.push_back(payload);
+        self.push_encoded(head, &payload);
     }
 
     /// Discards unsent bytes (the connection is being abandoned; the link replays).
@@ -233,7 +237,6 @@ impl TcpConn {
         self.wq.clear();
         self.wq_bytes = 0;
         self.unsummed.clear();
-        self.unsummed_route = None;
         if let Some(s) = &mut self.sealer {
             s.clear();
         }

@@ -317,29 +317,13 @@ impl State {
                             // A piece whose checksum follows, its sum, or whatever dares
                             // come between them.
                             match Self::summed_frame(&mut c.pending, &h, payload) {
-                                Ok(ready) => deliver_summed(links, proto, stats, ready).err(),
-                                Err(e) => {
-                                    stats.frames_rejected += 1;
-                                    let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                                    Some(format!("{}; resetting the connection", NetError::Frame { from, error: e }))
+                                Ok(ready) => {
+                                    ready.iter().try_for_each(|p| deliver(links, proto, stats, &p.header, p.payload.as_deref())).err()
                                 }
+                                Err(e) => Some(refused(stats, c, e)),
                             }
                         } else {
-                            let link = links.get_mut(&h.src).expect("established connection has a link");
-                            if let Err(e) = link.send.on_ack(h.ack) {
-                                Some(e.to_string())
-                            } else if h.kind.is_sequenced() {
-                                match link.recv.admit(h.seq) {
-                                    Ok(Admit::Deliver) => proto.on_frame(&h, payload).err().map(|e| e.to_string()),
-                                    Ok(Admit::Duplicate) => {
-                                        stats.duplicates_dropped += 1;
-                                        None
-                                    }
-                                    Err(e) => Some(e.to_string()),
-                                }
-                            } else {
-                                None
-                            }
+                            deliver(links, proto, stats, &h, Some(payload)).err()
                         };
                         if let Some(msg) = err {
                             self.log_error(format!("protocol error on connection to {}: {msg}", h.src));
@@ -425,27 +409,12 @@ impl State {
         };
         let error = match c.finish_direct(dest) {
             None => return Some(outcome),
-            Some(Err(e)) => {
-                stats.frames_rejected += 1;
-                let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
-                format!("{}; resetting the connection", NetError::Frame { from, error: e })
-            }
+            Some(Err(e)) => refused(stats, c, e),
             Some(Ok(Finished::Held)) => return Some(outcome),
-            Some(Ok(Finished::Deliver(h))) => {
-                let link = links.get_mut(&h.src).expect("established connection has a link");
-                let delivered = link.send.on_ack(h.ack).map_err(|e| e.to_string()).and_then(|_| match link.recv.admit(h.seq) {
-                    Ok(Admit::Deliver) => proto.data_received_in_place(&h).map_err(|e| e.to_string()),
-                    Ok(Admit::Duplicate) => Err(format!("data frame {} taken in place was already delivered", h.seq)),
-                    Err(e) => Err(e.to_string()),
-                });
-                match delivered {
-                    Ok(()) => {
-                        stats.pieces_in_place += 1;
-                        return Some(outcome);
-                    }
-                    Err(msg) => format!("protocol error on connection to {}: {msg}", h.src),
-                }
-            }
+            Some(Ok(Finished::Deliver(h))) => match deliver(links, proto, stats, &h, None) {
+                Ok(()) => return Some(outcome),
+                Err(msg) => format!("protocol error on connection to {}: {msg}", h.src),
+            },
         };
         self.log_error(error.clone());
         self.conn_lost(id, &error);
@@ -627,7 +596,7 @@ impl State {
         let in_place = c.pending.held().filter(|p| p.payload.is_none()).map(|p| &p.header);
         for h in in_place.chain(c.direct_header()) {
             if let Some((dest, _)) = self.proto.rendezvous_buffer(h.src, h.id) {
-                dest.truncate(dest.len().min(h.offset as usize));
+                dest.truncate(h.offset as usize);
             }
         }
     }
@@ -662,25 +631,39 @@ impl State {
     }
 }
 
-/// Delivers pieces whose sum matched, in order, as [`State::process_frames`] (a copy) or
-/// [`State::read_direct`] (already in its buffer) would have; the protocol error that
-/// drops the connection, if any.
-fn deliver_summed(links: &mut FxHashMap<Addr, Link>, proto: &mut Proto, stats: &mut PortStats, pieces: Vec<Held>) -> Result<(), String> {
-    for p in pieces {
-        let h = p.header;
-        let link = links.get_mut(&h.src).expect("established connection has a link");
-        link.send.on_ack(h.ack).map_err(|e| e.to_string())?;
-        match link.recv.admit(h.seq).map_err(|e| e.to_string())? {
-            Admit::Deliver => match &p.payload {
-                Some(payload) => proto.on_frame(&h, payload).map_err(|e| e.to_string())?,
-                None => {
-                    proto.data_received_in_place(&h).map_err(|e| e.to_string())?;
-                    stats.pieces_in_place += 1;
-                }
-            },
-            Admit::Duplicate if p.payload.is_some() => stats.duplicates_dropped += 1,
-            Admit::Duplicate => return Err(format!("data frame {} taken in place was already delivered", h.seq)),
-        }
+/// Delivers frame `h` of an established link as its window admits it: with its payload
+/// (`Some`, copied to where it goes) or, `None`, a data piece already read into its
+/// message's buffer. The protocol error that drops the connection, if any.
+fn deliver(
+    links: &mut FxHashMap<Addr, Link>,
+    proto: &mut Proto,
+    stats: &mut PortStats,
+    h: &Header,
+    payload: Option<&[u8]>,
+) -> Result<(), String> {
+    let link = links.get_mut(&h.src).expect("established connection has a link");
+    link.send.on_ack(h.ack).map_err(|e| e.to_string())?;
+    if !h.kind.is_sequenced() {
+        return Ok(());
+    }
+    match link.recv.admit(h.seq).map_err(|e| e.to_string())? {
+        Admit::Deliver => match payload {
+            Some(payload) => proto.on_frame(h, payload).map_err(|e| e.to_string())?,
+            None => {
+                proto.data_received_in_place(h).map_err(|e| e.to_string())?;
+                stats.pieces_in_place += 1;
+            }
+        },
+        Admit::Duplicate if payload.is_some() => stats.duplicates_dropped += 1,
+        Admit::Duplicate => return Err(format!("data frame {} taken in place was already delivered", h.seq)),
     }
     Ok(())
+}
+
+/// Counts a frame of connection `c` refused for `error` and says why, for the log and
+/// the connection's loss.
+fn refused(stats: &mut PortStats, c: &TcpConn, error: FrameError) -> String {
+    stats.frames_rejected += 1;
+    let from = c.stream.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+    format!("{}; resetting the connection", NetError::Frame { from, error })
 }
