@@ -34,6 +34,13 @@ impl<W: std::io::Write> Assembler<W> {
         Assembler { out, fmt, parts: 0, count: 0 }
     }
 
+    /// Writes what this assembler would write from here on had it already joined parts
+    /// holding `count` queries (none when `first`): a batch's *piece* of the report,
+    /// made by the agent that wrote its part (see [`piece`]).
+    pub fn continuing(out: W, fmt: u32, first: bool, count: usize) -> Self {
+        Assembler { out, fmt, parts: usize::from(!first), count }
+    }
+
     /// Appends the next part; `last` for the final one (it brings the footer).
     pub fn part(&mut self, p: &str, last: bool) -> Result<(), String> {
         self.part_from(p.as_bytes(), last)
@@ -135,6 +142,50 @@ impl<W: std::io::Write> Assembler<W> {
     pub fn finish(mut self) -> Result<W, String> {
         self.out.flush().map_err(|e| format!("writing the report: {e}"))?;
         Ok(self.out)
+    }
+}
+
+/// Batch `index` of `total`'s *piece*: exactly the bytes the [`Assembler`] writes for its
+/// part `r` after parts holding `before` queries, so that the pieces laid end to end are
+/// the assembled report and each can be written at its final offset by whoever holds it
+/// (the agents do, while the search goes on) once the pieces before it have a length.
+/// `queries` is the batch's query count: XML iterations and the tabular trailer must
+/// say as many, or the renumbering and the last trailer would not be the assembled
+/// report's. Returns the piece's length.
+#[allow(clippy::too_many_arguments)]
+pub fn piece(
+    r: impl std::io::BufRead,
+    out: impl std::io::Write,
+    fmt: u32,
+    index: usize,
+    total: usize,
+    before: usize,
+    queries: usize,
+) -> Result<u64, String> {
+    let mut a = Assembler::continuing(Counted { inner: out, bytes: 0 }, fmt, index == 0, before);
+    a.part_from(r, index + 1 == total)?;
+    let counted = a.count - before;
+    if matches!(fmt, 5 | 7) && counted != queries {
+        let what = if fmt == 5 { "XML iterations" } else { "queries in its trailer" };
+        return Err(format!("the part has {counted} {what} for {queries} queries"));
+    }
+    Ok(a.finish()?.bytes)
+}
+
+/// A writer that counts what goes through it.
+struct Counted<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 
@@ -310,6 +361,59 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
+    }
+
+    /// Pieces made one by one, each knowing only its batch's place, laid end to end.
+    fn pieces(parts: &[String], queries: &[usize], fmt: u32) -> Result<String, String> {
+        let mut out = Vec::new();
+        let mut before = 0;
+        for (i, p) in parts.iter().enumerate() {
+            let mut piece = Vec::new();
+            let len = piece_of(p, &mut piece, fmt, i, parts.len(), before, queries[i])?;
+            assert_eq!(len, piece.len() as u64);
+            out.extend(piece);
+            before += queries[i];
+        }
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    fn piece_of(p: &str, out: &mut Vec<u8>, fmt: u32, i: usize, n: usize, before: usize, queries: usize) -> Result<u64, String> {
+        piece(p.as_bytes(), out, fmt, i, n, before, queries)
+    }
+
+    #[test]
+    fn pieces_end_to_end_are_the_assembled_report_in_every_format() {
+        let pairwise = |q: &str| format!("BLASTP\n\nDatabase: DB\n\nQuery= {q}\nhits {q}\n\n\n  Database: DB\n  footer\n");
+        let xml = |qs: &[&str]| {
+            let mut s = String::from("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n");
+            for (i, q) in qs.iter().enumerate() {
+                s.push_str(&format!("<Iteration>\n  <Iteration_iter-num>{n}</Iteration_iter-num>\n  <Iteration_query-ID>Query_{n}</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n</Iteration>\n", n = i + 1));
+            }
+            s + "</BlastOutput_iterations>\n</BlastOutput>\n"
+        };
+        let tab7 = |qs: &[&str]| {
+            let mut s = String::new();
+            for q in qs {
+                s.push_str(&format!("# BLASTP\n# 1 hits found\n{q}\ts\n"));
+            }
+            s + &format!("# BLAST processed {} queries\n", qs.len())
+        };
+        let cases: Vec<(u32, Vec<String>, Vec<usize>)> = vec![
+            (0, vec![pairwise("a"), pairwise("b"), pairwise("c")], vec![1, 1, 1]),
+            (0, vec![pairwise("only")], vec![1]),
+            (5, vec![xml(&["a", "b"]), xml(&["c"]), xml(&["d", "e", "f"])], vec![2, 1, 3]),
+            (7, vec![tab7(&["a"]), tab7(&["b", "c"]), tab7(&["d"])], vec![1, 2, 1]),
+            (6, vec!["a\ts\n".into(), "".into(), "b\ts\nc\ts\n".into()], vec![1, 1, 2]),
+        ];
+        for (fmt, parts, queries) in cases {
+            let whole = assemble(&parts, fmt).unwrap();
+            assert_eq!(pieces(&parts, &queries, fmt).unwrap(), whole, "outfmt {fmt}");
+        }
+        // A part that does not hold the batch's queries cannot be placed by itself.
+        let e = piece_of(&xml(&["a"]), &mut Vec::new(), 5, 1, 3, 2, 2).unwrap_err();
+        assert!(e.contains("1 XML iterations for 2 queries"), "{e}");
+        let e = piece_of(&tab7(&["a", "b"]), &mut Vec::new(), 7, 0, 2, 0, 3).unwrap_err();
+        assert!(e.contains("2 queries in its trailer for 3 queries"), "{e}");
     }
 
     #[test]

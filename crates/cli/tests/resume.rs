@@ -74,13 +74,18 @@ fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> (usize, u
 
 /// Runs the search to the end; returns the number of batches reused.
 fn rerun(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> u64 {
+    rerun_summary(dir, out, mode, extra)["reused_parts"].as_u64().unwrap()
+}
+
+/// Runs the search to the end; returns its summary.
+fn rerun_summary(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> serde_json::Value {
     let summary = dir.join("summary.json");
     let mut flags = mode.to_vec();
     flags.extend(["--summary-json", summary.to_str().unwrap()]);
     run_ok(search_cmd(dir, out, &flags, extra));
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     std::fs::remove_file(&summary).unwrap();
-    v["reused_parts"].as_u64().unwrap()
+    v
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -109,8 +114,16 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
             // Stopped cleanly: only the work directory (for the rerun) is left.
             assert_eq!(entries(&outdir), vec![".hits.tsv.gepsea-work".to_string()], "{what}");
         }
-        let reused = rerun(&d.0, &out, mode, &[]);
+        let v = rerun_summary(&d.0, &out, mode, &[]);
+        let reused = v["reused_parts"].as_u64().unwrap();
         assert!(reused as usize >= done, "{what}: {done} batches were finished, {reused} reused");
+        if mode.contains(&"fragments") {
+            // The master wrote the reused batches' share of the output from their parts,
+            // between the pieces the merger agents wrote in place for the others.
+            let (parts, placed) = (v["accel"]["parts"].as_u64().unwrap(), v["accel"]["placed_by_agents"].as_u64().unwrap());
+            assert!(reused < parts, "{what}: every batch was reused");
+            assert_eq!(placed, parts - reused, "{what}: batches placed by their agent");
+        }
         assert_identical(&out, &want, &format!("{what}, {mode:?}, then rerun"));
         // The rerun swept what the stopped search's own runtime namespace left.
         let ns = gepsea_net::namespace_dir(&format!("search{pid}"));

@@ -203,6 +203,21 @@ impl Client {
         }
     }
 
+    /// Request `id`'s reply if it has arrived, without waiting (`None`: not yet; the
+    /// request stays pending). For a caller that keeps several requests in flight while
+    /// it does other work, as the search master does with the agents' placements.
+    pub fn try_finish(&self, id: u64) -> Option<Result<Reply, ApiError>> {
+        let Some(r) = self.books.lock().pending.get(&id).copied() else {
+            return Some(Err(ApiError::Transport(format!("unknown request {id}"))));
+        };
+        let done = self.port.test(r)?;
+        self.books.lock().pending.remove(&id);
+        Some(match done {
+            Ok(c) => self.reply_of(c),
+            Err(e) => Err(ApiError::Transport(e.to_string())),
+        })
+    }
+
     fn finish_plain(&self, id: u64, timeout: Duration) -> Result<Reply, ApiError> {
         let r = self.books.lock().pending.remove(&id).ok_or_else(|| ApiError::Transport(format!("unknown request {id}")))?;
         match self.port.wait_timeout(r, timeout) {

@@ -15,13 +15,21 @@ use crate::report::{self};
 use super::*;
 
 /// Runs the job `spec` (files already in `job`): submits tasks, waits for every part,
-/// assembles the output into `tmp_out`. `on_progress(queries done)`.
+/// assembles the output into `tmp_out` (an empty file). `on_progress(queries done)`.
 /// `watch` is polled about once a second: `Err` ends the run (e.g. every worker died).
+///
+/// With `agents_see_out` (`tmp_out` is where every agent can write it), each merger
+/// agent writes its batches' pieces at their final offsets while the search goes on,
+/// as soon as the lengths of the pieces before them are known (see [`Placement`]); the
+/// master writes only what they could not (parts an earlier run finished, parts BLAST+
+/// wrote itself, pieces whose agent died) from the part files.
+#[allow(clippy::too_many_arguments)]
 pub fn master(
     client: &gepsea_client::Client,
     spec: &JobSpec,
     job: &Path,
     tmp_out: &Path,
+    agents_see_out: bool,
     workers: usize,
     mut on_progress: impl FnMut(usize),
     mut watch: impl FnMut() -> Result<(), SearchError>,
@@ -62,6 +70,7 @@ pub fn master(
     let mut stats = AccelStats::default();
     let mut done_batches = BTreeSet::new();
     let mut queries_done = 0;
+    let mut placement = Placement::new(spec.batches.len());
     // Resume: batches whose part a previous run finished are not searched again.
     for (b, part) in spec.parts.iter().enumerate() {
         if part.is_file() {
@@ -70,6 +79,11 @@ pub fn master(
             stats.hits +=
                 crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
             stats.reused_parts += 1;
+            // Its piece's length, so that the pieces after it can be placed meanwhile;
+            // the master writes this one at the end.
+            if agents_see_out {
+                placement.known(b, piece_of_part(spec, b, std::io::sink())?, None);
+            }
         }
     }
     if queries_done > 0 {
@@ -121,6 +135,11 @@ pub fn master(
                 return Err(SearchError::Io(e));
             }
             if done_batches.insert(d.batch) {
+                if agents_see_out {
+                    if let Some(len) = d.piece_bytes {
+                        placement.known(d.batch, len, Some(d.merger));
+                    }
+                }
                 if let Some(sh) = &d.shipped {
                     stats.shipped.get_or_insert_with(Default::default).add(sh);
                 }
@@ -142,6 +161,8 @@ pub fn master(
                 on_progress(queries_done);
             }
         }
+        placement.start_ready(client, job, tmp_out);
+        placement.collect(client, false);
     }
     for _ in 0..workers {
         client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
@@ -169,6 +190,9 @@ pub fn master(
             }
         }
     }
+    // The last pieces, before the agents forget the job (and drop pieces not asked for).
+    placement.start_ready(client, job, tmp_out);
+    placement.collect(client, true);
     // Every part is written: the agents may drop the job's state (best effort; an
     // agent that does not answer keeps a few kilobytes until it stops).
     let forget = postcard::to_stdvec(&BlastRequest::Forget { job: job.to_path_buf() }).unwrap();
@@ -177,21 +201,120 @@ pub fn master(
             tracing::debug!("agent of node {node} did not drop the job's state: {e}");
         }
     }
-    // Out of core: one part in memory at a time, streamed to the output in order.
-    let file = std::fs::File::create(tmp_out).map_err(|e| SearchError::Output { path: tmp_out.to_path_buf(), source: e })?;
+    // What no agent placed, the master writes from the part files, in order, one part in
+    // memory at a time, between the pieces the agents wrote.
     let assembly_started = Instant::now();
-    let mut asm = Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&spec.outfmt));
+    let out_err = |e: std::io::Error| SearchError::Output { path: tmp_out.to_path_buf(), source: e };
+    let file = std::fs::OpenOptions::new().write(true).open(tmp_out).map_err(out_err)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, &file);
     let n = spec.batches.len();
+    let mut at = 0u64;
     // The parts stay until the output is in place: a run stopped now resumes from them.
-    for (b, p) in spec.parts.iter().enumerate() {
-        let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == n)
-            .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+    for b in 0..n {
+        if placement.placed.contains(&b) {
+            at += placement.lens[b].expect("a placed piece has a length");
+            continue;
+        }
+        use std::io::Seek;
+        out.seek(std::io::SeekFrom::Start(at)).map_err(out_err)?;
+        let len = piece_of_part(spec, b, &mut out)?;
+        // Pieces after this one may already be in place: it must fill its gap exactly.
+        if let Some(want) = placement.lens[b].filter(|&w| w != len) {
+            return Err(SearchError::Io(format!(
+                "{}: batch {b}'s share of the output is {len} bytes here but its agent's piece was {want}",
+                spec.parts[b].display()
+            )));
+        }
+        at += len;
     }
-    asm.finish().map_err(SearchError::Io)?;
+    drop(out);
+    let written = file.metadata().map_err(out_err)?.len();
+    if written != at {
+        return Err(SearchError::Io(format!("{}: the output is {written} bytes, its pieces add up to {at}", tmp_out.display())));
+    }
     stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
+    stats.placed_by_agents = placement.placed.len();
     stats.parts = n;
     Ok(stats)
+}
+
+/// Batch `b`'s piece (see [`crate::parts::piece`]) made from its part file into `out`;
+/// its length.
+fn piece_of_part(spec: &JobSpec, b: usize, out: impl std::io::Write) -> Result<u64, SearchError> {
+    let p = &spec.parts[b];
+    let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+    let (first, end) = spec.batches[b];
+    let fmt = report::base_format(&spec.outfmt);
+    crate::parts::piece(std::io::BufReader::with_capacity(1 << 20, part), out, fmt, b, spec.batches.len(), first, end - first)
+        .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))
+}
+
+/// Where each batch's piece goes in the output, and which agents were asked to write
+/// theirs there. A piece's offset is the sum of the lengths before it, so pieces are
+/// placed in batch order as their lengths become known; the search finishes batches
+/// roughly in that order, so most pieces are written while later batches are searched
+/// rather than after the last one.
+struct Placement {
+    /// Each batch's piece length, once known.
+    lens: Vec<Option<u64>>,
+    /// The agent holding each batch's piece (`None`: the master writes the batch).
+    holders: Vec<Option<u32>>,
+    /// The first batch without an offset, and its offset.
+    next: usize,
+    offset: u64,
+    /// Placements asked for: request id → batch.
+    asked: BTreeMap<u64, usize>,
+    /// Batches an agent reported written at their offset.
+    placed: BTreeSet<usize>,
+}
+
+impl Placement {
+    fn new(n: usize) -> Self {
+        Placement { lens: vec![None; n], holders: vec![None; n], next: 0, offset: 0, asked: BTreeMap::new(), placed: BTreeSet::new() }
+    }
+
+    /// Batch `b`'s piece is `len` bytes, held by the agent of `holder`.
+    fn known(&mut self, b: usize, len: u64, holder: Option<u32>) {
+        self.lens[b] = Some(len);
+        self.holders[b] = holder;
+    }
+
+    /// Asks the holders of every piece whose offset is now known to write it there.
+    fn start_ready(&mut self, client: &gepsea_client::Client, job: &Path, out: &Path) {
+        while let Some(len) = self.lens.get(self.next).copied().flatten() {
+            if let Some(node) = self.holders[self.next] {
+                let req = BlastRequest::Place { job: job.to_path_buf(), batch: self.next, offset: self.offset, out: out.to_path_buf() };
+                let body = postcard::to_stdvec(&req).unwrap();
+                let id = client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body });
+                self.asked.insert(id, self.next);
+            }
+            self.offset += len;
+            self.next += 1;
+        }
+    }
+
+    /// Takes the placements' answers: those in (`wait`: all of them). A placement that
+    /// failed (its agent died, say) leaves the batch to the master.
+    fn collect(&mut self, client: &gepsea_client::Client, wait: bool) {
+        let ids: Vec<u64> = self.asked.keys().copied().collect();
+        for id in ids {
+            // The piece crosses the storage link: as long as that takes.
+            let answer = if wait { Some(client.finish(id, Duration::from_secs(3600))) } else { client.try_finish(id) };
+            let Some(answer) = answer else { continue };
+            let b = self.asked.remove(&id).expect("asked");
+            let len = answer.map_err(|e| e.to_string()).and_then(|r| match r {
+                gepsea_agent::wire::Reply::Data(body) => postcard::from_bytes::<u64>(&body).map_err(|e| e.to_string()),
+                other => Err(format!("unexpected reply {other:?}")),
+            });
+            match len {
+                Ok(len) if Some(len) == self.lens[b] => {
+                    self.placed.insert(b);
+                }
+                Ok(len) => eprintln!("gepsea search: batch {b}'s piece was {len} bytes, not {:?}; writing it again", self.lens[b]),
+                Err(e) => tracing::debug!("batch {b}'s piece was not placed by its agent ({e}); the master writes it"),
+            }
+        }
+    }
 }
 
 /// The fragments each of `nodes` nodes stages before searching, for `fragments`

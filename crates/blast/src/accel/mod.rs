@@ -172,6 +172,9 @@ pub enum BlastRequest {
     /// spec, batches, mergers, staging counts), so that a long-lived agent serving job
     /// after job does not grow. Late results for it are then refused (no spec).
     Forget { job: PathBuf },
+    /// Write batch `batch`'s piece, which this agent made when it wrote the batch's
+    /// part, at `offset` of the output `out`, and drop it; replies its length (`u64`).
+    Place { job: PathBuf, batch: usize, offset: u64, out: PathBuf },
 }
 
 /// Advertised on `blast/<job id>` when a batch's part is written.
@@ -192,6 +195,9 @@ pub struct PartDone {
     pub merge_seconds: f64,
     pub write_seconds: f64,
     pub part_bytes: u64,
+    /// The length of the batch's piece (its bytes of the output, see
+    /// `crate::parts::piece`) if its merger holds it, ready to be placed.
+    pub piece_bytes: Option<u64>,
     /// When the part was in place (seconds since the Unix epoch).
     pub written_unix: f64,
     /// What shipping the part to the storage site measured (with `JobSpec::ship`).
@@ -219,6 +225,9 @@ pub struct AccelStats {
     pub resubmitted_after_failure: usize,
     /// Batches whose part an earlier, interrupted run had finished (resume).
     pub reused_parts: usize,
+    /// Batches whose share of the output their merger agent wrote in place; the master
+    /// wrote the others' from their part files.
+    pub placed_by_agents: usize,
     /// Task by task and batch by batch, from the mergers' notices.
     pub trace: crate::trace::RunTrace,
     /// Parts shipped to a storage site, summed (with `JobSpec::ship`).

@@ -17,7 +17,7 @@ use crate::archive;
 use crate::plan::*;
 
 use super::hits::{BatchMerge, FragmentHits, Settled};
-use super::writer::{publish_part, spawn_writers, WriteJob};
+use super::writer::{place_piece, publish_part, spawn_writers, WriteJob};
 use super::*;
 
 /// A result as it reaches its batch's merger.
@@ -74,6 +74,11 @@ pub struct BlastPlugin {
 }
 
 const FORGOTTEN: usize = 256;
+
+/// Where this node keeps batch `batch`'s piece until the master places it.
+pub(crate) fn piece_path(scratch: &Path, job_id: &str, batch: usize) -> PathBuf {
+    scratch.join(format!("piece-{job_id}-{batch}"))
+}
 
 /// The board key (and placement key) of a batch's merger.
 pub(crate) fn merger_key(spec: &JobSpec, batch: usize) -> String {
@@ -278,7 +283,7 @@ impl BlastPlugin {
 
     /// Drops everything kept for `job` (see [`BlastRequest::Forget`]). Staged
     /// fragments stay: they belong to the database, not to the job.
-    pub(crate) fn forget(&self, job: &Path) {
+    pub(crate) fn forget(&self, job: &Path) -> Option<Arc<JobSpec>> {
         {
             let mut f = self.forgotten.lock();
             if !f.iter().any(|j| j == job) {
@@ -288,7 +293,8 @@ impl BlastPlugin {
                 f.push_back(job.to_path_buf());
             }
         }
-        if let Some(spec) = self.specs.lock().remove(job) {
+        let spec = self.specs.lock().remove(job);
+        if let Some(spec) = &spec {
             // Every board key of the job lies under its topic (see `merger_key`).
             let prefix = format!("{}/", topic(&spec.id));
             self.mergers.lock().retain(|k, _| !k.starts_with(&prefix));
@@ -297,6 +303,7 @@ impl BlastPlugin {
         self.written.lock().retain(|(j, _)| j != job);
         self.stage_counts.lock().remove(job);
         self.prefetching.lock().retain(|(j, _)| j != job);
+        spec
     }
 
     /// Jobs this agent keeps state for (specs, batches, written parts, staging counts,
@@ -540,6 +547,8 @@ impl BlastPlugin {
             merge_seconds: 0.0,
             write_seconds: 0.0,
             part_bytes: bytes,
+            // BLAST+ wrote the part on shared storage: the master writes its share.
+            piece_bytes: None,
             written_unix: crate::trace::unix_now(),
             shipped: None,
         };
@@ -570,6 +579,7 @@ impl BlastPlugin {
                 merge_seconds: st.merge_seconds,
                 write_seconds: 0.0,
                 part_bytes: 0,
+                piece_bytes: None,
                 written_unix: 0.0,
                 shipped: None,
             };
@@ -590,6 +600,7 @@ impl BlastPlugin {
             done,
             services: ctx.background.clone(),
             scratch: ctx.scratch.join(format!("part-{}-{batch}", spec.id)),
+            piece: piece_path(ctx.scratch, &spec.id, batch),
         };
         self.writers.get_or_init(spawn_writers).send(job).map_err(|_| failed("the part writers stopped"))?;
         Ok(())
@@ -628,7 +639,19 @@ impl Plugin for BlastPlugin {
                 return postcard::to_stdvec(&Staged { dir, source }).map_err(failed);
             }
             BlastRequest::StageCounts { job } => return postcard::to_stdvec(&self.stage_counts(&job)).map_err(failed),
-            BlastRequest::Forget { job } => self.forget(&job),
+            BlastRequest::Forget { job } => {
+                // Pieces the master did not ask for (it wrote those batches itself).
+                if let Some(spec) = self.forget(&job) {
+                    for b in 0..spec.batches.len() {
+                        let _ = std::fs::remove_file(piece_path(ctx.scratch, &spec.id, b));
+                    }
+                }
+            }
+            BlastRequest::Place { job, batch, offset, out } => {
+                let spec = self.spec(&job)?;
+                let len = place_piece(&piece_path(ctx.scratch, &spec.id, batch), &out, offset).map_err(failed)?;
+                return postcard::to_stdvec(&len).map_err(failed);
+            }
             BlastRequest::Prefetch { job, fragments, ahead } => {
                 let spec = self.spec(&job)?;
                 if !ahead {

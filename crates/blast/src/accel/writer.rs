@@ -28,6 +28,9 @@ pub(crate) struct WriteJob {
     /// scratch, since the job directory is shared storage, where their files would
     /// cross the network.
     pub(crate) scratch: PathBuf,
+    /// Where this agent keeps the batch's piece (see `crate::parts::piece`) until the
+    /// master says at which offset of the output to write it: node-local too.
+    pub(crate) piece: PathBuf,
 }
 
 /// The nice value of the part writers and of the BLAST+ tools they start (children
@@ -66,9 +69,10 @@ pub(crate) fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
 /// Writes a batch's part of the report, then tells the job's master (a failure too:
 /// the master fails the run with it).
 fn write_part(w: WriteJob) -> Result<(), PluginError> {
-    let WriteJob { spec, job, batch, hsps, done, services, scratch } = w;
+    let WriteJob { spec, job, batch, hsps, done, services, scratch, piece } = w;
     let write_started = Instant::now();
     let mut part_bytes = 0;
+    let mut piece_bytes = None;
     let result = (|| -> Result<(), String> {
         std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
         let queries = batch_file(&job, batch);
@@ -82,16 +86,26 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
             scratch: &scratch,
         };
         let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
+        // Formatted in scratch, then read twice there: into the piece this agent will
+        // write at the piece's final offset, and copied once across to the part file
+        // (what a rerun resumes from, and the master's fallback).
+        let local = scratch.join("report");
+        report::write(&rs, &hsps, &local).map_err(|e| e.to_string())?;
+        piece_bytes = make_piece(&spec, batch, &local, &piece);
         let tmp = part_tmp(part, "merged");
-        report::write(&rs, &hsps, &tmp).map_err(|e| e.to_string())?;
-        part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
+        part_bytes = std::fs::copy(&local, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, part).map_err(|e| e.to_string())
     })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&piece);
+        piece_bytes = None;
+    }
     let _ = std::fs::remove_dir_all(&scratch);
     let done = PartDone {
         error: result.err(),
         write_seconds: write_started.elapsed().as_secs_f64(),
         part_bytes,
+        piece_bytes,
         written_unix: crate::trace::unix_now(),
         ..done
     };
@@ -101,6 +115,47 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         let _ = services.release(&merger_key(&spec, batch));
     }
     publish_part(services, spec, job, done).map_err(failed)
+}
+
+/// Makes batch `batch`'s piece from its formatted report `local` into `piece`; its
+/// length, or `None` (with a warning) if it cannot be made, and the master then writes
+/// the batch's share of the output from the part file itself.
+fn make_piece(spec: &JobSpec, batch: usize, local: &Path, piece: &Path) -> Option<u64> {
+    let (first, end) = spec.batches[batch];
+    let made = (|| -> Result<u64, String> {
+        let r = std::fs::File::open(local).map_err(|e| format!("{}: {e}", local.display()))?;
+        let w = std::fs::File::create(piece).map_err(|e| format!("{}: {e}", piece.display()))?;
+        let (r, w) = (std::io::BufReader::with_capacity(1 << 20, r), std::io::BufWriter::with_capacity(1 << 20, w));
+        let fmt = report::base_format(&spec.outfmt);
+        crate::parts::piece(r, w, fmt, batch, spec.batches.len(), first, end - first)
+    })();
+    made.map_err(|e| {
+        tracing::warn!("blast plug-in: batch {batch}'s piece: {e}; the master writes the batch's share itself");
+        let _ = std::fs::remove_file(piece);
+    })
+    .ok()
+}
+
+/// Writes the piece `piece` at `offset` of the output `out` (which the master created),
+/// then drops it; returns its length.
+pub(crate) fn place_piece(piece: &Path, out: &Path, offset: u64) -> Result<u64, String> {
+    use std::io::Read;
+    use std::os::unix::fs::FileExt;
+    let mut src = std::fs::File::open(piece).map_err(|e| format!("the piece {}: {e}", piece.display()))?;
+    // No create, no truncate: the master made the file, and other agents write theirs.
+    let dst = std::fs::OpenOptions::new().write(true).open(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = offset;
+    loop {
+        let n = src.read(&mut buf).map_err(|e| format!("the piece {}: {e}", piece.display()))?;
+        if n == 0 {
+            break;
+        }
+        dst.write_all_at(&buf[..n], at).map_err(|e| format!("{}: {e}", out.display()))?;
+        at += n as u64;
+    }
+    let _ = std::fs::remove_file(piece);
+    Ok(at - offset)
 }
 
 /// Tells the job's master that a part is in place. With `JobSpec::ship` (ParaMEDIC's

@@ -82,11 +82,20 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             .collect(),
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
+    // The agents write the parts into the work directory, so they can write the output
+    // next to it too: on one machine, or when the work directory is in the output's
+    // directory (the default). Otherwise the master writes the whole output.
+    let work_dir = a.parts.first().and_then(|p| p.parent()?.parent());
+    let agents_see_out = matches!(env, Env::Local) || work_dir.and_then(|w| w.parent()) == Some(a.out_dir.as_path());
     let mut progress = Progress::new(a.queries.len(), opts.quiet);
     let (mut stats, agent, own_client, workers, cluster_client) = match env {
-        Env::Cluster { client, workers, .. } => {
-            (accel::master(client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), || Ok(()))?, None, None, workers, Some(client))
-        }
+        Env::Cluster { client, workers, .. } => (
+            accel::master(client, &spec, &job, &a.tmp_out, agents_see_out, workers, |d| progress.set(d), || Ok(()))?,
+            None,
+            None,
+            workers,
+            Some(client),
+        ),
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
             let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns, opts.agent_cpu)?;
@@ -121,7 +130,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                 }
                 Ok(())
             };
-            let stats = accel::master(&client, &spec, &job, &a.tmp_out, workers, |d| progress.set(d), watch)?;
+            let stats = accel::master(&client, &spec, &job, &a.tmp_out, agents_see_out, workers, |d| progress.set(d), watch)?;
             (stats, Some(agent), Some(client), workers, None)
         }
     };
