@@ -1,6 +1,6 @@
 //! The master of a search over the agents: submits the tasks, asks the agents to
 //! prefetch fragments, follows the parts the merger agents write, resubmits the work of
-//! a dead agent, and assembles the parts into the output.
+//! a dead agent, and has the batches' pieces written in place in the output.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -20,7 +20,7 @@ use super::*;
 ///
 /// With `agents_see_out` (`tmp_out` is where every agent can write it), each merger
 /// agent writes its batches' pieces at their final offsets while the search goes on,
-/// as soon as the lengths of the pieces before them are known (see [`Placement`]); the
+/// as soon as the lengths of the pieces before them are known (see `Placement`); the
 /// master writes only what they could not (parts an earlier run finished, parts BLAST+
 /// wrote itself, pieces whose agent died) from the part files.
 #[allow(clippy::too_many_arguments)]

@@ -26,8 +26,12 @@
 //!   master asks every agent to prefetch the fragments it will search first (fragment
 //!   `f` to the `f mod n`-th node), and tasks name their fragment, so the scheduler
 //!   hands a task to a worker whose node already holds its fragment.
-//! - The master assembles the parts in query order (joining headers and footers, and
-//!   renumbering XML iterations) into the output file, identical to serial BLAST+.
+//! - **Output in place**: the output is the batches' *pieces* end to end (a part with
+//!   the headers and footers that only the first and last batch keep, XML iterations
+//!   renumbered, `crate::parts::piece`), identical to serial BLAST+. The writer that
+//!   formats a part keeps its piece, and the master, which gives each piece its offset
+//!   once the lengths before it are known, has the holder write it there while the
+//!   search goes on; the master writes only what no agent holds.
 //!
 //! Files live in a job directory next to the output, so that agents on every node can
 //! write their parts straight to the output location.
