@@ -249,8 +249,11 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     let [staged, memory, peer, storage] = stagings(&o.stderr).unwrap_or_else(|| panic!("no staging summary: {text}"));
     assert_eq!((storage, peer, memory), (8, 0, 0), "{text}");
     // The 8 prefetches and each worker's first use of each fragment ask the agent (a
-    // worker reuses what it was given); whichever asks first reads from storage.
-    assert!(staged + storage >= 8 && staged + storage <= 8 + 2 * 8, "{text}");
+    // worker reuses what it was given); whichever asks first reads from storage. The
+    // data streaming's look ahead also stages: it counts only what it reads (here from
+    // storage), and it can win the race against the prefetch that was to read that
+    // fragment, which then counts it as already staged (seen once in CI: 17 + 8).
+    assert!(staged + storage >= 8 && staged + storage <= 8 + 2 * 8 + 8, "{text}");
     let o = run(&["--no-hot-swap"]);
     assert_eq!(stagings(&o.stderr), None);
 }
