@@ -345,6 +345,13 @@ fn run_with_agents(
                     }
                     restarts += 1;
                     if let Some((old, _)) = &mut agent.0 {
+                        // A killed agent's sockets close before its exit can be waited
+                        // for; on busy cores the worker sees the first well before the
+                        // second, and looking once left a dead agent unrestarted.
+                        let dying = Instant::now() + Duration::from_secs(5);
+                        while matches!(old.try_wait(), Ok(None)) && Instant::now() < dying {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
                         if !matches!(old.try_wait(), Ok(None)) {
                             let _ = old.wait();
                             agent.0 = Some(start_agent()?);
