@@ -10,7 +10,6 @@ use gepsea_agent::api::Api;
 
 use crate::error::SearchError;
 use crate::plan::*;
-use crate::report::{self};
 
 use super::*;
 
@@ -42,6 +41,8 @@ pub fn master(
     };
     let mut agents = agents_now()?;
     let mut nodes: BTreeSet<u32> = agents.keys().copied().collect();
+    // Nodes whose agent died and has not been seen back yet.
+    let mut gone: BTreeSet<u32> = BTreeSet::new();
     // Data streaming: every agent stages the fragments it will search first (see
     // `prefetch_plan`). The tasks go out once each node holds its first one, so that
     // the scheduler, which hands a taker a task on a fragment its node holds, can keep
@@ -111,14 +112,18 @@ pub fn master(
         let now = agents_now()?;
         let lost: Vec<u32> = agents.iter().filter(|(n, inc)| now.get(n) != Some(inc)).map(|(n, _)| *n).collect();
         if !lost.is_empty() {
-            let back: Vec<u32> = lost.iter().copied().filter(|n| now.contains_key(n)).collect();
             eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
-            if !back.is_empty() {
-                eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
-            }
             let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
             submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
             stats.resubmitted_after_failure += 1;
+        }
+        // A restarted agent may be back in the same look (a new incarnation) or only in
+        // a later one, after the membership dropped its node for a while.
+        gone.extend(&lost);
+        let back: Vec<u32> = gone.iter().copied().filter(|n| now.get(n).is_some_and(|inc| agents.get(n) != Some(inc))).collect();
+        if !back.is_empty() {
+            eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
+            gone.retain(|n| !back.contains(n));
         }
         nodes = now.keys().copied().collect();
         agents = now;
@@ -241,12 +246,7 @@ pub fn master(
 /// Batch `b`'s piece (see [`crate::parts::piece`]) made from its part file into `out`;
 /// its length.
 fn piece_of_part(spec: &JobSpec, b: usize, out: impl std::io::Write) -> Result<u64, SearchError> {
-    let p = &spec.parts[b];
-    let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-    let (first, end) = spec.batches[b];
-    let fmt = report::base_format(&spec.outfmt);
-    crate::parts::piece(std::io::BufReader::with_capacity(1 << 20, part), out, fmt, b, spec.batches.len(), first, end - first)
-        .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))
+    super::piece_from_part(spec, b, &spec.parts[b], out).map_err(SearchError::Io)
 }
 
 /// Where each batch's piece goes in the output, and which agents were asked to write

@@ -248,6 +248,18 @@ pub(crate) fn read_fragment(spec: &JobSpec, files: &BTreeMap<String, String>) ->
     postcard::to_stdvec(&contents).map_err(failed)
 }
 
+/// Batch `batch`'s piece of the output (see `parts::piece`), made from the batch's part
+/// at `part` and written to `out`; returns its length. The merger agents make theirs
+/// from the part they just formatted, the master from the part files it has to place
+/// itself (an earlier run's, or those whose agent could not).
+pub(crate) fn piece_from_part(spec: &JobSpec, batch: usize, part: &std::path::Path, out: impl std::io::Write) -> Result<u64, String> {
+    let r = std::fs::File::open(part).map_err(|e| format!("{}: {e}", part.display()))?;
+    let (first, end) = spec.batches[batch];
+    let fmt = crate::report::base_format(&spec.outfmt);
+    crate::parts::piece(std::io::BufReader::with_capacity(1 << 20, r), out, fmt, batch, spec.batches.len(), first, end - first)
+        .map_err(|e| format!("{}: {e}", part.display()))
+}
+
 /// Hex SHA-256, as the manifest records it (`db::format`).
 pub(crate) fn sha256_hex(data: &[u8]) -> String {
     use sha2::{Digest, Sha256};

@@ -121,14 +121,9 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
 /// length, or `None` (with a warning) if it cannot be made, and the master then writes
 /// the batch's share of the output from the part file itself.
 fn make_piece(spec: &JobSpec, batch: usize, local: &Path, piece: &Path) -> Option<u64> {
-    let (first, end) = spec.batches[batch];
-    let made = (|| -> Result<u64, String> {
-        let r = std::fs::File::open(local).map_err(|e| format!("{}: {e}", local.display()))?;
-        let w = std::fs::File::create(piece).map_err(|e| format!("{}: {e}", piece.display()))?;
-        let (r, w) = (std::io::BufReader::with_capacity(1 << 20, r), std::io::BufWriter::with_capacity(1 << 20, w));
-        let fmt = report::base_format(&spec.outfmt);
-        crate::parts::piece(r, w, fmt, batch, spec.batches.len(), first, end - first)
-    })();
+    let made = std::fs::File::create(piece)
+        .map_err(|e| format!("{}: {e}", piece.display()))
+        .and_then(|w| super::piece_from_part(spec, batch, local, std::io::BufWriter::with_capacity(1 << 20, w)));
     made.map_err(|e| {
         tracing::warn!("blast plug-in: batch {batch}'s piece: {e}; the master writes the batch's share itself");
         let _ = std::fs::remove_file(piece);
@@ -139,23 +134,15 @@ fn make_piece(spec: &JobSpec, batch: usize, local: &Path, piece: &Path) -> Optio
 /// Writes the piece `piece` at `offset` of the output `out` (which the master created),
 /// then drops it; returns its length.
 pub(crate) fn place_piece(piece: &Path, out: &Path, offset: u64) -> Result<u64, String> {
-    use std::io::Read;
-    use std::os::unix::fs::FileExt;
+    use std::io::{Seek, SeekFrom};
     let mut src = std::fs::File::open(piece).map_err(|e| format!("the piece {}: {e}", piece.display()))?;
     // No create, no truncate: the master made the file, and other agents write theirs.
-    let dst = std::fs::OpenOptions::new().write(true).open(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut at = offset;
-    loop {
-        let n = src.read(&mut buf).map_err(|e| format!("the piece {}: {e}", piece.display()))?;
-        if n == 0 {
-            break;
-        }
-        dst.write_all_at(&buf[..n], at).map_err(|e| format!("{}: {e}", out.display()))?;
-        at += n as u64;
-    }
+    let mut dst = std::fs::OpenOptions::new().write(true).open(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    dst.seek(SeekFrom::Start(offset)).map_err(|e| format!("{}: {e}", out.display()))?;
+    // `io::copy` between files uses `copy_file_range` where the file systems allow it.
+    let n = std::io::copy(&mut src, &mut dst).map_err(|e| format!("the piece {} into {}: {e}", piece.display(), out.display()))?;
     let _ = std::fs::remove_file(piece);
-    Ok(at - offset)
+    Ok(n)
 }
 
 /// Tells the job's master that a part is in place. With `JobSpec::ship` (ParaMEDIC's
