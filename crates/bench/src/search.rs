@@ -196,6 +196,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 compress: true,
                 assign: Default::default(),
                 hot_swap: true,
+                scratch_bytes: None,
                 agent_cpu: None,
                 deliver: None,
                 ship_parts: None,

@@ -335,6 +335,11 @@ pub struct JobSpec {
     /// Stage fragments in node-local scratch through the agents (hot-swap); off: search
     /// them in `db_dir` in place.
     pub hot_swap: bool,
+    /// Hot-swap: bytes of staged fragments each node keeps in its scratch; staging one
+    /// more removes the least recently used ones not being searched (see
+    /// `accel::scratch`). `None`: staged fragments stay until the agent stops.
+    #[serde(default)]
+    pub scratch_bytes: Option<u64>,
     /// SHA-256 of each file a search of a fragment reads, by file name (from the
     /// manifest), per fragment.
     pub fragment_files: Vec<BTreeMap<String, String>>,

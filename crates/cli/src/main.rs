@@ -157,6 +157,12 @@ struct SearchArgs {
     /// stage (prefetch, cache and hand over) them in node-local scratch (agent mode).
     #[arg(long)]
     no_hot_swap: bool,
+    /// Bytes of staged database fragments each node keeps in its local scratch (agent
+    /// mode): staging one more first removes the least recently used ones that no
+    /// worker is searching. Fragments being searched are always kept, so use at least
+    /// (workers per node + 1) × the largest fragment. Default: no limit.
+    #[arg(long, value_name = "BYTES", conflicts_with = "no_hot_swap", value_parser = clap::value_parser!(u64).range(1..))]
+    scratch_bytes: Option<u64>,
     /// Pin each node's agent to this core, e.g. a core left free of workers (agent
     /// mode; the GePSeA paper's "accelerator on a spare core").
     #[arg(long, value_name = "CORE")]
@@ -386,6 +392,7 @@ fn run() -> Result<()> {
                 no_agent: a.no_agent,
                 compress: !a.no_compress,
                 hot_swap: !a.no_hot_swap,
+                scratch_bytes: a.scratch_bytes,
                 agent_cpu: a.agent_cpu,
                 deliver,
                 ship_parts,
@@ -476,9 +483,11 @@ fn run() -> Result<()> {
                 if let Some(a) = s.accel.as_ref().filter(|a| a.stagings.iter().any(|n| *n > 0)) {
                     let [staged, memory, peer, storage] = a.stagings;
                     eprintln!(
-                        "gepsea search: fragments staged {} times: {storage} from storage, {peer} from another node, {memory} from memory, {staged} already staged; workers waited {:.2} s for input",
+                        "gepsea search: fragments staged {} times: {storage} from storage, {peer} from another node, {memory} from memory, {staged} already staged; workers waited {:.2} s for input; at most {} bytes staged on a node, {} staged copies removed to make room",
                         staged + memory + peer + storage,
-                        a.work.input_seconds
+                        a.work.input_seconds,
+                        a.scratch_peak_bytes,
+                        a.evicted
                     );
                 }
             }

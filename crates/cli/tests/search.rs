@@ -254,8 +254,47 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     // storage), and it can win the race against the prefetch that was to read that
     // fragment, which then counts it as already staged (seen once in CI: 17 + 8).
     assert!(staged + storage >= 8 && staged + storage <= 8 + 2 * 8 + 8, "{text}");
+    // Without a budget every fragment stays staged: the peak is the whole database's
+    // searched files, as the manifest lists them.
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f.dir.join("db8/manifest.json")).unwrap()).unwrap();
+    let sizes: Vec<u64> = manifest["fragments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|fr| {
+            let files = fr["files"].as_object().unwrap().keys().filter(|n| !n.ends_with(".fasta"));
+            files.map(|n| std::fs::metadata(f.dir.join("db8").join(n)).unwrap().len()).sum()
+        })
+        .collect();
+    assert_eq!(sizes.len(), 8);
+    assert_eq!(scratch_use(&o.stderr), (sizes.iter().sum(), 0), "{text}");
+    // Under a budget with room for three fragments (two being searched, one being
+    // staged), staging one more removes the least recently used copy: the peak stays
+    // under the budget, fragments evicted and needed again come back from the agent's
+    // memory, never from storage again, and the output is unchanged.
+    let largest = *sizes.iter().max().unwrap();
+    let budget = 3 * largest;
+    let o = run(&["--scratch-bytes", &budget.to_string()]);
+    let text = String::from_utf8_lossy(&o.stderr).to_string();
+    let [_, memory, peer, storage] = stagings(&o.stderr).unwrap_or_else(|| panic!("no staging summary: {text}"));
+    let (peak, evicted) = scratch_use(&o.stderr);
+    assert!(peak <= budget && peak >= largest, "peak {peak} against a budget of {budget}: {text}");
+    assert!(evicted >= 8 - 3, "{text}");
+    assert_eq!((storage, peer), (8, 0), "{text}");
+    assert!(memory <= evicted, "{text}");
     let o = run(&["--no-hot-swap"]);
     assert_eq!(stagings(&o.stderr), None);
+}
+
+/// From the staging summary line: the most bytes staged on a node, and the staged
+/// copies removed to stay under `--scratch-bytes`.
+fn scratch_use(stderr: &[u8]) -> (u64, u32) {
+    let text = String::from_utf8_lossy(stderr);
+    let line = text.lines().find(|l| l.contains("fragments staged")).unwrap_or_else(|| panic!("no staging summary: {text}"));
+    let after = |marker: &str| line.split(marker).nth(1).unwrap_or_else(|| panic!("no {marker:?} in {line}"));
+    let peak = after("at most ").split(' ').next().unwrap().parse().unwrap();
+    let evicted = after("bytes staged on a node, ").split(' ').next().unwrap().parse().unwrap();
+    (peak, evicted)
 }
 
 #[test]

@@ -188,11 +188,13 @@ pub fn master(
     if spec.hot_swap {
         let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
         for &node in &nodes {
-            let counts: [u32; 4] =
+            let counts: StagingStats =
                 client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
-            for (a, b) in stats.stagings.iter_mut().zip(counts) {
+            for (a, b) in stats.stagings.iter_mut().zip(counts.by_source) {
                 *a += b;
             }
+            stats.evicted += counts.evicted;
+            stats.scratch_peak_bytes = stats.scratch_peak_bytes.max(counts.peak_bytes);
         }
     }
     // The last pieces, before the agents forget the job (and drop pieces not asked for).

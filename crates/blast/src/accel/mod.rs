@@ -48,6 +48,7 @@ mod hits;
 mod local;
 mod master;
 mod plugin;
+pub(crate) mod scratch;
 mod worker;
 mod writer;
 
@@ -106,6 +107,18 @@ pub struct Staged {
     /// Directory holding the fragment's files (use it as BLASTDB).
     pub dir: PathBuf,
     pub source: StageSource,
+}
+
+/// Reply to [`BlastRequest::StageCounts`]: one agent's stagings for a job.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagingStats {
+    /// Stagings by source ([`StageSource`] order).
+    pub by_source: [u32; 4],
+    /// Staged fragments removed to make room (`JobSpec::scratch_bytes`).
+    pub evicted: u32,
+    /// The most bytes of staged fragments this node held or was staging at once, as
+    /// seen by this job's stagings.
+    pub peak_bytes: u64,
 }
 
 /// Cache object name of a fragment: content-addressed by its files' checksums, so a
@@ -169,8 +182,7 @@ pub enum BlastRequest {
     /// `ahead`: the data streaming's look ahead, which counts only the stagings it
     /// did (one that found the fragment staged meanwhile did nothing).
     Prefetch { job: PathBuf, fragments: Vec<usize>, ahead: bool },
-    /// This agent's stagings for `job` by source ([`StageSource`] order), as
-    /// `[u32; 4]`.
+    /// What this agent's stagings for `job` did; replies [`StagingStats`].
     StageCounts { job: PathBuf },
     /// The job is over (every part written): drop what this agent keeps for it (its
     /// spec, batches, mergers, staging counts), so that a long-lived agent serving job
@@ -222,6 +234,10 @@ pub struct AccelStats {
     pub mergers: BTreeMap<u32, usize>,
     /// Fragment stagings by every agent (prefetches included), by [`StageSource`].
     pub stagings: [u32; 4],
+    /// Staged fragments removed to stay under `JobSpec::scratch_bytes`, by every agent.
+    pub evicted: u32,
+    /// The most bytes of staged fragments any one node held (or was staging) at once.
+    pub scratch_peak_bytes: u64,
     /// From the first task's submission to the workers' release: each worker's time
     /// on the job (as the no-agent master counts it, from hello to shutdown).
     pub worker_span_seconds: f64,

@@ -58,7 +58,10 @@ pub struct BlastPlugin {
     /// One lock per fragment object being staged on this node: a fragment is copied
     /// once however many workers (or prefetches) ask for it at the same time.
     staging: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    stage_counts: Mutex<HashMap<PathBuf, [u32; 4]>>,
+    stage_counts: Mutex<HashMap<PathBuf, StagingStats>>,
+    /// Bytes that stagings under way are writing into scratch (reserved under the
+    /// scratch budget; see `scratch`). Also serializes making room.
+    scratch_reserved: Mutex<u64>,
     /// Batches' mergers as recorded on the board (by merger key), so that each result
     /// does not ask again.
     mergers: Mutex<HashMap<String, u32>>,
@@ -174,14 +177,22 @@ impl BlastPlugin {
         let dir = ctx.scratch.join(&object);
         let lock = self.staging.lock().entry(object.clone()).or_default().clone();
         let _held = lock.lock();
-        let (dir, source) = self.stage_locked(ctx, spec, name, files, dir, &object)?;
+        let (dir, source, room) = self.stage_locked(ctx, spec, name, files, dir, &object)?;
+        let mut counts = self.stage_counts.lock();
+        let c = counts.entry(job.to_path_buf()).or_default();
         if count_staged || source != StageSource::Staged {
-            self.stage_counts.lock().entry(job.to_path_buf()).or_default()[source as usize] += 1;
+            c.by_source[source as usize] += 1;
+        }
+        if let Some(room) = room {
+            c.evicted += room.evicted;
+            c.peak_bytes = c.peak_bytes.max(room.staged_after);
         }
         Ok((dir, source))
     }
 
-    pub(crate) fn stage_locked(
+    /// [`BlastPlugin::stage`] under the fragment's staging lock; also returns what
+    /// making room for it did, if it was copied in.
+    fn stage_locked(
         &self,
         ctx: &Context<'_>,
         spec: &JobSpec,
@@ -189,9 +200,11 @@ impl BlastPlugin {
         files: &BTreeMap<String, String>,
         dir: PathBuf,
         object: &str,
-    ) -> Result<(PathBuf, StageSource), PluginError> {
+    ) -> Result<(PathBuf, StageSource, Option<scratch::Room>), PluginError> {
         if dir.is_dir() {
-            return Ok((dir, StageSource::Staged));
+            // Handed out again: the most recently used (see `scratch`).
+            scratch::touch(&dir);
+            return Ok((dir, StageSource::Staged, None));
         }
         let was_here = ctx.services.global_state()?.iter().any(|s| s.node == ctx.node && s.holds.iter().any(|h| h == object));
         let fetch = || match ctx.services.cache_get(object) {
@@ -225,10 +238,43 @@ impl BlastPlugin {
         };
         let contents: Vec<(String, Vec<u8>)> =
             postcard::from_bytes(&bundle).map_err(|e| failed(format!("fragment {name}: damaged cache object: {e}")))?;
+        // Room under the budget first (without one, only the bytes staged are counted).
+        let need: u64 = contents.iter().map(|(_, d)| d.len() as u64).sum();
+        let budget = spec.scratch_bytes.unwrap_or(u64::MAX);
+        let mut tries = 0;
+        let room = loop {
+            let mut reserved = self.scratch_reserved.lock();
+            let staging = self.staging.lock();
+            let busy = |o: &str| staging.get(o).is_some_and(|l| l.is_locked());
+            let room = scratch::make_room(ctx.scratch, object, need, *reserved, budget, busy);
+            // Other stagings finish in milliseconds; a copy being searched can take long.
+            tries += 1;
+            if room.fits(budget) || !room.others_in_the_way || tries == 100 {
+                *reserved += need;
+                break room;
+            }
+            drop((staging, reserved));
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let written = self.write_staged(name, files, &contents, &dir, source);
+        *self.scratch_reserved.lock() -= need;
+        written.map(|()| (dir, source, Some(room)))
+    }
+
+    /// Writes a fragment's verified files into `dir` (through a `.partial` directory,
+    /// renamed into place when complete).
+    fn write_staged(
+        &self,
+        name: &str,
+        files: &BTreeMap<String, String>,
+        contents: &[(String, Vec<u8>)],
+        dir: &Path,
+        source: StageSource,
+    ) -> Result<(), PluginError> {
         let tmp = dir.with_extension("partial");
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(|e| failed(format!("{}: {e}", tmp.display())))?;
-        for (f, data) in &contents {
+        for (f, data) in contents {
             let want = files.get(f).ok_or_else(|| failed(format!("fragment {name}: unexpected file {f}")))?;
             let got = sha256_hex(data);
             if &got != want {
@@ -241,8 +287,8 @@ impl BlastPlugin {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(failed(format!("fragment {name}: {} of {} files", contents.len(), files.len())));
         }
-        std::fs::rename(&tmp, &dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
-        Ok((dir, source))
+        std::fs::rename(&tmp, dir).map_err(|e| failed(format!("{}: {e}", dir.display())))?;
+        Ok(())
     }
 
     /// Data streaming: asks the load balancer which fragment this node's workers will be
@@ -318,7 +364,7 @@ impl BlastPlugin {
         held
     }
 
-    pub(crate) fn stage_counts(&self, job: &Path) -> [u32; 4] {
+    pub(crate) fn stage_counts(&self, job: &Path) -> StagingStats {
         self.stage_counts.lock().get(job).copied().unwrap_or_default()
     }
 
@@ -702,6 +748,7 @@ mod tests {
             compress: true,
             assign: MergeAssign::Dynamic,
             hot_swap: true,
+            scratch_bytes: None,
             fragment_files: Vec::new(),
             parts: vec![PathBuf::from("/nonexistent/part0")],
             recording: None,
@@ -720,7 +767,7 @@ mod tests {
             let s = plugin.spec(job).unwrap();
             plugin.batches.lock().insert((job.clone(), 0), BatchState::default());
             plugin.written.lock().insert((job.clone(), 0));
-            plugin.stage_counts.lock().insert(job.clone(), [1, 0, 0, 0]);
+            plugin.stage_counts.lock().insert(job.clone(), StagingStats { by_source: [1, 0, 0, 0], ..Default::default() });
             plugin.prefetching.lock().insert((job.clone(), 1));
             plugin.mergers.lock().insert(merger_key(&s, 0), 1);
         }

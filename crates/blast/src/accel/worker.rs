@@ -22,9 +22,9 @@ use super::*;
 /// (the master failed or was stopped).
 pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result<(), SearchError> {
     let mut inflight: Vec<u64> = Vec::new();
-    // Fragments this worker had staged, by (job, fragment): a staged copy stays for the
-    // agent's lifetime, so only the first use asks the agent (whose job thread for this
-    // worker may be busy merging the batch the previous result completed).
+    // Fragments this worker had staged, by (job, fragment): only the first use asks the
+    // agent (whose job thread for this worker may be busy merging the batch the
+    // previous result completed), unless the copy was removed to make room since.
     let mut staged_dirs: HashMap<(PathBuf, usize), PathBuf> = HashMap::new();
     // Specs of the jobs this worker has taken tasks of, at most `SPECS_KEPT` (a worker
     // serves one job after another for as long as its agent runs).
@@ -89,26 +89,15 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         // else is merged from archives, the only output with full-precision e-values.
         let outfmt = if matches!(payload, TaskPayload::Batch { .. }) { spec.outfmt.as_str() } else { "11" };
         let mut work = WorkStats { worker: std::process::id(), taken_unix: crate::trace::unix_now(), ..Default::default() };
-        // Hot-swap: the fragment comes from node-local scratch, staged by the agent.
+        // Hot-swap: the fragment comes from node-local scratch, staged by the agent, and
+        // is held there until BLAST+ is done with it (`_held`).
+        let mut _held = None;
         let blastdb = match &payload {
             TaskPayload::Fragment { fragment, .. } if spec.hot_swap => {
-                match staged_dirs.get(&(job.clone(), *fragment)).filter(|d| d.is_dir()) {
-                    Some(d) => Ok(d.clone()),
-                    None => {
-                        let started = Instant::now();
-                        let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.clone(), fragment: *fragment }).unwrap();
-                        let staged = client
-                            .plugin("blast", &req)
-                            .map_err(|e| e.to_string())
-                            .and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
-                        work.input_seconds = started.elapsed().as_secs_f64();
-                        staged.map(|s| {
-                            work.staged[s.source as usize] += 1;
-                            staged_dirs.insert((job.clone(), *fragment), s.dir.clone());
-                            s.dir
-                        })
-                    }
-                }
+                staged_and_held(client, &job, *fragment, &mut staged_dirs, &mut work).map(|(dir, held)| {
+                    _held = Some(held);
+                    dir
+                })
             }
             _ => Ok(PathBuf::from(&spec.blastdb)),
         }
@@ -190,4 +179,48 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
     }
     Ok(())
+}
+
+/// The staged directory of `fragment` of `job` and a hold on it (`scratch::hold`; no
+/// agent removes the directory until the file is dropped): the copy this worker was
+/// given before if it is still there, else one the agent stages now.
+fn staged_and_held(
+    client: &gepsea_client::Client,
+    job: &std::path::Path,
+    fragment: usize,
+    staged_dirs: &mut HashMap<(PathBuf, usize), PathBuf>,
+    work: &mut WorkStats,
+) -> Result<(PathBuf, std::fs::File), String> {
+    // Each miss means another staging removed the copy between its staging and this
+    // hold: only a budget far too small for the workers of a node repeats that.
+    const TRIES: usize = 8;
+    let key = (job.to_path_buf(), fragment);
+    for _ in 0..TRIES {
+        let dir = match staged_dirs.get(&key) {
+            Some(d) => d.clone(),
+            None => {
+                let started = Instant::now();
+                let req = postcard::to_stdvec(&BlastRequest::Stage { job: job.to_path_buf(), fragment }).unwrap();
+                let staged = client
+                    .plugin("blast", &req)
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| postcard::from_bytes::<Staged>(&r).map_err(|e| format!("bad stage reply: {e}")));
+                work.input_seconds += started.elapsed().as_secs_f64();
+                let s = staged?;
+                work.staged[s.source as usize] += 1;
+                staged_dirs.insert(key.clone(), s.dir.clone());
+                s.dir
+            }
+        };
+        match scratch::hold(&dir) {
+            Ok(Some(held)) => return Ok((dir, held)),
+            Ok(None) => {
+                staged_dirs.remove(&key);
+            }
+            Err(e) => return Err(format!("holding the staged fragment {}: {e}", dir.display())),
+        }
+    }
+    Err(format!(
+        "fragment {fragment} was removed from this node's scratch {TRIES} times before it could be searched: raise --scratch-bytes"
+    ))
 }

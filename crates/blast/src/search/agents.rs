@@ -69,6 +69,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
         assign: opts.assign,
         // A virtual fragment has no files to stage: it is a view of the database itself.
         hot_swap: opts.hot_swap && a.manifest.has_fragment_files(),
+        scratch_bytes: opts.scratch_bytes,
         recording: a.recording.clone(),
         ship: opts.ship_parts.clone(),
         parts: a.parts.clone(),

@@ -78,6 +78,10 @@ pub struct SearchOptions {
     pub assign: crate::accel::MergeAssign,
     /// Agent mode: stage fragments in node-local scratch through the agents (hot-swap).
     pub hot_swap: bool,
+    /// Hot-swap: bytes of staged fragments each node keeps in its scratch (least
+    /// recently used ones not being searched are removed to stay under it); `None`:
+    /// no limit.
+    pub scratch_bytes: Option<u64>,
     /// Agent mode: pin each node's agent to this core (a spare one, the paper's set-up;
     /// the workers are left wherever the launcher put them).
     pub agent_cpu: Option<usize>,
