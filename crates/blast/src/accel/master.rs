@@ -20,8 +20,8 @@ use super::*;
 /// With `agents_see_out` (`tmp_out` is where every agent can write it), each merger
 /// agent writes its batches' pieces at their final offsets while the search goes on,
 /// as soon as the lengths of the pieces before them are known (see `Placement`); the
-/// master writes only what they could not (parts an earlier run finished, parts BLAST+
-/// wrote itself, pieces whose agent died) from the part files.
+/// master writes only what they could not (parts an earlier run finished, pieces whose
+/// agent died or could not make them) from the part files.
 #[allow(clippy::too_many_arguments)]
 pub fn master(
     client: &gepsea_client::Client,

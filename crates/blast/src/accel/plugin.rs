@@ -17,7 +17,7 @@ use crate::archive;
 use crate::plan::*;
 
 use super::hits::{BatchMerge, FragmentHits, Settled};
-use super::writer::{place_piece, publish_part, spawn_writers, WriteJob};
+use super::writer::{make_piece, place_piece, publish_part, spawn_writers, WriteJob};
 use super::*;
 
 /// A result as it reaches its batch's merger.
@@ -569,6 +569,11 @@ impl BlastPlugin {
         let result = crate::parts::count_hits_in(file, &spec.outfmt)
             .and_then(|hits| std::fs::rename(file, part).map(|_| hits))
             .map_err(|e| format!("{}: {e}", part.display()));
+        // The batch's piece, from the part just written (still in the page cache), for
+        // the master to have placed in the output while the search goes on, as merged
+        // batches are (`master::Placement`).
+        let piece = piece_path(ctx.scratch, &spec.id, *batch);
+        let piece_bytes = result.as_ref().ok().and_then(|_| make_piece(&spec, *batch, part, &piece));
         let done = PartDone {
             batch: *batch,
             queries: end - start,
@@ -593,8 +598,7 @@ impl BlastPlugin {
             merge_seconds: 0.0,
             write_seconds: 0.0,
             part_bytes: bytes,
-            // BLAST+ wrote the part on shared storage: the master writes its share.
-            piece_bytes: None,
+            piece_bytes,
             written_unix: crate::trace::unix_now(),
             shipped: None,
         };

@@ -120,7 +120,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
 /// Makes batch `batch`'s piece from its formatted report `local` into `piece`; its
 /// length, or `None` (with a warning) if it cannot be made, and the master then writes
 /// the batch's share of the output from the part file itself.
-fn make_piece(spec: &JobSpec, batch: usize, local: &Path, piece: &Path) -> Option<u64> {
+pub(crate) fn make_piece(spec: &JobSpec, batch: usize, local: &Path, piece: &Path) -> Option<u64> {
     let made = std::fs::File::create(piece)
         .map_err(|e| format!("{}: {e}", piece.display()))
         .and_then(|w| super::piece_from_part(spec, batch, local, std::io::BufWriter::with_capacity(1 << 20, w)));
