@@ -9,7 +9,7 @@
 //! `single / 2 / threaded` is the best ratio any exact split can reach on this machine,
 //! printed beside the measured one.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -46,6 +46,12 @@ pub struct SearchBenchArgs {
     /// Skip the single-threaded blastp run that bounds the best ratio a split can reach.
     #[arg(long)]
     pub no_single: bool,
+    /// Also measure a split by fragments whose staged copies live under a scratch budget
+    /// (`gepsea search --scratch-bytes`) of this many of the largest fragment (agent
+    /// mode; 0: not measured). With fewer than `--fragments`, fragments are evicted and
+    /// staged again.
+    #[arg(long, default_value_t = 0)]
+    pub scratch_fragments: u64,
     /// Write results as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -144,6 +150,17 @@ pub(crate) fn prepare(
     Ok(Prepared { ref_dir, gdb, queries: qpath })
 }
 
+/// The bytes a search stages for the largest fragment of the database `gdb` (the
+/// manifest's files, without the FASTA they were made from).
+fn largest_fragment(gdb: &Path) -> Result<u64> {
+    let m = db::open(gdb)?;
+    let size = |f: &gepsea_blast::db::Fragment| -> Result<u64> {
+        let files = f.files.keys().filter(|n| !n.ends_with(".fasta"));
+        files.map(|n| Ok(std::fs::metadata(gdb.join(n)).with_context(|| format!("{}", gdb.join(n).display()))?.len())).sum()
+    };
+    m.fragments.iter().map(size).try_fold(0, |a, s| Ok(a.max(s?)))
+}
+
 pub fn run(a: &SearchBenchArgs) -> Result<()> {
     let dir = std::env::temp_dir().join(format!("gepsea-bench-search-{}", std::process::id()));
     struct Rm(PathBuf);
@@ -163,18 +180,23 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         a.workers,
         a.outfmt
     );
-    // (label, split) of each gepsea configuration measured in every round.
-    let mut configs: Vec<(&str, Option<search::SplitBy>)> =
-        vec![(if a.no_agent { "no agent, by fragments" } else { "default split" }, None)];
+    // (label, split, scratch budget) of each gepsea configuration measured in every round.
+    let mut configs: Vec<(String, Option<search::SplitBy>, Option<u64>)> =
+        vec![((if a.no_agent { "no agent, by fragments" } else { "default split" }).to_string(), None, None)];
     if !a.no_agent && !a.no_fragment_split {
-        configs.push(("split by fragments", Some(search::SplitBy::Fragments)));
+        configs.push(("split by fragments".into(), Some(search::SplitBy::Fragments), None));
+    }
+    if !a.no_agent && a.scratch_fragments > 0 {
+        let budget = a.scratch_fragments * largest_fragment(&gdb)?;
+        let label = format!("split by fragments, scratch for {} fragments ({budget} bytes)", a.scratch_fragments);
+        configs.push((label, Some(search::SplitBy::Fragments), Some(budget)));
     }
     let mut runs: Vec<Runs> = configs.iter().map(|_| Runs::default()).collect();
     let (mut ts, mut t1, mut perfect) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..a.rounds {
         let mut line = format!("round {}:", round + 1);
         let mut measured = Vec::new();
-        for (label, split) in &configs {
+        for (label, split, scratch_bytes) in &configs {
             let out_g = dir.join("gepsea.out");
             let opts = search::SearchOptions {
                 db: gdb.clone(),
@@ -196,7 +218,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
                 compress: true,
                 assign: Default::default(),
                 hot_swap: true,
-                scratch_bytes: None,
+                scratch_bytes: *scratch_bytes,
                 agent_cpu: None,
                 deliver: None,
                 ship_parts: None,
@@ -241,7 +263,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
     }
     let ms = median(&ts);
     println!("blastp -num_threads 2 (whole database): median {ms:.2} s");
-    for ((label, _), r) in configs.iter().zip(&runs) {
+    for ((label, _, _), r) in configs.iter().zip(&runs) {
         println!(
             "gepsea search (W={}, {} fragments, {label}): median {:.2} s, ratio {:.3}, worker time inside BLAST+ {:.1} %",
             a.workers,
@@ -266,7 +288,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
         let per_config: Vec<_> = configs
             .iter()
             .zip(&runs)
-            .map(|((label, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside}))
+            .map(|((label, _, _), r)| json!({"config": label, "gepsea_s": r.wall, "ratios": r.ratio, "inside_blast": r.inside}))
             .collect();
         let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": perfect, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
