@@ -136,8 +136,11 @@ fn remove_unless_held(dir: &Path) -> io::Result<bool> {
     }
     // Out of the way first, under the lock: a worker that opened `dir` before sees the
     // path gone once its lock is granted (see `hold`).
+    // Unique, so that what a crash left half removed never blocks the next eviction.
+    static EVICTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = EVICTIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
-    let away = dir.with_file_name(format!(".evicting-{name}-{}", std::process::id()));
+    let away = dir.with_file_name(format!(".evicting-{name}-{}-{n}", std::process::id()));
     std::fs::rename(dir, &away)?;
     std::fs::remove_dir_all(&away)?;
     Ok(true)
