@@ -150,13 +150,12 @@ pub(crate) fn prepare(
     Ok(Prepared { ref_dir, gdb, queries: qpath })
 }
 
-/// The bytes a search stages for the largest fragment of the database `gdb` (the
-/// manifest's files, without the FASTA they were made from).
+/// The bytes a search stages for the largest fragment of the database `gdb`.
 fn largest_fragment(gdb: &Path) -> Result<u64> {
     let m = db::open(gdb)?;
     let size = |f: &gepsea_blast::db::Fragment| -> Result<u64> {
-        let files = f.files.keys().filter(|n| !n.ends_with(".fasta"));
-        files.map(|n| Ok(std::fs::metadata(gdb.join(n)).with_context(|| format!("{}", gdb.join(n).display()))?.len())).sum()
+        let files = f.searched_files().map(|(n, _)| gdb.join(n));
+        files.map(|p| Ok(std::fs::metadata(&p).with_context(|| format!("{}", p.display()))?.len())).sum()
     };
     m.fragments.iter().map(size).try_fold(0, |a, s| Ok(a.max(s?)))
 }

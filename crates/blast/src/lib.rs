@@ -18,5 +18,7 @@ pub mod report;
 pub mod schedule;
 pub mod search;
 pub mod ship;
+#[cfg(test)]
+mod test_dir;
 pub mod tools;
 pub mod trace;

@@ -320,23 +320,7 @@ pub fn run_search(
 mod tests {
     use super::*;
 
-    /// A directory of its own, removed also when the test fails.
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new(tag: &str) -> TempDir {
-            let d = std::env::temp_dir().join(format!("gepsea-replay-test-{tag}-{}", std::process::id()));
-            std::fs::create_dir_all(&d).unwrap();
-            TempDir(d)
-        }
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::TestDir;
 
     fn recording(dir: &Path, mode: ReplayMode) -> Recording {
         Recording { mode, dir: dir.to_path_buf(), identity: "id".into() }
@@ -344,7 +328,7 @@ mod tests {
 
     #[test]
     fn the_key_ignores_paths_of_output_and_threads_but_not_the_queries() {
-        let d = TempDir::new("key");
+        let d = TestDir::new("replay-test-key");
         let (q1, q2, q3) = (d.path().join("a.fasta"), d.path().join("b.fasta"), d.path().join("c.fasta"));
         std::fs::write(&q1, ">q\nMKV\n").unwrap();
         std::fs::write(&q2, ">q\nMKV\n").unwrap();
@@ -364,7 +348,7 @@ mod tests {
 
     #[test]
     fn a_replayed_run_returns_the_recorded_bytes_after_the_recorded_time() {
-        let d = TempDir::new("run");
+        let d = TestDir::new("replay-test-run");
         std::fs::create_dir_all(d.path().join("runs")).unwrap();
         let q = d.path().join("q.fasta");
         std::fs::write(&q, ">q\nMKV\n").unwrap();

@@ -180,21 +180,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    /// A scratch directory for one test, removed also when the test fails.
-    struct Scratch(PathBuf);
-    impl Scratch {
-        fn new(tag: &str) -> Self {
-            let d = std::env::temp_dir().join(format!("gepsea-scratch-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).unwrap();
-            Scratch(d)
-        }
-    }
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::TestDir;
 
     /// A staged fragment `object` of `bytes` bytes, last used `age` seconds ago.
     fn stage(scratch: &Path, object: &str, bytes: usize, age: u64) -> PathBuf {
@@ -213,8 +199,8 @@ mod tests {
 
     #[test]
     fn least_recently_used_go_first_and_held_or_busy_ones_stay() {
-        let t = Scratch::new("lru");
-        let s = &t.0;
+        let t = TestDir::new("scratch-lru");
+        let s = t.path();
         let a = stage(s, "blast-fragment/aa/db.00", 100, 40);
         let _b = stage(s, "blast-fragment/bb/db.01", 100, 30);
         let _c = stage(s, "blast-fragment/cc/db.02", 100, 20);
@@ -247,8 +233,8 @@ mod tests {
 
     #[test]
     fn a_hold_on_a_removed_or_replaced_directory_says_so() {
-        let t = Scratch::new("hold");
-        let s = &t.0;
+        let t = TestDir::new("scratch-hold");
+        let s = t.path();
         let a = stage(s, "blast-fragment/aa/db.00", 10, 0);
         // Opened before it is removed and staged again: not what the path names now.
         let opened = File::open(&a).unwrap();

@@ -56,6 +56,15 @@ pub struct Fragment {
     pub sizes: BTreeMap<String, u64>,
 }
 
+impl Fragment {
+    /// The files a search of the fragment reads, with their SHA-256: its BLAST files
+    /// and its statistics alias, never the FASTA it was made from (what hot-swap
+    /// stages).
+    pub fn searched_files(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.files.iter().filter(|(n, _)| !n.ends_with(".fasta"))
+    }
+}
+
 /// An existing BLAST database a manifest describes (see [`external`]).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct External {

@@ -73,14 +73,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
         recording: a.recording.clone(),
         ship: opts.ship_parts.clone(),
         parts: a.parts.clone(),
-        // Searching a fragment reads its BLAST files and its statistics alias, never
-        // the FASTA it was made from.
-        fragment_files: a
-            .manifest
-            .fragments
-            .iter()
-            .map(|f| f.files.iter().filter(|(n, _)| !n.ends_with(".fasta")).map(|(n, h)| (n.clone(), h.clone())).collect())
-            .collect(),
+        fragment_files: a.manifest.fragments.iter().map(|f| f.searched_files().map(|(n, h)| (n.clone(), h.clone())).collect()).collect(),
     };
     std::fs::write(job.join("job.json"), serde_json::to_string_pretty(&spec).unwrap()).map_err(|e| SearchError::Io(e.to_string()))?;
     // The agents write the parts into the work directory, so they can write the output
