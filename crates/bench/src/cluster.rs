@@ -148,6 +148,12 @@ pub(crate) struct Row {
     /// reports it plays replays only) and for runs saved before it was kept.
     #[serde(default)]
     pub idle_agent_cores: f64,
+    /// CPU seconds the whole machine was busy during the search (all cores, every
+    /// process: agents, BLAST+ formatting runs, the master, `sshd`/`sshfs` of the storage
+    /// link, the kernel). Over the cores it is the shortest the run could have been on
+    /// this machine. Zero for runs saved before it was kept.
+    #[serde(default)]
+    pub machine_busy_seconds: f64,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: usize,
@@ -310,16 +316,37 @@ fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -
 /// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
 /// last sample of each agent is its total (agents live only as long as the job): CPU
 /// seconds with the children it has waited for (its BLAST+ runs), and its own.
-fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<BTreeMap<u32, (f64, f64)>> {
+/// What [`sample_agents`] saw during one run.
+#[derive(Default)]
+struct Sampled {
+    /// Per agent process: CPU seconds with the children it waited for, and its own.
+    agents: BTreeMap<u32, (f64, f64)>,
+    /// `(unix time, machine busy CPU seconds)`, every sampling round, the last one
+    /// after the run ended ([`crate::procstat::busy_between`] reads the search's window).
+    machine: Vec<(f64, f64)>,
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Sampled> {
     std::thread::spawn(move || {
         let mut last = BTreeMap::new();
+        let mut machine = Vec::new();
         let needle = format!("agent\0--namespace\0{ns}");
         // The sampler shares the 2 cores with the run it measures (reading every command
         // line every 100 ms cost 4 % of them), so processes that are not gepsea (BLAST+,
         // ssh, MPI daemons) are looked at once. gepsea ones are looked at every time: a
         // process forked by an agent carries the agent's command line until it execs.
         let mut not_gepsea: std::collections::HashSet<u32> = std::collections::HashSet::new();
-        while !stop.load(Ordering::Relaxed) {
+        loop {
+            if let Some(busy) = crate::procstat::machine_busy_seconds() {
+                machine.push((unix_now(), busy));
+            }
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
             for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
                 if not_gepsea.contains(&pid) {
@@ -337,7 +364,7 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<B
             }
             std::thread::sleep(Duration::from_millis(250));
         }
-        last
+        Sampled { agents: last, machine }
     })
 }
 
@@ -571,8 +598,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let o = c.output()?;
             stop.store(true, Ordering::Relaxed);
             let sampled = sampler.join().unwrap_or_default();
-            let agent_cpu = sampled.values().fold(0.0, |sum, c| sum + c.0);
-            let agent_own_cpu = sampled.values().fold(0.0, |sum, c| sum + c.1);
+            let agent_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.0);
+            let agent_own_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.1);
             if !o.status.success() {
                 bail!(
                     "{nodes} nodes, {variant}: mpirun failed: {}{}",
@@ -589,11 +616,15 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let active = s["blast_seconds"].as_f64().unwrap_or(0.0) / s["worker_active_seconds"].as_f64().unwrap_or(1.0).max(1e-9);
             let base_wall = *base.get_or_insert(wall);
             let agents = if flags.contains(&"--no-agent") { 0 } else { nodes };
+            let trace: RunTrace = serde_json::from_value(s["trace"].clone()).context("the summary's trace")?;
+            let machine_busy_seconds =
+                crate::procstat::busy_between(&sampled.machine, trace.finished_unix - wall, trace.finished_unix).unwrap_or(0.0);
             let row = Row {
                 nodes,
                 variant: variant.to_string(),
                 variant_index,
-                trace: serde_json::from_value(s["trace"].clone()).context("the summary's trace")?,
+                trace,
+                machine_busy_seconds,
                 wall_seconds: wall,
                 speedup: base_wall / wall,
                 search_fraction: frac,
@@ -624,17 +655,19 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     }
     println!("\nserial blastp (reference): {serial:.2} s\n");
     // The emulated nodes share this machine's cores, so the agents' work (their own and
-    // their BLAST+ formatting runs) cannot end sooner than its CPU over the cores: the
-    // bound this machine puts on a run, printed beside it.
+    // their BLAST+ formatting runs) cannot end sooner than its CPU over the cores, and no
+    // run sooner than all the CPU the machine spent on it: the bounds this machine puts
+    // on a run, printed beside it.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     println!(
-        "| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | in BLAST+, active | agent CPU | agents' own CPU-s | agents' CPU over {cores} cores, s | MB across nodes (raw) |"
+        "| nodes | variant | wall s | vs serial | speed-up | in BLAST+ | in BLAST+, active | agent CPU | agents' own CPU-s | agents' CPU over {cores} cores, s | machine busy over {cores} cores, s | MB across nodes (raw) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let floor = r.agent_cpu_percent / 100.0 * r.nodes as f64 * r.wall_seconds / cores as f64;
+        let dash = |x: f64| if x > 0.0 { format!("{x:.1}") } else { "–".into() };
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.1} | {} | {:.2} ({:.2}) |",
+            "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.1} | {} | {} | {:.2} ({:.2}) |",
             r.nodes,
             r.variant,
             r.wall_seconds,
@@ -644,10 +677,14 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             100.0 * r.active_search_fraction,
             r.agent_cpu_percent,
             r.agent_own_cpu_seconds,
-            if floor > 0.0 { format!("{floor:.1}") } else { "–".into() },
+            dash(floor),
+            dash(r.machine_busy_seconds / cores as f64),
             r.bytes_wire as f64 / 1e6,
             r.bytes_raw as f64 / 1e6
         );
+    }
+    for line in machine_bounds(&rows, cores) {
+        println!("{line}");
     }
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
     std::fs::create_dir_all(&out_dir)?;
@@ -681,6 +718,28 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     }
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())
+}
+
+/// For each node count with both architectures measured: the most the agents could have
+/// gained over mpiBLAST on this machine, mpiBLAST's wall time over the agents run's busy
+/// CPU spread perfectly over the cores (a run cannot end before its CPU is spent).
+fn machine_bounds(rows: &[Row], cores: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.variant_index != 0 && r.machine_busy_seconds > 0.0) {
+        let Some(base) = rows.iter().find(|b| b.nodes == r.nodes && b.variant_index == 0) else { continue };
+        let floor = r.machine_busy_seconds / cores as f64;
+        out.push(format!(
+            "{} node(s), {}: this machine was busy {:.1} CPU-s during the run, {:.1} s over its {cores} cores: against mpiBLAST's {:.2} s at most {:.2}× was possible here (measured {:.2}×)",
+            r.nodes,
+            r.variant,
+            r.machine_busy_seconds,
+            floor,
+            base.wall_seconds,
+            base.wall_seconds / floor,
+            base.wall_seconds / r.wall_seconds
+        ));
+    }
+    out
 }
 
 /// Records the workload's search in `wd/recording`: a real local run (2 workers, the
@@ -735,4 +794,24 @@ fn series(rows: &[Row], y: impl Fn(&Row) -> f64) -> Vec<(String, Vec<(f64, f64)>
         // Only the variants that ran (a legend entry without a line says nothing).
         .filter(|(_, points)| !points.is_empty())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster_model::tests::row;
+
+    #[test]
+    fn the_machine_bound_is_mpiblast_s_wall_over_the_agents_busy_cpu_per_core() {
+        let mpiblast = Row { variant_index: 0, variant: "no agent (mpiBLAST)".into(), ..row(36, 60.0, 0.0, 0) };
+        let agents = Row { machine_busy_seconds: 80.0, ..row(36, 45.0, 20.0, 0) };
+        // Not measured (a run saved before it was kept), or no mpiBLAST run beside it.
+        let unmeasured = Row { machine_busy_seconds: 0.0, ..row(8, 45.0, 20.0, 0) };
+        let alone = Row { machine_busy_seconds: 10.0, ..row(4, 45.0, 20.0, 0) };
+        let lines = machine_bounds(&[mpiblast, agents, unmeasured, alone], 2);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        // 80 CPU-s over 2 cores: 40 s at least; 60 s / 40 s = 1.5x possible, 60 / 45 measured.
+        assert!(lines[0].contains("busy 80.0 CPU-s during the run, 40.0 s over its 2 cores"), "{}", lines[0]);
+        assert!(lines[0].contains("at most 1.50× was possible here (measured 1.33×)"), "{}", lines[0]);
+    }
 }

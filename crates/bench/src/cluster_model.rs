@@ -340,10 +340,10 @@ fn add_point(series: &mut Vec<(String, Vec<(f64, f64)>)>, name: &str, point: (f6
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn row(nodes: usize, wall: f64, own: f64, bytes_raw: u64) -> Row {
+    pub(crate) fn row(nodes: usize, wall: f64, own: f64, bytes_raw: u64) -> Row {
         Row {
             nodes,
             variant: "agents, dynamic".into(),
@@ -355,6 +355,7 @@ mod tests {
             agent_cpu_percent: 0.0,
             agent_own_cpu_seconds: own,
             idle_agent_cores: 0.0,
+            machine_busy_seconds: 0.0,
             bytes_wire: 0,
             bytes_raw,
             mergers: 1,

@@ -76,6 +76,10 @@ pub struct RunTrace {
     /// Joining the parts into the output, at the end.
     #[serde(default)]
     pub assembly_seconds: f64,
+    /// When the output was complete, the end of `wall_seconds` (seconds since the Unix
+    /// epoch): with it a benchmark finds the search's window in its own samples.
+    #[serde(default)]
+    pub finished_unix: f64,
 }
 
 #[cfg(test)]

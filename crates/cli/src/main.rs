@@ -151,26 +151,26 @@ struct SearchArgs {
     #[arg(long)]
     no_agent: bool,
     /// Do not compress results before they cross nodes (agent mode).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_agent")]
     no_compress: bool,
     /// Search fragments in place in the database directory instead of having the agents
     /// stage (prefetch, cache and hand over) them in node-local scratch (agent mode).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_agent")]
     no_hot_swap: bool,
     /// Bytes of staged database fragments each node keeps in its local scratch (agent
     /// mode): staging one more first removes the least recently used ones that no
     /// worker is searching. Fragments being searched are always kept, so use at least
     /// (workers per node + 1) × the largest fragment. Default: no limit.
-    #[arg(long, value_name = "BYTES", conflicts_with = "no_hot_swap", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "BYTES", conflicts_with_all = ["no_hot_swap", "no_agent"], value_parser = clap::value_parser!(u64).range(1..))]
     scratch_bytes: Option<u64>,
     /// Pin each node's agent to this core, e.g. a core left free of workers (agent
     /// mode; the GePSeA paper's "accelerator on a spare core").
-    #[arg(long, value_name = "CORE")]
+    #[arg(long, value_name = "CORE", conflicts_with = "no_agent")]
     agent_cpu: Option<usize>,
     /// Who merges and writes each batch (agent mode): dynamic (placed by the load
     /// balancer on the agent with the fewest batches in hand), static (round robin) or
     /// single (one agent).
-    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"])]
+    #[arg(long, default_value = "dynamic", value_parser = ["dynamic", "static", "single"], conflicts_with = "no_agent")]
     merge_assign: String,
     /// Cluster mode (under mpirun/srun): a directory every node shares, where the
     /// processes and agents of the job meet [default: .OUT.gepsea-rendezvous next to

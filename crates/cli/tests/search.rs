@@ -571,6 +571,21 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     // The no-agent baseline is mpiBLAST's fragment search only.
     let e = fails(&["search", "--quiet", "--no-agent", "--split", "queries", "--db", &db3, "--query", &q, "--out", &s(&out)], Some(&out));
     assert!(e.contains("--split queries needs the agents"), "{e}");
+    // Agent-mode options are refused without agents, not silently ignored.
+    for agent_only in [
+        &["--scratch-bytes", "100000000"][..],
+        &["--no-compress"],
+        &["--no-hot-swap"],
+        &["--agent-cpu", "0"],
+        &["--merge-assign", "static"],
+    ] {
+        let mut args = vec!["search", "--quiet", "--no-agent", "--db", &db3, "--query", &q];
+        let o = s(&out);
+        args.extend(["--out", &o]);
+        args.extend(agent_only);
+        let e = fails(&args, Some(&out));
+        assert!(e.contains(agent_only[0]) && e.contains("--no-agent") && e.contains("cannot be used with"), "{agent_only:?}: {e}");
+    }
     // db format: more fragments than sequences; non-empty directory.
     std::fs::write(p("two.fa"), ">a\nMKV\n>b\nMKL\n").unwrap();
     let e = fails(&["db", "format", "--input", &s(&p("two.fa")), "--fragments", "3", "--out", &s(&p("two"))], None);

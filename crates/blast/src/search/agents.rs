@@ -131,6 +131,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
     progress.finish();
     std::fs::rename(&a.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     let wall = a.started.elapsed().as_secs_f64();
+    stats.trace.finished_unix = crate::trace::unix_now();
     let delivery = match &stats.shipped {
         Some(sh) => Some(serde_json::to_value(sh).map_err(|e| SearchError::Io(e.to_string()))?),
         None => deliver(opts, cluster_client.or(own_client.as_ref()))?,

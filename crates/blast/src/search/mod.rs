@@ -680,6 +680,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
     done_work(&parts);
     let wall = started.elapsed().as_secs_f64();
+    trace.finished_unix = crate::trace::unix_now();
     let delivery = deliver(opts, None)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     for c in cleanup.children.iter_mut() {
