@@ -458,6 +458,15 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             eprintln!("bench cluster: reusing the workload and recording in {}", wd.display());
             (p["serial_seconds"].as_f64().unwrap_or(0.0), p["batch_residues"].as_u64().unwrap_or(1).to_string())
         }
+        Some(p) if keep.is_some() && p["params"] == params => {
+            // The workload is prepared but its recording is gone (removed after a change
+            // to the tasks a search runs, such as how fallbacks are cut): record again,
+            // against the same database and serial reference.
+            eprintln!("bench cluster: reusing the workload in {}; recording its search again", wd.display());
+            let batch_residues = p["batch_residues"].as_u64().unwrap_or(1).to_string();
+            record(&gepsea, &wd, &a.outfmt, &batch_residues, &blast_opts)?;
+            (p["serial_seconds"].as_f64().unwrap_or(0.0), batch_residues)
+        }
         Some(p) if keep.is_some() && p["params"] != params => {
             bail!("{} holds a recording of another workload ({}); use another directory for this one", wd.display(), p["params"])
         }

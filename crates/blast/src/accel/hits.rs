@@ -125,6 +125,8 @@ pub struct BatchMerge {
     /// Per query: hits over every fragment, and the most from one fragment.
     total: Vec<u64>,
     largest: Vec<usize>,
+    /// Per query: already reported by [`BatchMerge::new_overflows`].
+    overflowing: Vec<bool>,
     best: Vec<Vec<Vec<String>>>,
     k: usize,
 }
@@ -136,6 +138,7 @@ impl BatchMerge {
             arrived: vec![false; fragments],
             total: vec![0; queries],
             largest: vec![0; queries],
+            overflowing: vec![false; queries],
             best: vec![Vec::new(); queries],
             k,
         }
@@ -193,6 +196,24 @@ impl BatchMerge {
                 best.push(r.hsps);
             }
         }
+    }
+
+    /// The queries (local indices, ascending) that overflow by the counts in so far and
+    /// were not reported before. The guard's counts only grow as fragments arrive, so a
+    /// query that overflows now overflows in [`BatchMerge::settle`] too: its whole-database
+    /// search can start at once instead of after the batch's last fragment (a heavy
+    /// query's search is the longest task of a job, and the last batches' would
+    /// otherwise end the job long after every other search).
+    pub fn new_overflows(&mut self, prelim: usize) -> Vec<usize> {
+        let fragments = self.arrived.len();
+        let mut out = Vec::new();
+        for q in 0..self.total.len() {
+            if !self.overflowing[q] && crate::plan::may_overflow(fragments, self.total[q], self.largest[q], prelim, self.k) {
+                self.overflowing[q] = true;
+                out.push(q);
+            }
+        }
+        out
     }
 
     /// Every fragment is in.
@@ -284,6 +305,25 @@ mod tests {
         let mut m = BatchMerge::new(1, 1, 2);
         m.add(0, frag(vec![5], vec![rec(0, (1, -5), 9, "a"), rec(0, (1, -4), 9, "b")])).unwrap();
         assert_eq!(m.settle(4), vec![Settled::Hits { hits: 2, hsps: vec!["a".into(), "b".into()] }]);
+    }
+
+    #[test]
+    fn overflows_are_reported_once_as_soon_as_the_counts_so_far_trip_the_guard() {
+        // 3 fragments, k = 2, a preliminary list of 8: 2 hits in all overflow.
+        let mut m = BatchMerge::new(3, 3, 2);
+        m.add(0, frag(vec![1, 2, 0], vec![rec(0, (1, -5), 9, "a"), rec(1, (1, -5), 9, "b"), rec(1, (1, -4), 9, "c")])).unwrap();
+        // Query 1 already has k from one fragment (and 2 in all); query 0 has 1.
+        assert_eq!(m.new_overflows(8), [1]);
+        assert_eq!(m.new_overflows(8), Vec::<usize>::new(), "reported once");
+        m.add(2, frag(vec![1, 0, 0], vec![rec(0, (1, -6), 9, "d")])).unwrap();
+        assert_eq!(m.new_overflows(8), [0]);
+        m.add(1, frag(vec![0, 0, 1], vec![rec(2, (1, -6), 9, "e")])).unwrap();
+        assert_eq!(m.new_overflows(8), Vec::<usize>::new());
+        // The settled overflows are exactly those reported along the way.
+        let s = m.settle(8);
+        assert_eq!(s[0], Settled::Overflow);
+        assert_eq!(s[1], Settled::Overflow);
+        assert_eq!(s[2], Settled::Hits { hits: 1, hsps: vec!["e".into()] });
     }
 
     #[test]

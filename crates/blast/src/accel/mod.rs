@@ -9,10 +9,11 @@
 //!   11` archive) to its node's agent — the [`BlastPlugin`] — and goes straight on to
 //!   its next task. The plug-in parses it there (see `hits`) and sends the hits to the
 //!   batch's *merger* agent (compressed with zstd when they cross nodes), which merges
-//!   them with the sort/merge component as fragments arrive, settles every query when
-//!   the batch's last fragment is in, submits any query whose serial search might have
-//!   overflowed BLAST's preliminary list as an urgent whole-database search, and then
-//!   has a writer thread write the batch's share of the report as a part file in the
+//!   them with the sort/merge component as fragments arrive, submits a query whose
+//!   serial search might have overflowed BLAST's preliminary list as an urgent
+//!   whole-database search as soon as the fragments in so far say so (the guard's
+//!   counts only grow), settles every other query when the batch's last fragment is in,
+//!   and then has a writer thread write the batch's share of the report as a part file in the
 //!   output's directory. Which agent merges a batch is decided by the load balancer
 //!   (dynamic: the agent with the fewest batches in hand; recorded on the bulletin
 //!   board), or statically (batch number modulo the agents), or one agent for all,

@@ -439,6 +439,8 @@ impl BlastPlugin {
         let nq = end - start;
         let nfrag = spec.fragments.len();
         let mut ready = None;
+        // Queries whose whole-database search starts now (see `BatchMerge::new_overflows`).
+        let mut risky = Vec::new();
         if self.written.lock().contains(&(job.clone(), batch)) {
             return Ok(());
         }
@@ -480,6 +482,9 @@ impl BlastPlugin {
                     if let Some(m) = st.merge.as_mut() {
                         let merge_started = Instant::now();
                         m.add(*fragment, hits).map_err(|e| failed(format!("batch {batch}: {e}")))?;
+                        risky = m.new_overflows(spec.prelim).into_iter().map(|local| start + local).collect();
+                        st.pending_whole.extend(risky.iter().copied());
+                        st.whole_searches += risky.len();
                         st.merge_seconds += merge_started.elapsed().as_secs_f64();
                         if m.complete() {
                             st.merged = true;
@@ -509,42 +514,39 @@ impl BlastPlugin {
                 (TaskPayload::Stop | TaskPayload::Batch { .. }, _) => {}
             }
         }
+        if !risky.is_empty() {
+            // Whole-database searches for the queries a fragment merge cannot settle,
+            // spread over the workers as separate tasks.
+            let queries = crate::fasta::read(&batch_file(&job, batch)).map_err(failed)?;
+            for chunk in crate::plan::fallback_chunks(&risky) {
+                let mut buf = Vec::new();
+                for &g in chunk {
+                    queries[g - start].write_to(&mut buf);
+                }
+                std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
+                let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 })
+                    .map_err(failed)?;
+                ctx.services.submit_urgent(&payload)?;
+            }
+        }
         if let Some(merge) = ready {
             let merge_started = Instant::now();
-            let mut risky = Vec::new();
             let mut merged: Vec<(usize, Vec<String>, usize)> = Vec::new();
             for (local, settled) in merge.settle(spec.prelim).into_iter().enumerate() {
                 match settled {
-                    Settled::Overflow => risky.push(start + local),
+                    // Its whole-database search went out when its counts tripped the
+                    // guard, at the latest with the fragment that completed the batch.
+                    Settled::Overflow => {}
                     Settled::Hits { hits, hsps } => merged.push((local, hsps, hits)),
                 }
             }
-            {
-                let mut all = self.batches.lock();
-                let st = all.get_mut(&(job.clone(), batch)).unwrap();
-                for (local, hsps, n) in merged {
-                    st.results[local] = Some(hsps);
-                    st.hits += n;
-                }
-                st.pending_whole.extend(risky.iter().copied());
-                st.whole_searches += risky.len();
-                st.merge_seconds += merge_started.elapsed().as_secs_f64();
+            let mut all = self.batches.lock();
+            let st = all.get_mut(&(job.clone(), batch)).unwrap();
+            for (local, hsps, n) in merged {
+                st.results[local] = Some(hsps);
+                st.hits += n;
             }
-            if !risky.is_empty() {
-                // Whole-database searches for the queries a fragment merge cannot settle,
-                // spread over the workers as separate tasks.
-                let queries = crate::fasta::read(&batch_file(&job, batch)).map_err(failed)?;
-                for chunk in crate::plan::fallback_chunks(&risky) {
-                    let mut buf = Vec::new();
-                    for &g in chunk {
-                        queries[g - start].write_to(&mut buf);
-                    }
-                    std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
-                    let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 })
-                        .map_err(failed)?;
-                    ctx.services.submit_urgent(&payload)?;
-                }
-            }
+            st.merge_seconds += merge_started.elapsed().as_secs_f64();
         }
         self.maybe_write(ctx, &spec, &job, batch)
     }
