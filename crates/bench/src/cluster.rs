@@ -313,9 +313,6 @@ fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -
     result
 }
 
-/// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
-/// last sample of each agent is its total (agents live only as long as the job): CPU
-/// seconds with the children it has waited for (its BLAST+ runs), and its own.
 /// What [`sample_agents`] saw during one run.
 #[derive(Default)]
 struct Sampled {
@@ -326,10 +323,10 @@ struct Sampled {
     machine: Vec<(f64, f64)>,
 }
 
-fn unix_now() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
+/// Samples the CPU time of every `gepsea agent` of namespace `ns` until stopped; the
+/// last sample of each agent is its total (agents live only as long as the job): CPU
+/// seconds with the children it has waited for (its BLAST+ runs), and its own. Each
+/// round also reads the machine's busy CPU, timed by the clock the search's trace uses.
 fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Sampled> {
     std::thread::spawn(move || {
         let mut last = BTreeMap::new();
@@ -342,7 +339,7 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<S
         let mut not_gepsea: std::collections::HashSet<u32> = std::collections::HashSet::new();
         loop {
             if let Some(busy) = crate::procstat::machine_busy_seconds() {
-                machine.push((unix_now(), busy));
+                machine.push((gepsea_blast::trace::unix_now(), busy));
             }
             if stop.load(Ordering::Relaxed) {
                 break;

@@ -16,10 +16,15 @@ pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
     let ticks = |fields: std::ops::RangeInclusive<usize>| -> f64 {
         fields.map(|i| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0)).sum()
     };
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let hz = ticks_per_second();
     // utime and stime (11, 12), then cutime and cstime (13, 14), counted from the state.
     Some((ticks(11..=12) / hz, ticks(13..=14) / hz))
+}
+
+/// The clock ticks `/proc` counts CPU time in, per second.
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
 }
 
 /// CPU seconds this machine has spent busy since boot, all cores together (user, nice,
@@ -31,9 +36,7 @@ pub fn machine_busy_seconds() -> Option<f64> {
     let ticks: Vec<f64> = cpu.split_whitespace().filter_map(|x| x.parse().ok()).collect();
     // user nice system idle iowait irq softirq steal (guest time is inside user).
     let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| ticks.get(i)).sum();
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(busy / hz)
+    Some(busy / ticks_per_second())
 }
 
 /// Busy CPU seconds between unix times `from` and `to`, from `(unix time, busy
