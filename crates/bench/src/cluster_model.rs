@@ -81,6 +81,7 @@ pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
     for b in &trace.batches {
         out[b.batch].merge_seconds += b.merge_seconds;
         out[b.batch].write_seconds += b.write_seconds;
+        out[b.batch].stats_ahead_seconds += b.stats_ahead_seconds;
     }
     out
 }
@@ -367,7 +368,13 @@ pub(crate) mod tests {
     fn the_agents_own_cores_leave_out_the_work_the_model_plays_itself() {
         // 4 agents for 100 s used 30 CPU-s on themselves; 2 s of it parsing, 3 s
         // merging and 5 s compressing 500 MB at 100 MB/s: 20 CPU-s over 400 agent-s.
-        let work = vec![BatchWork { fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)], whole: vec![], merge_seconds: 3.0, write_seconds: 9.0 }];
+        let work = vec![BatchWork {
+            fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)],
+            whole: vec![],
+            merge_seconds: 3.0,
+            write_seconds: 9.0,
+            stats_ahead_seconds: 0.0,
+        }];
         let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: true };
         let cal = row(4, 100.0, 30.0, 500_000_000);
         assert!((agent_own_cores(&cal, &work, dynamic, 1e8) - 0.05).abs() < 1e-12);

@@ -48,6 +48,9 @@ pub struct BatchWork {
     pub whole: Vec<(f64, u64)>,
     pub merge_seconds: f64,
     pub write_seconds: f64,
+    /// The statistics runs of the batch's report when the master ran them ahead of its
+    /// results (agents; `write_seconds` then holds none of them), else 0.
+    pub stats_ahead_seconds: f64,
 }
 
 /// Who merges a batch in agent mode.
@@ -110,14 +113,17 @@ impl Pool {
         let busy = busy.clamp(0.0, 0.9 * n as f64);
         Pool { free_at: vec![0.0; n], stretch: n as f64 / (n as f64 - busy) }
     }
-    /// When the core that frees first is free (`new` makes at least one core).
-    fn first_free(&mut self) -> &mut f64 {
-        self.free_at.iter_mut().min_by(|a, b| a.total_cmp(b)).expect("a pool has a core")
+    /// The core to run work ready at `ready` on: the one it can start on first; of
+    /// those free by then, the one freed last, so that a piece of work that must wait
+    /// (a write waiting for its statistics) does not take a core that is idle now
+    /// from work that is ready now (`new` makes at least one core).
+    fn first_free(&mut self, ready: f64) -> &mut f64 {
+        self.free_at.iter_mut().min_by(|a, b| a.max(ready).total_cmp(&b.max(ready)).then(b.total_cmp(a))).expect("a pool has a core")
     }
     /// Runs `work` seconds (of a whole core) no earlier than `ready`; returns its end.
     fn run(&mut self, ready: f64, work: f64) -> f64 {
         let stretched = work * self.stretch;
-        let core = self.first_free();
+        let core = self.first_free(ready);
         *core = core.max(ready) + stretched;
         *core
     }
@@ -127,7 +133,7 @@ impl Pool {
     /// still lose that much time for the work queued on them.
     fn run_short(&mut self, ready: f64, work: f64) -> f64 {
         let stretched = work * self.stretch;
-        let core = self.first_free();
+        let core = self.first_free(ready);
         *core = core.max(ready) + stretched;
         ready + stretched
     }
@@ -203,6 +209,62 @@ fn queued(workload: &[BatchWork]) -> VecDeque<Task> {
     queue
 }
 
+/// The agents' master's threads that run the batches' statistics ahead of their
+/// results (`gepsea_blast` `accel::ahead`).
+const AHEAD_LANES: usize = 2;
+
+/// Whose statistics runs a batch's write uses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stats {
+    /// Nobody has claimed them yet.
+    Pending,
+    /// The master's, ready at this time.
+    Ahead(f64),
+    /// The writer runs them itself (it got to the batch before the master did).
+    Writer,
+}
+
+/// The master's statistics runs ahead: its lanes take the batches in order, on the
+/// cores the agents' work runs on, skipping those a writer claimed first.
+struct Ahead {
+    lanes: [f64; AHEAD_LANES],
+    next: usize,
+    stats: Vec<Stats>,
+}
+impl Ahead {
+    fn new(batches: usize) -> Ahead {
+        Ahead { lanes: [0.0; AHEAD_LANES], next: 0, stats: vec![Stats::Pending; batches] }
+    }
+    /// Starts every run a lane is free for by `t`.
+    fn advance(&mut self, t: f64, workload: &[BatchWork], cores: &mut Pool) {
+        while self.next < self.stats.len() {
+            let lane = (0..AHEAD_LANES).min_by(|&a, &b| self.lanes[a].total_cmp(&self.lanes[b])).unwrap_or(0);
+            if self.lanes[lane] > t {
+                break;
+            }
+            let b = self.next;
+            self.next += 1;
+            if self.stats[b] == Stats::Pending && workload[b].stats_ahead_seconds > 0.0 {
+                let done = cores.run(self.lanes[lane], workload[b].stats_ahead_seconds);
+                self.lanes[lane] = done;
+                self.stats[b] = Stats::Ahead(done);
+            }
+        }
+    }
+    /// For batch `b`'s write starting at `t`: when its statistics are ready, and the
+    /// seconds of statistics runs its writer adds to the write.
+    fn for_writer(&mut self, b: usize, t: f64, workload: &[BatchWork], cores: &mut Pool) -> (f64, f64) {
+        self.advance(t, workload, cores);
+        match self.stats[b] {
+            Stats::Ahead(done) => (t.max(done), 0.0),
+            _ => {
+                self.stats[b] = Stats::Writer;
+                (t, workload[b].stats_ahead_seconds)
+            }
+        }
+    }
+}
+
 /// Plays `workload` on `workers` nodes (one worker each) under `arch`.
 pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Costs) -> Outcome {
     let workers = workers.max(1);
@@ -229,11 +291,15 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     // node's on a real cluster (one core per worker). mpiBLAST's master uses none.
     let agents_own = if mpiblast { 0.0 } else { costs.agent_own_cores * workers as f64 };
     let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers), agents_own);
+    let mut ahead = Ahead::new(if mpiblast { 0 } else { nb });
     let mut end = 0.0f64;
     // Per worker: first task taken, last result handed over.
     let mut active: Vec<Option<(f64, f64)>> = vec![None; workers];
 
     while let Some(Ev { t, kind, .. }) = ev.heap.pop() {
+        // The master's statistics runs take the cores as their lanes come free, in time
+        // order with the work booked at these events.
+        ahead.advance(t, workload, &mut cores);
         match kind {
             Kind::WorkerFree(w) => match next_task(&mut queue, last_fragment[w], mpiblast) {
                 Some(task) => {
@@ -317,7 +383,12 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     if merges_now || writes_now {
                         let start = agent_free[m].max(t);
                         let merged = cores.run_short(start, merge);
-                        finished = cores.run(merged, write);
+                        finished = if writes_now {
+                            let (ready, stats) = ahead.for_writer(b, merged, workload, &mut cores);
+                            cores.run(ready, write + stats)
+                        } else {
+                            cores.run(merged, write)
+                        };
                         agent_free[m] = finished;
                         if merges_now {
                             ev.push(merged, Kind::Merged(b));
@@ -395,7 +466,13 @@ mod tests {
     }
 
     fn batch(frag: &[f64], merge: f64, write: f64) -> BatchWork {
-        BatchWork { fragments: frag.iter().map(|&s| (s, 0, 0.0)).collect(), whole: vec![], merge_seconds: merge, write_seconds: write }
+        BatchWork {
+            fragments: frag.iter().map(|&s| (s, 0, 0.0)).collect(),
+            whole: vec![],
+            merge_seconds: merge,
+            write_seconds: write,
+            stats_ahead_seconds: 0.0,
+        }
     }
 
     #[test]
@@ -502,5 +579,38 @@ mod tests {
             // search 1 + merge 1 + fallback 5 + write 1.
             assert!((o.wall_seconds - 8.0).abs() < 1e-9, "{arch:?}: {o:?}");
         }
+    }
+
+    #[test]
+    fn statistics_run_ahead_take_the_cores_before_any_batch_is_complete() {
+        // One shared core, one worker, 2 batches of one 2 s search; writes of 1 s and
+        // statistics of 1 s each. Ahead: the statistics fill the core while the worker
+        // searches (0-2 s), the writes follow each search: 2-3, 4-5.
+        let mut w = vec![batch(&[2.0], 0.0, 1.0), batch(&[2.0], 0.0, 1.0)];
+        for b in &mut w {
+            b.stats_ahead_seconds = 1.0;
+        }
+        let c = Costs { shared_cores: Some(1), ..costs() };
+        let arch = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        assert_eq!(simulate(&w, 1, arch, &c).wall_seconds, 5.0);
+        // In the writes instead (as the traces of writers that ran them show it): 2-4, 4-6.
+        let inside: Vec<BatchWork> = (0..2).map(|_| batch(&[2.0], 0.0, 2.0)).collect();
+        assert_eq!(simulate(&inside, 1, arch, &c).wall_seconds, 6.0);
+        // mpiBLAST's master runs none ahead (its traced writes hold them), and its
+        // worker waits for each write: 0-2 search, 2-4 write, 4-6 search, 6-8 write.
+        assert_eq!(simulate(&inside, 1, Arch::Mpiblast, &c).wall_seconds, 8.0);
+    }
+
+    #[test]
+    fn a_writer_that_gets_to_its_batch_first_runs_its_statistics_itself() {
+        // 3 batches of one 1 s search on 4 nodes; statistics of 10 s each. The master's
+        // two lanes take batches 0 and 1 at once (ready at 10 s); batch 2 is complete at
+        // 1 s, before a lane is free, so its writer runs them: 1 + 10 + 1 = 12 s.
+        let mut w: Vec<BatchWork> = (0..3).map(|_| batch(&[1.0], 0.0, 1.0)).collect();
+        for b in &mut w {
+            b.stats_ahead_seconds = 10.0;
+        }
+        let arch = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        assert_eq!(simulate(&w, 4, arch, &costs()).wall_seconds, 12.0);
     }
 }

@@ -417,6 +417,12 @@ pub fn batch_file(job: &Path, batch: usize) -> PathBuf {
     job.join(format!("batch{batch}.fasta"))
 }
 
+/// Where the statistics runs of batch `batch`'s report are kept when they were run
+/// ahead of its results (`crate::report::Statistics::save`).
+pub(crate) fn stats_dir(job: &Path, batch: usize) -> PathBuf {
+    job.join(format!("stats{batch}"))
+}
+
 pub(crate) fn whole_file(job: &Path, batch: usize, first: usize) -> PathBuf {
     job.join(format!("whole-{batch}-{first}.fasta"))
 }

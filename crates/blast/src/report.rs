@@ -78,8 +78,69 @@ fn args<'b>(base: &'b [&'b str], extra: &'b [String]) -> Vec<&'b str> {
     base.iter().copied().chain(extra.iter().map(|s| s.as_str())).collect()
 }
 
-/// Writes the report for `hsps` (merged, query ids global) to `out`.
-pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError> {
+/// The output of a batch's statistics runs (steps 1 and 3 above). They depend only on
+/// the batch's queries, the database and the options, never on the hits, so they can
+/// run before the batch's results are in (see [`Statistics::save`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Statistics {
+    /// The `-outfmt 11` archive of step 1.
+    pub archive: String,
+    /// The directly printed report of step 3 (`-outfmt 0` and `5` only).
+    pub direct: Option<String>,
+}
+
+/// The statistics files in a directory made by [`Statistics::save`].
+const STATS_ARCHIVE: &str = "stats.asn";
+const STATS_DIRECT: &str = "stats.direct";
+
+impl Statistics {
+    /// Writes the statistics into the directory `dir`, which appears complete or not at
+    /// all: the files go into a sibling directory first, which is then renamed. `Ok`
+    /// also when another process saved the same statistics first.
+    pub fn save(&self, dir: &Path) -> Result<(), ReportError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| ReportError::Io { path, source }
+        };
+        let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+        let saved = (|| {
+            std::fs::write(tmp.join(STATS_ARCHIVE), &self.archive).map_err(io(&tmp.join(STATS_ARCHIVE)))?;
+            if let Some(d) = &self.direct {
+                std::fs::write(tmp.join(STATS_DIRECT), d).map_err(io(&tmp.join(STATS_DIRECT)))?;
+            }
+            match std::fs::rename(&tmp, dir) {
+                Ok(()) => Ok(()),
+                Err(_) if dir.join(STATS_ARCHIVE).exists() => Ok(()),
+                Err(e) => Err(io(dir)(e)),
+            }
+        })();
+        let _ = std::fs::remove_dir_all(&tmp);
+        saved
+    }
+
+    /// The statistics saved in `dir` by [`Statistics::save`], if they are there.
+    pub fn load(dir: &Path) -> Option<Statistics> {
+        let archive = std::fs::read_to_string(dir.join(STATS_ARCHIVE)).ok()?;
+        let direct = std::fs::read_to_string(dir.join(STATS_DIRECT)).ok();
+        Some(Statistics { archive, direct })
+    }
+
+    /// Whether these statistics serve a report in `outfmt` (a directly printed report
+    /// is needed for `-outfmt 0` and `5`).
+    pub fn serve(&self, outfmt: &str) -> bool {
+        !needs_direct(outfmt) || self.direct.is_some()
+    }
+}
+
+/// Whether a report in `outfmt` takes its per-query statistics from a direct run.
+fn needs_direct(outfmt: &str) -> bool {
+    matches!(base_format(outfmt), 0 | 5)
+}
+
+/// Runs the statistics runs of a report (steps 1 and 3), in `spec.scratch`.
+pub fn statistics(spec: &Spec) -> Result<Statistics, ReportError> {
     let q = spec.queries.to_string_lossy().to_string();
     let stats_asn = spec.scratch.join("stats.asn");
     let sa = stats_asn.to_string_lossy().to_string();
@@ -92,8 +153,34 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
         Some(spec.scratch),
         ONE_BATCH,
     )?;
-    let text = std::fs::read_to_string(&stats_asn).map_err(|e| ReportError::Io { path: stats_asn.clone(), source: e })?;
-    let merged = archive::with_alignments(&text, hsps, "stats", spec.db_name)?;
+    let archive = std::fs::read_to_string(&stats_asn).map_err(|e| ReportError::Io { path: stats_asn.clone(), source: e })?;
+    let direct = if needs_direct(spec.outfmt) {
+        let direct = spec.scratch.join("stats.direct");
+        let d = direct.to_string_lossy().to_string();
+        tools::run_env(
+            spec.program,
+            &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args),
+            Some(spec.blastdb),
+            Some(spec.scratch),
+            ONE_BATCH,
+        )?;
+        Some(std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?)
+    } else {
+        None
+    };
+    Ok(Statistics { archive, direct })
+}
+
+/// Writes the report for `hsps` (merged, query ids global) to `out`.
+pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError> {
+    write_with(spec, &statistics(spec)?, hsps, out)
+}
+
+/// [`write`] with the statistics runs' output already at hand (`stats` must come from
+/// [`statistics`] for the same queries, database, format and options).
+pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) -> Result<(), ReportError> {
+    let text = &stats.archive;
+    let merged = archive::with_alignments(text, hsps, "stats", spec.db_name)?;
     let merged_path = spec.scratch.join("merged.asn");
     std::fs::write(&merged_path, merged).map_err(|e| ReportError::Io { path: merged_path.clone(), source: e })?;
     let mp = merged_path.to_string_lossy().to_string();
@@ -118,19 +205,11 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
             return Ok(());
         }
     };
-    let masks = query_masks(&text);
-    let direct = spec.scratch.join("stats.direct");
-    let d = direct.to_string_lossy().to_string();
-    tools::run_env(
-        spec.program,
-        &args(&["-query", &q, "-db", "stats", "-outfmt", spec.outfmt, "-out", &d], spec.blast_args),
-        Some(spec.blastdb),
-        Some(spec.scratch),
-        ONE_BATCH,
-    )?;
-    let stats_text = std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?;
+    let masks = query_masks(text);
+    let stats_text =
+        stats.direct.as_deref().ok_or_else(|| ReportError::Unsupported("statistics without the direct run this format needs".into()))?;
     let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
-    let mut fixed = replace_blocks(&report, &stats_text, open, close)?;
+    let mut fixed = replace_blocks(&report, stats_text, open, close)?;
     if !masks.is_empty() {
         if fmt == 5 {
             // Serial XML marks masked residues by a rule not yet reproduced; refuse rather

@@ -63,6 +63,11 @@ pub struct BatchTrace {
     /// When the part was in place (seconds since the Unix epoch).
     #[serde(default)]
     pub written_unix: f64,
+    /// The statistics runs of the batch's report, when the master ran them ahead of
+    /// its results (agents; `write_seconds` then holds none): they take the cores
+    /// from the search's start.
+    #[serde(default)]
+    pub stats_ahead_seconds: f64,
 }
 
 /// A run's trace.

@@ -30,8 +30,37 @@ pub fn master(
     tmp_out: &Path,
     agents_see_out: bool,
     workers: usize,
+    on_progress: impl FnMut(usize),
+    watch: impl FnMut() -> Result<(), SearchError>,
+) -> Result<AccelStats, SearchError> {
+    // Split by queries, workers write the parts themselves: nothing to run ahead.
+    if spec.split != SplitBy::Fragments {
+        return run_master(client, spec, job, tmp_out, agents_see_out, workers, on_progress, watch, None);
+    }
+    let ahead = super::ahead::StatsAhead::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let ahead = &ahead;
+            s.spawn(move || ahead.run(spec, job, i));
+        }
+        let r = run_master(client, spec, job, tmp_out, agents_see_out, workers, on_progress, watch, Some(&ahead));
+        ahead.stop();
+        r
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_master(
+    client: &gepsea_client::Client,
+    spec: &JobSpec,
+    job: &Path,
+    tmp_out: &Path,
+    agents_see_out: bool,
+    workers: usize,
     mut on_progress: impl FnMut(usize),
     mut watch: impl FnMut() -> Result<(), SearchError>,
+    ahead: Option<&super::ahead::StatsAhead>,
 ) -> Result<AccelStats, SearchError> {
     let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
     client.subscribe(&topic(&spec.id)).map_err(api_err)?;
@@ -103,6 +132,9 @@ pub fn master(
     let submitted = Instant::now();
     stats.trace.started_unix = crate::trace::unix_now();
     submit_tasks(client, spec, job, &todo).map_err(api_err)?;
+    if let Some(a) = ahead {
+        a.start(&todo);
+    }
     while done_batches.len() < spec.batches.len() {
         crate::error::check_interrupted()?;
         watch()?;
@@ -162,6 +194,10 @@ pub fn master(
                     write_seconds: d.write_seconds,
                     part_bytes: d.part_bytes,
                     written_unix: d.written_unix,
+                    stats_ahead_seconds: match ahead {
+                        Some(a) if d.stats_ahead => a.seconds_of(d.batch),
+                        _ => 0.0,
+                    },
                 });
                 on_progress(queries_done);
             }

@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::*;
 
+mod ahead;
 mod hits;
 mod local;
 mod master;
@@ -219,6 +220,9 @@ pub struct PartDone {
     pub written_unix: f64,
     /// What shipping the part to the storage site measured (with `JobSpec::ship`).
     pub shipped: Option<Box<crate::ship::Shipped>>,
+    /// The write used statistics run ahead by the master (`master::stats_ahead`), so
+    /// `write_seconds` holds no statistics runs.
+    pub stats_ahead: bool,
 }
 
 // ----- the master ----------------------------------------------------------------------

@@ -603,6 +603,7 @@ impl BlastPlugin {
             piece_bytes,
             written_unix: crate::trace::unix_now(),
             shipped: None,
+            stats_ahead: false,
         };
         publish_part(ctx.background.clone(), spec.clone(), job.clone(), done).map_err(failed)
     }
@@ -634,6 +635,7 @@ impl BlastPlugin {
                 piece_bytes: None,
                 written_unix: 0.0,
                 shipped: None,
+                stats_ahead: false,
             };
             (hsps, done)
         };

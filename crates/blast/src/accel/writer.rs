@@ -73,6 +73,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let write_started = Instant::now();
     let mut part_bytes = 0;
     let mut piece_bytes = None;
+    let mut stats_ahead = false;
     let result = (|| -> Result<(), String> {
         std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
         let queries = batch_file(&job, batch);
@@ -90,7 +91,15 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         // write at the piece's final offset, and copied once across to the part file
         // (what a rerun resumes from, and the master's fallback).
         let local = scratch.join("report");
-        report::write(&rs, &hsps, &local).map_err(|e| e.to_string())?;
+        // The statistics runs were usually done ahead by the master (`stats_ahead`).
+        match super::ahead::for_writer(&job, batch, &spec.outfmt, std::time::Duration::from_secs(30)) {
+            Some(stats) => {
+                stats_ahead = true;
+                report::write_with(&rs, &stats, &hsps, &local)
+            }
+            None => report::write(&rs, &hsps, &local),
+        }
+        .map_err(|e| e.to_string())?;
         piece_bytes = make_piece(&spec, batch, &local, &piece);
         let tmp = part_tmp(part, "merged");
         part_bytes = std::fs::copy(&local, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
@@ -107,6 +116,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         part_bytes,
         piece_bytes,
         written_unix: crate::trace::unix_now(),
+        stats_ahead,
         ..done
     };
     if spec.assign == MergeAssign::Dynamic {

@@ -1,0 +1,203 @@
+//! The statistics runs of every batch's report, run by the master ahead of the
+//! batches' results.
+//!
+//! Writing a batch's part takes two statistics runs of BLAST+ besides the formatter
+//! (`crate::report`): one for the archive's request, one for the per-query footers.
+//! They depend only on the batch's queries, the database and the options, so they
+//! need not wait for the batch's results. At a search's start nothing is complete
+//! yet and the merger agents have nothing to write: on the replayed 36-node cluster
+//! the machine was 29 % busy in the first 2 s after the tasks went out and 65 % in
+//! the next 2, then saturated until the end, with every batch's statistics runs
+//! (≈14 CPU-s) still inside its write. The master runs them then, batch by batch on
+//! up to two threads at the writers' low priority, into the job directory
+//! (`plan::stats_dir`), where the batch's writer finds them (`writer::write_part`)
+//! and otherwise runs them itself, as before.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::plan::*;
+use crate::report;
+
+/// Statistics runs ahead of the results, shared by the master and its threads.
+pub(crate) struct StatsAhead {
+    /// Batches to run, in order (set by `start`); `next` is the first not yet taken.
+    batches: Mutex<Vec<usize>>,
+    next: AtomicUsize,
+    go: AtomicBool,
+    stop: AtomicBool,
+    /// Seconds each batch's runs took, recorded before they are saved, so that a
+    /// writer that used them finds their cost here.
+    seconds: Mutex<BTreeMap<usize, f64>>,
+}
+
+impl StatsAhead {
+    pub(crate) fn new() -> Self {
+        StatsAhead {
+            batches: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+            go: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            seconds: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// The threads begin with `batches`, in order. Called once the tasks are out: the
+    /// fragments staged before them have the machine first.
+    pub(crate) fn start(&self, batches: &[usize]) {
+        *self.batches.lock() = batches.to_vec();
+        self.go.store(true, Ordering::SeqCst);
+    }
+
+    /// No more batches are started (one under way finishes).
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// What batch `batch`'s runs took, if they were run ahead.
+    pub(crate) fn seconds_of(&self, batch: usize) -> f64 {
+        self.seconds.lock().get(&batch).copied().unwrap_or(0.0)
+    }
+
+    /// One thread's share: batches in order until none is left or `stop`. A failure
+    /// only means the writer runs the statistics itself, and says why there.
+    pub(crate) fn run(&self, spec: &JobSpec, job: &Path, thread: usize) {
+        if let Err(e) = rustix::process::setpriority_process(None, super::writer::WRITER_NICE) {
+            tracing::debug!("statistics ahead: keeping this thread's priority: {e}");
+        }
+        while !self.go.load(Ordering::SeqCst) {
+            if self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let scratch = std::env::temp_dir().join(format!("gepsea-stats-{}-{thread}", std::process::id()));
+        while !self.stop.load(Ordering::SeqCst) {
+            let i = self.next.fetch_add(1, Ordering::SeqCst);
+            let Some(batch) = self.batches.lock().get(i).copied() else { break };
+            // A writer that got to the batch first claimed it and runs them itself.
+            if !claim(job, batch) {
+                continue;
+            }
+            let dir = stats_dir(job, batch);
+            let started = Instant::now();
+            match run_one(spec, job, batch, &scratch) {
+                Ok(stats) => {
+                    self.seconds.lock().insert(batch, started.elapsed().as_secs_f64());
+                    if let Err(e) = stats.save(&dir) {
+                        tracing::debug!("statistics ahead, batch {batch}: {e}");
+                    }
+                }
+                Err(e) => tracing::debug!("statistics ahead, batch {batch}: {e}"),
+            }
+        }
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+}
+
+/// Claims batch `batch`'s statistics runs for the caller: `true` once, for the first
+/// caller in the job (the master's threads and the batch's writer race for it), so
+/// that they are never run twice.
+pub(crate) fn claim(job: &Path, batch: usize) -> bool {
+    let mut c = stats_dir(job, batch).into_os_string();
+    c.push(".claim");
+    std::fs::OpenOptions::new().write(true).create_new(true).open(c).is_ok()
+}
+
+/// The statistics of batch `batch` for its writer: the ones run ahead, waiting for
+/// them if the master is running them now (at most `patience`); `None` when the
+/// writer is to run them itself (it then holds the claim, or the master gave up).
+pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::time::Duration) -> Option<report::Statistics> {
+    let dir = stats_dir(job, batch);
+    let usable = |s: report::Statistics| s.serve(outfmt).then_some(s);
+    if let Some(s) = report::Statistics::load(&dir) {
+        return usable(s);
+    }
+    if claim(job, batch) {
+        return None;
+    }
+    let until = Instant::now() + patience;
+    while Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        if let Some(s) = report::Statistics::load(&dir) {
+            return usable(s);
+        }
+    }
+    None
+}
+
+fn run_one(spec: &JobSpec, job: &Path, batch: usize, scratch: &PathBuf) -> Result<report::Statistics, report::ReportError> {
+    std::fs::create_dir_all(scratch).map_err(|e| report::ReportError::Io { path: scratch.clone(), source: e })?;
+    let queries = batch_file(job, batch);
+    let rs = report::Spec {
+        program: &spec.program,
+        blastdb: spec.blastdb.as_ref(),
+        db_name: &spec.db_name,
+        queries: &queries,
+        outfmt: &spec.outfmt,
+        blast_args: &spec.blast_args,
+        scratch,
+    };
+    report::statistics(&rs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_dir::TestDir;
+    use std::time::Duration;
+
+    fn stats(direct: Option<&str>) -> report::Statistics {
+        report::Statistics { archive: "Seq-annot ::= {}\n".into(), direct: direct.map(String::from) }
+    }
+
+    #[test]
+    fn statistics_are_claimed_once_and_saved_whole() {
+        let d = TestDir::new("ahead-claim");
+        let job = d.path();
+        assert!(claim(job, 3), "the first claim wins");
+        assert!(!claim(job, 3), "and only the first");
+        assert!(claim(job, 4), "claims are per batch");
+        let s = stats(Some("Lambda\n"));
+        s.save(&stats_dir(job, 3)).unwrap();
+        assert_eq!(report::Statistics::load(&stats_dir(job, 3)), Some(s.clone()));
+        // Saving what is already there (another process was first) is no error.
+        s.save(&stats_dir(job, 3)).unwrap();
+        // Nothing half-written is left beside it.
+        let mut names: Vec<String> = std::fs::read_dir(job).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        names.sort();
+        assert_eq!(names, ["stats3", "stats3.claim", "stats4.claim"]);
+    }
+
+    #[test]
+    fn a_writer_uses_saved_statistics_waits_for_claimed_ones_and_otherwise_runs_its_own() {
+        let d = TestDir::new("ahead-writer");
+        let job = d.path();
+        // Saved: used at once.
+        stats(Some("L\n")).save(&stats_dir(job, 0)).unwrap();
+        assert_eq!(for_writer(job, 0, "0", Duration::ZERO), Some(stats(Some("L\n"))));
+        // Saved without the direct run a pairwise report needs: not usable there.
+        stats(None).save(&stats_dir(job, 1)).unwrap();
+        assert_eq!(for_writer(job, 1, "0", Duration::ZERO), None);
+        assert_eq!(for_writer(job, 1, "6", Duration::ZERO), Some(stats(None)));
+        // Nobody has them: the writer claims them (the master will skip them).
+        assert_eq!(for_writer(job, 2, "6", Duration::ZERO), None);
+        assert!(!claim(job, 2));
+        // Claimed by the master and saved meanwhile: the writer waits for them.
+        assert!(claim(job, 5));
+        let dir = stats_dir(job, 5);
+        let saver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            stats(None).save(&dir).unwrap();
+        });
+        assert_eq!(for_writer(job, 5, "6", Duration::from_secs(20)), Some(stats(None)));
+        saver.join().unwrap();
+        // Claimed and never saved (the master failed on it): the writer gives up waiting.
+        assert!(claim(job, 6));
+        assert_eq!(for_writer(job, 6, "6", Duration::from_millis(30)), None);
+    }
+}
