@@ -30,6 +30,12 @@
 //! plays as plain batch order. Agents' work shares `shared_cores` cores when the nodes
 //! are emulated on one machine, or runs on each node's own spare core.
 //!
+//! The agents' master runs every batch's statistics (the two BLAST+ runs a report
+//! needs besides the formatter) ahead of the results, in two lanes from the start, on
+//! the cores the agents' work runs on; a batch's write waits for its statistics if a
+//! lane has them under way, and runs them itself if no lane has got to them yet (the
+//! traced `stats_ahead_seconds`; a write that ran its own has them in its time).
+//!
 //! Both end with the workers released once every batch is written, then the launch's
 //! own costs (`fixed_seconds`, measured): for mpiBLAST they include the master's
 //! assembly of the parts; the agents write their pieces of the output in place as
