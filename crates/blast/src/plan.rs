@@ -355,6 +355,19 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
+    /// What writing a report of `queries` needs, working in `scratch`.
+    pub(crate) fn report_spec<'a>(&'a self, queries: &'a Path, scratch: &'a Path) -> crate::report::Spec<'a> {
+        crate::report::Spec {
+            program: &self.program,
+            blastdb: self.blastdb.as_ref(),
+            db_name: &self.db_name,
+            queries,
+            outfmt: &self.outfmt,
+            blast_args: &self.blast_args,
+            scratch,
+        }
+    }
+
     /// Batch `batch`'s finished part.
     pub(crate) fn part(&self, batch: usize) -> Result<&Path, PluginError> {
         self.parts.get(batch).map(|p| p.as_path()).ok_or_else(|| PluginError::BadRequest(format!("no batch {batch}")))

@@ -23,6 +23,26 @@ use parking_lot::Mutex;
 use crate::plan::*;
 use crate::report;
 
+/// Runs `body` (the master) with the batches' statistics run ahead alongside it on up
+/// to two threads, which stop when it returns; split by queries (the workers write the
+/// parts) there is nothing to run ahead and `body` gets `None`.
+pub(crate) fn alongside<R>(spec: &JobSpec, job: &Path, body: impl FnOnce(Option<&StatsAhead>) -> R) -> R {
+    if spec.split != SplitBy::Fragments {
+        return body(None);
+    }
+    let ahead = StatsAhead::new();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
+    std::thread::scope(|s| {
+        for i in 0..threads {
+            let ahead = &ahead;
+            s.spawn(move || ahead.run(spec, job, i));
+        }
+        let r = body(Some(&ahead));
+        ahead.stop();
+        r
+    })
+}
+
 /// Statistics runs ahead of the results, shared by the master and its threads.
 pub(crate) struct StatsAhead {
     /// Batches to run, in order (set by `start`); `next` is the first not yet taken.
@@ -132,17 +152,7 @@ pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::
 
 fn run_one(spec: &JobSpec, job: &Path, batch: usize, scratch: &PathBuf) -> Result<report::Statistics, report::ReportError> {
     std::fs::create_dir_all(scratch).map_err(|e| report::ReportError::Io { path: scratch.clone(), source: e })?;
-    let queries = batch_file(job, batch);
-    let rs = report::Spec {
-        program: &spec.program,
-        blastdb: spec.blastdb.as_ref(),
-        db_name: &spec.db_name,
-        queries: &queries,
-        outfmt: &spec.outfmt,
-        blast_args: &spec.blast_args,
-        scratch,
-    };
-    report::statistics(&rs)
+    report::statistics(&spec.report_spec(&batch_file(job, batch), scratch))
 }
 
 #[cfg(test)]

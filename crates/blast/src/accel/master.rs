@@ -30,255 +30,230 @@ pub fn master(
     tmp_out: &Path,
     agents_see_out: bool,
     workers: usize,
-    on_progress: impl FnMut(usize),
-    watch: impl FnMut() -> Result<(), SearchError>,
-) -> Result<AccelStats, SearchError> {
-    // Split by queries, workers write the parts themselves: nothing to run ahead.
-    if spec.split != SplitBy::Fragments {
-        return run_master(client, spec, job, tmp_out, agents_see_out, workers, on_progress, watch, None);
-    }
-    let ahead = super::ahead::StatsAhead::new();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
-    std::thread::scope(|s| {
-        for i in 0..threads {
-            let ahead = &ahead;
-            s.spawn(move || ahead.run(spec, job, i));
-        }
-        let r = run_master(client, spec, job, tmp_out, agents_see_out, workers, on_progress, watch, Some(&ahead));
-        ahead.stop();
-        r
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_master(
-    client: &gepsea_client::Client,
-    spec: &JobSpec,
-    job: &Path,
-    tmp_out: &Path,
-    agents_see_out: bool,
-    workers: usize,
     mut on_progress: impl FnMut(usize),
     mut watch: impl FnMut() -> Result<(), SearchError>,
-    ahead: Option<&super::ahead::StatsAhead>,
 ) -> Result<AccelStats, SearchError> {
-    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
-    client.subscribe(&topic(&spec.id)).map_err(api_err)?;
-    // Each node's agent by incarnation: one that restarted lost what its predecessor held.
-    let agents_now = || -> Result<BTreeMap<u32, u64>, SearchError> {
-        Ok(client.global_state().map_err(api_err)?.iter().map(|s| (s.node, s.incarnation)).collect())
-    };
-    let mut agents = agents_now()?;
-    let mut nodes: BTreeSet<u32> = agents.keys().copied().collect();
-    // Nodes whose agent died and has not been seen back yet.
-    let mut gone: BTreeSet<u32> = BTreeSet::new();
-    // Data streaming: every agent stages the fragments it will search first (see
-    // `prefetch_plan`). The tasks go out once each node holds its first one, so that
-    // the scheduler, which hands a taker a task on a fragment its node holds, can keep
-    // every node on its own fragment from the first task on; the rest are staged while
-    // the search goes on.
-    let mut prefetches = Vec::new();
-    if spec.hot_swap && spec.split == SplitBy::Fragments {
-        let order: Vec<u32> = nodes.iter().copied().collect();
-        let prefetch = |node: u32, fragments: &[usize]| {
-            let body = postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments: fragments.to_vec(), ahead: false })
-                .unwrap();
-            client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body })
+    super::ahead::alongside(spec, job, |ahead| {
+        let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+        client.subscribe(&topic(&spec.id)).map_err(api_err)?;
+        // Each node's agent by incarnation: one that restarted lost what its predecessor held.
+        let agents_now = || -> Result<BTreeMap<u32, u64>, SearchError> {
+            Ok(client.global_state().map_err(api_err)?.iter().map(|s| (s.node, s.incarnation)).collect())
         };
-        let plan = prefetch_plan(order.len(), spec.fragments.len());
-        let firsts: Vec<u64> = order.iter().zip(&plan).filter(|(_, f)| !f.is_empty()).map(|(&node, f)| prefetch(node, &f[..1])).collect();
-        prefetches.extend(order.iter().zip(&plan).filter(|(_, f)| f.len() > 1).map(|(&node, f)| prefetch(node, &f[1..])));
-        for id in firsts {
-            // A failed prefetch only means that a worker stages the fragment itself; a
-            // slow one (a large fragment) goes on while the tasks go out.
-            match client.finish(id, Duration::from_secs(120)) {
-                Ok(_) | Err(gepsea_agent::api::ApiError::Timeout(_)) => {}
-                Err(e) => eprintln!("gepsea search: a fragment prefetch failed: {e}"),
-            }
-        }
-    }
-    let mut stats = AccelStats::default();
-    let mut done_batches = BTreeSet::new();
-    let mut queries_done = 0;
-    let mut placement = Placement::new(spec.batches.len());
-    // Resume: batches whose part a previous run finished are not searched again.
-    for (b, part) in spec.parts.iter().enumerate() {
-        if part.is_file() {
-            done_batches.insert(b);
-            queries_done += spec.batches[b].1 - spec.batches[b].0;
-            stats.hits +=
-                crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
-            stats.reused_parts += 1;
-            // Its piece's length, so that the pieces after it can be placed meanwhile;
-            // the master writes this one at the end.
-            if agents_see_out {
-                placement.known(b, piece_of_part(spec, b, std::io::sink())?, None);
-            }
-        }
-    }
-    if queries_done > 0 {
-        on_progress(queries_done);
-    }
-    // Parts an earlier run finished were never shipped by this run's agents: this
-    // node's agent ships them while the search goes on.
-    let mut reshipping = Vec::new();
-    if let Some(ship) = &spec.ship {
-        for &b in &done_batches {
-            let req = super::writer::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
-            reshipping.push((b, client.start(crate::ship::part_op(req))));
-        }
-    }
-    let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
-    let submitted = Instant::now();
-    stats.trace.started_unix = crate::trace::unix_now();
-    submit_tasks(client, spec, job, &todo).map_err(api_err)?;
-    if let Some(a) = ahead {
-        a.start(&todo);
-    }
-    while done_batches.len() < spec.batches.len() {
-        crate::error::check_interrupted()?;
-        watch()?;
-        // An agent died: results it held (handed over by its workers, or being merged
-        // there) are gone. Search every unfinished batch again; results that did
-        // arrive make the repeats no-ops at the mergers.
-        let now = agents_now()?;
-        let lost: Vec<u32> = agents.iter().filter(|(n, inc)| now.get(n) != Some(inc)).map(|(n, _)| *n).collect();
-        if !lost.is_empty() {
-            eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
-            let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
-            submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
-            stats.resubmitted_after_failure += 1;
-        }
-        // A restarted agent may be back in the same look (a new incarnation) or only in
-        // a later one, after the membership dropped its node for a while.
-        gone.extend(&lost);
-        let back: Vec<u32> = gone.iter().copied().filter(|n| now.get(n).is_some_and(|inc| agents.get(n) != Some(inc))).collect();
-        if !back.is_empty() {
-            eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
-            gone.retain(|n| !back.contains(n));
-        }
-        nodes = now.keys().copied().collect();
-        agents = now;
-        for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
-            let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
-                Notice::Failure(f) if f.retried => {
-                    eprintln!("gepsea search: task {} failed; retrying once", f.what);
-                    continue;
-                }
-                Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
-                Notice::Part(d) => d,
+        let mut agents = agents_now()?;
+        let mut nodes: BTreeSet<u32> = agents.keys().copied().collect();
+        // Nodes whose agent died and has not been seen back yet.
+        let mut gone: BTreeSet<u32> = BTreeSet::new();
+        // Data streaming: every agent stages the fragments it will search first (see
+        // `prefetch_plan`). The tasks go out once each node holds its first one, so that
+        // the scheduler, which hands a taker a task on a fragment its node holds, can keep
+        // every node on its own fragment from the first task on; the rest are staged while
+        // the search goes on.
+        let mut prefetches = Vec::new();
+        if spec.hot_swap && spec.split == SplitBy::Fragments {
+            let order: Vec<u32> = nodes.iter().copied().collect();
+            let prefetch = |node: u32, fragments: &[usize]| {
+                let body =
+                    postcard::to_stdvec(&BlastRequest::Prefetch { job: job.to_path_buf(), fragments: fragments.to_vec(), ahead: false })
+                        .unwrap();
+                client.start(gepsea_agent::wire::Op::PluginAt { node, name: "blast".into(), body })
             };
-            if let Some(e) = d.error {
-                return Err(SearchError::Io(e));
+            let plan = prefetch_plan(order.len(), spec.fragments.len());
+            let firsts: Vec<u64> =
+                order.iter().zip(&plan).filter(|(_, f)| !f.is_empty()).map(|(&node, f)| prefetch(node, &f[..1])).collect();
+            prefetches.extend(order.iter().zip(&plan).filter(|(_, f)| f.len() > 1).map(|(&node, f)| prefetch(node, &f[1..])));
+            for id in firsts {
+                // A failed prefetch only means that a worker stages the fragment itself; a
+                // slow one (a large fragment) goes on while the tasks go out.
+                match client.finish(id, Duration::from_secs(120)) {
+                    Ok(_) | Err(gepsea_agent::api::ApiError::Timeout(_)) => {}
+                    Err(e) => eprintln!("gepsea search: a fragment prefetch failed: {e}"),
+                }
             }
-            if done_batches.insert(d.batch) {
+        }
+        let mut stats = AccelStats::default();
+        let mut done_batches = BTreeSet::new();
+        let mut queries_done = 0;
+        let mut placement = Placement::new(spec.batches.len());
+        // Resume: batches whose part a previous run finished are not searched again.
+        for (b, part) in spec.parts.iter().enumerate() {
+            if part.is_file() {
+                done_batches.insert(b);
+                queries_done += spec.batches[b].1 - spec.batches[b].0;
+                stats.hits +=
+                    crate::parts::count_hits_in(part, &spec.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", part.display())))?;
+                stats.reused_parts += 1;
+                // Its piece's length, so that the pieces after it can be placed meanwhile;
+                // the master writes this one at the end.
                 if agents_see_out {
-                    if let Some(len) = d.piece_bytes {
-                        placement.known(d.batch, len, Some(d.merger));
+                    placement.known(b, piece_of_part(spec, b, std::io::sink())?, None);
+                }
+            }
+        }
+        if queries_done > 0 {
+            on_progress(queries_done);
+        }
+        // Parts an earlier run finished were never shipped by this run's agents: this
+        // node's agent ships them while the search goes on.
+        let mut reshipping = Vec::new();
+        if let Some(ship) = &spec.ship {
+            for &b in &done_batches {
+                let req = super::writer::part_request(spec, job, b, ship).map_err(SearchError::Io)?;
+                reshipping.push((b, client.start(crate::ship::part_op(req))));
+            }
+        }
+        let todo: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+        let submitted = Instant::now();
+        stats.trace.started_unix = crate::trace::unix_now();
+        submit_tasks(client, spec, job, &todo).map_err(api_err)?;
+        if let Some(a) = ahead {
+            a.start(&todo);
+        }
+        while done_batches.len() < spec.batches.len() {
+            crate::error::check_interrupted()?;
+            watch()?;
+            // An agent died: results it held (handed over by its workers, or being merged
+            // there) are gone. Search every unfinished batch again; results that did
+            // arrive make the repeats no-ops at the mergers.
+            let now = agents_now()?;
+            let lost: Vec<u32> = agents.iter().filter(|(n, inc)| now.get(n) != Some(inc)).map(|(n, _)| *n).collect();
+            if !lost.is_empty() {
+                eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
+                let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
+                submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
+                stats.resubmitted_after_failure += 1;
+            }
+            // A restarted agent may be back in the same look (a new incarnation) or only in
+            // a later one, after the membership dropped its node for a while.
+            gone.extend(&lost);
+            let back: Vec<u32> = gone.iter().copied().filter(|n| now.get(n).is_some_and(|inc| agents.get(n) != Some(inc))).collect();
+            if !back.is_empty() {
+                eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
+                gone.retain(|n| !back.contains(n));
+            }
+            nodes = now.keys().copied().collect();
+            agents = now;
+            for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
+                let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
+                    Notice::Failure(f) if f.retried => {
+                        eprintln!("gepsea search: task {} failed; retrying once", f.what);
+                        continue;
                     }
+                    Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
+                    Notice::Part(d) => d,
+                };
+                if let Some(e) = d.error {
+                    return Err(SearchError::Io(e));
                 }
-                if let Some(sh) = &d.shipped {
-                    stats.shipped.get_or_insert_with(Default::default).add(sh);
+                if done_batches.insert(d.batch) {
+                    if agents_see_out {
+                        if let Some(len) = d.piece_bytes {
+                            placement.known(d.batch, len, Some(d.merger));
+                        }
+                    }
+                    if let Some(sh) = &d.shipped {
+                        stats.shipped.get_or_insert_with(Default::default).add(sh);
+                    }
+                    queries_done += d.queries;
+                    stats.hits += d.hits;
+                    stats.whole_searches += d.whole_searches;
+                    stats.work.add(&d.work);
+                    stats.bytes_wire += d.bytes_wire;
+                    stats.bytes_raw += d.bytes_raw;
+                    *stats.mergers.entry(d.merger).or_default() += 1;
+                    stats.trace.tasks.extend(d.tasks.iter().cloned());
+                    stats.trace.batches.push(crate::trace::BatchTrace {
+                        batch: d.batch,
+                        merge_seconds: d.merge_seconds,
+                        write_seconds: d.write_seconds,
+                        part_bytes: d.part_bytes,
+                        written_unix: d.written_unix,
+                        stats_ahead_seconds: match ahead {
+                            Some(a) if d.stats_ahead => a.seconds_of(d.batch),
+                            _ => 0.0,
+                        },
+                    });
+                    on_progress(queries_done);
                 }
-                queries_done += d.queries;
-                stats.hits += d.hits;
-                stats.whole_searches += d.whole_searches;
-                stats.work.add(&d.work);
-                stats.bytes_wire += d.bytes_wire;
-                stats.bytes_raw += d.bytes_raw;
-                *stats.mergers.entry(d.merger).or_default() += 1;
-                stats.trace.tasks.extend(d.tasks.iter().cloned());
-                stats.trace.batches.push(crate::trace::BatchTrace {
-                    batch: d.batch,
-                    merge_seconds: d.merge_seconds,
-                    write_seconds: d.write_seconds,
-                    part_bytes: d.part_bytes,
-                    written_unix: d.written_unix,
-                    stats_ahead_seconds: match ahead {
-                        Some(a) if d.stats_ahead => a.seconds_of(d.batch),
-                        _ => 0.0,
-                    },
-                });
-                on_progress(queries_done);
+            }
+            placement.start_ready(client, job, tmp_out);
+            placement.collect(client, false);
+        }
+        for _ in 0..workers {
+            client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
+        }
+        stats.worker_span_seconds = submitted.elapsed().as_secs_f64();
+        for p in prefetches {
+            // Long done by now; a failed prefetch only meant a later stage did the work.
+            if let Err(e) = client.finish(p, Duration::from_secs(60)) {
+                eprintln!("gepsea search: a fragment prefetch failed: {e}");
             }
         }
+        for (b, id) in reshipping {
+            // The wide-area link may be slow and regeneration long: as long as it takes.
+            let sh = client.finish(id, Duration::from_secs(24 * 3600)).map_err(|e| e.to_string()).and_then(crate::ship::answer);
+            let sh = sh.map_err(|e| SearchError::Io(format!("shipping part {b} (from an earlier run) to the storage site: {e}")))?;
+            stats.shipped.get_or_insert_with(Default::default).add(&sh);
+        }
+        if spec.hot_swap {
+            let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
+            for &node in &nodes {
+                let counts: StagingStats =
+                    client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
+                for (a, b) in stats.stagings.iter_mut().zip(counts.by_source) {
+                    *a += b;
+                }
+                stats.evicted += counts.evicted;
+                stats.scratch_peak_bytes = stats.scratch_peak_bytes.max(counts.peak_bytes);
+            }
+        }
+        // The last pieces, before the agents forget the job (and drop pieces not asked for).
         placement.start_ready(client, job, tmp_out);
-        placement.collect(client, false);
-    }
-    for _ in 0..workers {
-        client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
-    }
-    stats.worker_span_seconds = submitted.elapsed().as_secs_f64();
-    for p in prefetches {
-        // Long done by now; a failed prefetch only meant a later stage did the work.
-        if let Err(e) = client.finish(p, Duration::from_secs(60)) {
-            eprintln!("gepsea search: a fragment prefetch failed: {e}");
-        }
-    }
-    for (b, id) in reshipping {
-        // The wide-area link may be slow and regeneration long: as long as it takes.
-        let sh = client.finish(id, Duration::from_secs(24 * 3600)).map_err(|e| e.to_string()).and_then(crate::ship::answer);
-        let sh = sh.map_err(|e| SearchError::Io(format!("shipping part {b} (from an earlier run) to the storage site: {e}")))?;
-        stats.shipped.get_or_insert_with(Default::default).add(&sh);
-    }
-    if spec.hot_swap {
-        let body = postcard::to_stdvec(&BlastRequest::StageCounts { job: job.to_path_buf() }).unwrap();
+        placement.collect(client, true);
+        // Every part is written: the agents may drop the job's state (best effort; an
+        // agent that does not answer keeps a few kilobytes until it stops).
+        let forget = postcard::to_stdvec(&BlastRequest::Forget { job: job.to_path_buf() }).unwrap();
         for &node in &nodes {
-            let counts: StagingStats =
-                client.plugin_at(node, "blast", body.clone()).ok().and_then(|r| postcard::from_bytes(&r).ok()).unwrap_or_default();
-            for (a, b) in stats.stagings.iter_mut().zip(counts.by_source) {
-                *a += b;
+            if let Err(e) = client.plugin_at(node, "blast", forget.clone()) {
+                tracing::debug!("agent of node {node} did not drop the job's state: {e}");
             }
-            stats.evicted += counts.evicted;
-            stats.scratch_peak_bytes = stats.scratch_peak_bytes.max(counts.peak_bytes);
         }
-    }
-    // The last pieces, before the agents forget the job (and drop pieces not asked for).
-    placement.start_ready(client, job, tmp_out);
-    placement.collect(client, true);
-    // Every part is written: the agents may drop the job's state (best effort; an
-    // agent that does not answer keeps a few kilobytes until it stops).
-    let forget = postcard::to_stdvec(&BlastRequest::Forget { job: job.to_path_buf() }).unwrap();
-    for &node in &nodes {
-        if let Err(e) = client.plugin_at(node, "blast", forget.clone()) {
-            tracing::debug!("agent of node {node} did not drop the job's state: {e}");
+        // What no agent placed, the master writes from the part files, in order, one part in
+        // memory at a time, between the pieces the agents wrote.
+        let assembly_started = Instant::now();
+        let out_err = |e: std::io::Error| SearchError::Output { path: tmp_out.to_path_buf(), source: e };
+        let file = std::fs::OpenOptions::new().write(true).open(tmp_out).map_err(out_err)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, &file);
+        let n = spec.batches.len();
+        let mut at = 0u64;
+        // The parts stay until the output is in place: a run stopped now resumes from them.
+        for b in 0..n {
+            if placement.placed.contains(&b) {
+                at += placement.lens[b].expect("a placed piece has a length");
+                continue;
+            }
+            use std::io::Seek;
+            out.seek(std::io::SeekFrom::Start(at)).map_err(out_err)?;
+            let len = piece_of_part(spec, b, &mut out)?;
+            // Pieces after this one may already be in place: it must fill its gap exactly.
+            if let Some(want) = placement.lens[b].filter(|&w| w != len) {
+                return Err(SearchError::Io(format!(
+                    "{}: batch {b}'s share of the output is {len} bytes here but its agent's piece was {want}",
+                    spec.parts[b].display()
+                )));
+            }
+            at += len;
         }
-    }
-    // What no agent placed, the master writes from the part files, in order, one part in
-    // memory at a time, between the pieces the agents wrote.
-    let assembly_started = Instant::now();
-    let out_err = |e: std::io::Error| SearchError::Output { path: tmp_out.to_path_buf(), source: e };
-    let file = std::fs::OpenOptions::new().write(true).open(tmp_out).map_err(out_err)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, &file);
-    let n = spec.batches.len();
-    let mut at = 0u64;
-    // The parts stay until the output is in place: a run stopped now resumes from them.
-    for b in 0..n {
-        if placement.placed.contains(&b) {
-            at += placement.lens[b].expect("a placed piece has a length");
-            continue;
-        }
-        use std::io::Seek;
-        out.seek(std::io::SeekFrom::Start(at)).map_err(out_err)?;
-        let len = piece_of_part(spec, b, &mut out)?;
-        // Pieces after this one may already be in place: it must fill its gap exactly.
-        if let Some(want) = placement.lens[b].filter(|&w| w != len) {
-            return Err(SearchError::Io(format!(
-                "{}: batch {b}'s share of the output is {len} bytes here but its agent's piece was {want}",
-                spec.parts[b].display()
-            )));
-        }
-        at += len;
-    }
-    drop(out);
-    // Every piece is in: the last one's writer said so. The length is set rather than
-    // read back because another node's writes may not show in this node's cached
-    // attributes of a network file system yet.
-    file.set_len(at).map_err(out_err)?;
-    stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
-    stats.placed_by_agents = placement.placed.len();
-    stats.parts = n;
-    Ok(stats)
+        drop(out);
+        // Every piece is in: the last one's writer said so. The length is set rather than
+        // read back because another node's writes may not show in this node's cached
+        // attributes of a network file system yet.
+        file.set_len(at).map_err(out_err)?;
+        stats.trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
+        stats.placed_by_agents = placement.placed.len();
+        stats.parts = n;
+        Ok(stats)
+    })
 }
 
 /// Batch `b`'s piece (see [`crate::parts::piece`]) made from its part file into `out`;

@@ -77,15 +77,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let result = (|| -> Result<(), String> {
         std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
         let queries = batch_file(&job, batch);
-        let rs = report::Spec {
-            program: &spec.program,
-            blastdb: spec.blastdb.as_ref(),
-            db_name: &spec.db_name,
-            queries: &queries,
-            outfmt: &spec.outfmt,
-            blast_args: &spec.blast_args,
-            scratch: &scratch,
-        };
+        let rs = spec.report_spec(&queries, &scratch);
         let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
         // Formatted in scratch, then read twice there: into the piece this agent will
         // write at the piece's final offset, and copied once across to the part file
