@@ -4,7 +4,8 @@
 //!
 //! What is measured and what is modelled, kept apart:
 //! - every task's search time and archive size, every batch's merge and write time
-//!   and the fallbacks come from the trace of the smallest replayed run (the master's
+//!   (and its statistics runs, when the agents' master ran them ahead) and the
+//!   fallbacks come from the trace of the smallest replayed run (the master's
 //!   or the agents' own timings, `Summary::trace`);
 //! - the compression rate and ratio are measured here on the recording's archives
 //!   (zstd -3, as the agents compress);

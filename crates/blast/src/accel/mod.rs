@@ -220,7 +220,7 @@ pub struct PartDone {
     pub written_unix: f64,
     /// What shipping the part to the storage site measured (with `JobSpec::ship`).
     pub shipped: Option<Box<crate::ship::Shipped>>,
-    /// The write used statistics run ahead by the master (`master::stats_ahead`), so
+    /// The write used statistics run ahead by the master (`accel::ahead`), so
     /// `write_seconds` holds no statistics runs.
     pub stats_ahead: bool,
 }

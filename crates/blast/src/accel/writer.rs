@@ -83,7 +83,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         // write at the piece's final offset, and copied once across to the part file
         // (what a rerun resumes from, and the master's fallback).
         let local = scratch.join("report");
-        // The statistics runs were usually done ahead by the master (`stats_ahead`).
+        // The statistics runs were usually done ahead by the master (`super::ahead`).
         match super::ahead::for_writer(&job, batch, &spec.outfmt, std::time::Duration::from_secs(30)) {
             Some(stats) => {
                 stats_ahead = true;
