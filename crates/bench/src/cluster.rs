@@ -148,6 +148,12 @@ pub(crate) struct Row {
     /// reports it plays replays only) and for runs saved before it was kept.
     #[serde(default)]
     pub idle_agent_cores: f64,
+    /// CPU seconds this many agents spent starting (to every one ready), measured with
+    /// the idle group: the part of the agents' own CPU that grows with the node count
+    /// whatever the work. Zero where `idle_agent_cores` is, and for runs saved before
+    /// it was kept.
+    #[serde(default)]
+    pub agent_start_cpu_seconds: f64,
     /// CPU seconds the whole machine was busy during the search (all cores, every
     /// process: agents, BLAST+ formatting runs, the master, `sshd`/`sshfs` of the storage
     /// link, the kernel). Over the cores it is the shortest the run could have been on
@@ -262,12 +268,23 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
     Ok(o)
 }
 
+/// What a group of agents costs apart from any work ([`idle_agents`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct IdleGroup {
+    /// CPU seconds, all agents together, from their start until every one is ready
+    /// (process start, shared memory, meeting the others, authenticated links).
+    start_cpu_seconds: f64,
+    /// Cores, all agents together, once all are ready and nothing is asked of them.
+    cores: f64,
+}
+
 /// The CPU of `nodes` agents, one per node of `bed` as a search starts them
-/// (authenticated links, a rendezvous directory), left idle: in cores, over 5 s once all
-/// are ready. An idle agent only looks for new agents now and then; its links are
-/// watched by the kernel (TCP keepalive). Reported beside the runs; the model does not
-/// charge it apart (`cluster_model::agent_own_cores` says why).
-fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<f64> {
+/// (authenticated links, a rendezvous directory): what their start costs, and what
+/// they cost left idle, in cores over 5 s once all are ready. An idle agent only looks
+/// for new agents now and then; its links are watched by the kernel (TCP keepalive).
+/// The model charges the start per agent (`cluster_model::agent_own_cpu`); the idle
+/// cost is reported beside the runs, not charged apart.
+fn idle_agents(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<IdleGroup> {
     let ns = format!("gbidle{}n{nodes}", std::process::id());
     let dir = d.join(format!("idle-{nodes}"));
     std::fs::create_dir_all(&dir)?;
@@ -275,7 +292,7 @@ fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -
     crate::net::write_key_file(&key)?;
     let rv = dir.join("agents");
     let mut agents = crate::net::Kill(Vec::new());
-    let result = (|| -> Result<f64> {
+    let result = (|| -> Result<IdleGroup> {
         for i in 0..nodes {
             let mut c = bed.cmd(i, gepsea);
             c.args(["agent", "--quiet", "--namespace", &ns, "--node-id", &(i + 1).to_string()])
@@ -293,19 +310,22 @@ fn idle_agents_cores(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -
             let status = gepsea_client::status(&ns, n as u32).unwrap_or_default();
             serde_json::from_str::<serde_json::Value>(&status).is_ok_and(|s| s["ready"] == true)
         };
+        let cpu = |agents: &crate::net::Kill| -> f64 {
+            agents.0.iter().filter_map(|c| crate::procstat::cpu_split(c.id())).map(|(own, waited)| own + waited).sum()
+        };
+        // Polled every 20 ms: an idle group costs well under 1 % of a core, so the
+        // poll's overshoot adds nothing measurable to the start.
         while !(1..=nodes).all(ready) {
             if Instant::now() > deadline {
                 bail!("the idle agents were not all ready within 60 s");
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let start_cpu_seconds = cpu(&agents);
         std::thread::sleep(Duration::from_secs(2));
-        let cpu = |agents: &crate::net::Kill| -> f64 {
-            agents.0.iter().filter_map(|c| crate::procstat::cpu_split(c.id())).map(|(own, waited)| own + waited).sum()
-        };
         let (t0, c0) = (Instant::now(), cpu(&agents));
         std::thread::sleep(Duration::from_secs(5));
-        Ok((cpu(&agents) - c0) / t0.elapsed().as_secs_f64())
+        Ok(IdleGroup { start_cpu_seconds, cores: (cpu(&agents) - c0) / t0.elapsed().as_secs_f64() })
     })();
     drop(agents);
     let _ = std::fs::remove_dir_all(&dir);
@@ -560,12 +580,15 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
         // Only the model reports it (replays), and one agent has no links to keep.
-        let idle_cores = if recording.is_some() && nodes > 1 && variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
-            let c = idle_agents_cores(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
-            eprintln!("  {nodes} node(s), agents left idle: {:.3} cores in all", c);
-            c
+        let idle = if recording.is_some() && variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
+            let g = idle_agents(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
+            eprintln!(
+                "  {nodes} node(s), agents left idle: start {:.2} CPU-s in all, then {:.3} cores in all",
+                g.start_cpu_seconds, g.cores
+            );
+            g
         } else {
-            0.0
+            IdleGroup::default()
         };
         // One worker per node; the master shares the first node.
         let slots: Vec<usize> = (0..nodes).map(|i| if i == 0 { 2 } else { 1 }).collect();
@@ -637,7 +660,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 active_search_fraction: active,
                 agent_cpu_percent: if agents == 0 { 0.0 } else { 100.0 * agent_cpu / (wall * agents as f64) },
                 agent_own_cpu_seconds: agent_own_cpu,
-                idle_agent_cores: if agents == 0 { 0.0 } else { idle_cores },
+                idle_agent_cores: if agents == 0 { 0.0 } else { idle.cores },
+                agent_start_cpu_seconds: if agents == 0 { 0.0 } else { idle.start_cpu_seconds },
                 bytes_wire: s["accel"]["bytes_wire"].as_u64().unwrap_or(0),
                 bytes_raw: s["accel"]["bytes_raw"].as_u64().unwrap_or(0),
                 mergers: s["accel"]["mergers"].as_object().map_or(1, |m| m.len()),

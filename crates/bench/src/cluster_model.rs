@@ -9,6 +9,9 @@
 //!   or the agents' own timings, `Summary::trace`);
 //! - the compression rate and ratio are measured here on the recording's archives
 //!   (zstd -3, as the agents compress);
+//! - the agents' own CPU: their start and idle cost are measured on a group of agents
+//!   left alone before each node count's runs, and the rest of the calibration run's own
+//!   CPU is charged per task ([`AgentOwn`]);
 //! - the launch's fixed cost (start-up, agents meeting, final assembly) is the part of
 //!   the smallest run's wall time the model does not play, and is held constant;
 //! - link rate and task round trip are set from `bench net` / `bench agent` figures.
@@ -108,23 +111,58 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
     Ok((raw as f64 / seconds.max(1e-9), raw as f64 / packed.max(1) as f64))
 }
 
-/// The cores each agent spends on itself, from the calibration run: the agents' own CPU
-/// (without the formatting runs they wait for), less the work the model plays by
-/// itself (parsing, merging, compressing), over the agents' time on the job. Zero for
-/// mpiBLAST, and for a saved run from before the agents' own CPU was recorded.
+/// What the agents cost themselves besides the work the model plays apart (parsing,
+/// merging, compressing), split by what it grows with:
+/// - **starting**, per agent: measured with an idle group of the run's size
+///   (`Row::agent_start_cpu_seconds`);
+/// - **being there**, per agent-second: an idle agent's cost, from the largest idle
+///   group measured ([`idle_agent_cores_each`]);
+/// - **per task**: the rest of the calibration run's own CPU, over its tasks (taking
+///   them, the hand-overs, the messages that go with each result).
 ///
-/// An idle group's cost is not charged apart: when agents still heartbeated each other,
-/// the idle groups' cost per heartbeat charged on top gave 36 nodes' agents 32.6 and
-/// 38.2 CPU-s of their own in two runs that measured 27.5 and 26.8 (without: 26.4 and
-/// 30.4). Background work comes while the agents are awake, and the calibration's share
-/// per agent-second holds it.
-fn agent_own_cores(cal: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
-    if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
-        return 0.0;
+/// Until 2026-11-28 all of it was charged per agent-second. The same work at 36 nodes
+/// keeps 9 times as many agents for a fifth of the time, and that charge put their own
+/// CPU at 17.7 CPU-s in a run that measured 12.6. The idle groups measure the start at
+/// about 0.01 CPU-s per agent and the idle cost at about 0.01 % of a core: nearly all
+/// of the agents' own CPU follows the work. What grows with the node count beyond
+/// those two (about 3 CPU-s from 4 to 36 nodes, in the agents' loops and event
+/// threads) is not charged; each run's measured and modelled own CPU are reported
+/// side by side.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct AgentOwn {
+    per_task: f64,
+    idle_cores_each: f64,
+}
+
+impl AgentOwn {
+    /// Calibrated on `cal` (zero for mpiBLAST, and for a run saved before the agents'
+    /// own CPU was recorded).
+    fn calibrate(cal: &Row, runs: &[Row], work: &[BatchWork], arch: Arch, compress_rate: f64) -> AgentOwn {
+        if arch == Arch::Mpiblast || cal.agent_own_cpu_seconds <= 0.0 {
+            return AgentOwn::default();
+        }
+        let idle_cores_each = idle_agent_cores_each(runs);
+        let rest = cal.agent_own_cpu_seconds
+            - tasks_cpu(cal, work, arch, compress_rate)
+            - cal.agent_start_cpu_seconds
+            - idle_cores_each * cal.nodes as f64 * cal.wall_seconds;
+        AgentOwn { per_task: rest.max(0.0) / task_count(work).max(1) as f64, idle_cores_each }
     }
-    let agent_seconds = cal.nodes as f64 * cal.wall_seconds;
-    let own = (cal.agent_own_cpu_seconds - tasks_cpu(cal, work, arch, compress_rate)).max(0.0);
-    own / agent_seconds.max(1e-9)
+
+    /// The model's costs for playing `run`.
+    fn costs(&self, run: &Row, base: &Costs) -> Costs {
+        Costs {
+            agent_own_cores: self.idle_cores_each,
+            agent_cpu_per_task: self.per_task,
+            agent_start_cpu: run.agent_start_cpu_seconds / run.nodes.max(1) as f64,
+            ..base.clone()
+        }
+    }
+}
+
+/// Every search task of the workload: fragments and whole-database fallbacks.
+fn task_count(work: &[BatchWork]) -> usize {
+    work.iter().map(|b| b.fragments.len() + b.whole.len()).sum()
 }
 
 /// The agents' CPU for the work the model plays task by task (parsing, merging, and
@@ -140,17 +178,20 @@ fn tasks_cpu(run: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f
 }
 
 /// The agents' own CPU (`Row::agent_own_cpu_seconds`) the model charges `run`'s agents
-/// when it plays the run in `wall` seconds.
+/// when it plays the run in `wall` seconds with `costs`.
 fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wall: f64) -> f64 {
     if arch == Arch::Mpiblast {
         return 0.0;
     }
-    tasks_cpu(run, work, arch, costs.compress_bytes_per_second) + costs.agent_own_cores * run.nodes as f64 * wall
+    let nodes = run.nodes as f64;
+    tasks_cpu(run, work, arch, costs.compress_bytes_per_second)
+        + costs.agent_cpu_per_task * task_count(work) as f64
+        + costs.agent_start_cpu * nodes
+        + costs.agent_own_cores * nodes * wall
 }
 
 /// Cores one idle agent costs, from the largest idle group measured
-/// (`Row::idle_agent_cores`). Zero when no run measured it. Reported, not charged (see
-/// `agent_own_cores`).
+/// (`Row::idle_agent_cores`). Zero when no run measured it.
 fn idle_agent_cores_each(runs: &[Row]) -> f64 {
     let Some(r) = runs.iter().filter(|r| r.idle_agent_cores > 0.0 && r.nodes > 1).max_by_key(|r| r.nodes) else { return 0.0 };
     r.idle_agent_cores / r.nodes as f64
@@ -170,10 +211,12 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         take_seconds: 0.001,
         shared_cores: Some(cores),
         agent_own_cores: 0.0,
+        agent_cpu_per_task: 0.0,
+        agent_start_cpu: 0.0,
         fixed_seconds: 0.0,
     };
     eprintln!(
-        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated; an idle agent {:.3} % of a core (not charged apart)",
+        "bench cluster model: zstd -3 on the recorded archives {:.0} MB/s, ratio {compress_ratio:.1}; agents share {cores} cores as emulated; an idle agent {:.3} % of a core",
         compress_rate / 1e6,
         100.0 * idle_agent_cores_each(runs)
     );
@@ -197,25 +240,27 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         if work.is_empty() {
             continue;
         }
-        let own = agent_own_cores(cal, &work, arch(v), compress_rate);
-        if own > 0.0 {
+        let own = AgentOwn::calibrate(cal, runs, &work, arch(v), compress_rate);
+        if own != AgentOwn::default() {
             eprintln!(
-                "bench cluster model: {}: each agent's own CPU {:.2} % of a core (from {} nodes: {:.1} CPU-s in {:.1} s)",
+                "bench cluster model: {}: the agents' own CPU {:.1} ms per task, {:.3} % of a core per agent, and their start (from {} nodes: {:.1} CPU-s in {:.1} s)",
                 cal.variant,
-                100.0 * own,
+                1e3 * own.per_task,
+                100.0 * own.idle_cores_each,
                 cal.nodes,
                 cal.agent_own_cpu_seconds,
                 cal.wall_seconds
             );
         }
-        let with_own = Costs { agent_own_cores: own, ..base_costs.clone() };
-        let played = model::simulate(&work, cal.nodes, arch(v), &with_own);
-        let costs = Costs { fixed_seconds: (cal.wall_seconds - played.wall_seconds).max(0.0), ..with_own };
+        let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs));
+        let fixed_seconds = (cal.wall_seconds - played.wall_seconds).max(0.0);
+        let costs_for = |r: &Row| Costs { fixed_seconds, ..own.costs(r, &base_costs) };
         eprintln!(
-            "bench cluster model: {}: {} nodes played in {:.2} s, measured {:.2} s: fixed cost {:.2} s",
-            cal.variant, cal.nodes, played.wall_seconds, cal.wall_seconds, costs.fixed_seconds
+            "bench cluster model: {}: {} nodes played in {:.2} s, measured {:.2} s: fixed cost {fixed_seconds:.2} s",
+            cal.variant, cal.nodes, played.wall_seconds, cal.wall_seconds
         );
         for r in &mine {
+            let costs = costs_for(r);
             let p = model::simulate(&work, r.nodes, arch(v), &costs);
             let err = 100.0 * (p.wall_seconds - r.wall_seconds) / r.wall_seconds;
             if r.nodes != cal.nodes {
@@ -267,7 +312,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 predicted_wall_own_master_costs: own_costs,
             });
         }
-        calibrated.push((v, cal.variant.clone(), cal.nodes, work, costs));
+        // Extrapolated with the largest run's measured start per agent.
+        let largest = mine.last().map_or(costs_for(cal), |r| costs_for(r));
+        calibrated.push((v, cal.variant.clone(), cal.nodes, work, largest));
     }
     if !own_cost_checks.is_empty() {
         println!("\nmpiBLAST played with each run's own master costs (merges and writes as that run traced them):\n");
@@ -357,6 +404,7 @@ pub(crate) mod tests {
             agent_cpu_percent: 0.0,
             agent_own_cpu_seconds: own,
             idle_agent_cores: 0.0,
+            agent_start_cpu_seconds: 0.0,
             machine_busy_seconds: 0.0,
             bytes_wire: 0,
             bytes_raw,
@@ -366,9 +414,10 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_agents_own_cores_leave_out_the_work_the_model_plays_itself() {
-        // 4 agents for 100 s used 30 CPU-s on themselves; 2 s of it parsing, 3 s
-        // merging and 5 s compressing 500 MB at 100 MB/s: 20 CPU-s over 400 agent-s.
+    fn the_agents_own_cpu_per_task_leaves_out_their_start_their_idle_cost_and_the_work_the_model_plays() {
+        // 4 agents for 100 s used 30 CPU-s on themselves: 2 s of it parsing, 3 s
+        // merging, 5 s compressing 500 MB at 100 MB/s, 2 s starting, and 0.01 cores
+        // each idle (4 CPU-s): 14 CPU-s over 2 tasks.
         let work = vec![BatchWork {
             fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)],
             whole: vec![],
@@ -377,16 +426,37 @@ pub(crate) mod tests {
             stats_ahead_seconds: 0.0,
         }];
         let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: true };
-        let cal = row(4, 100.0, 30.0, 500_000_000);
-        assert!((agent_own_cores(&cal, &work, dynamic, 1e8) - 0.05).abs() < 1e-12);
+        let cal = Row { agent_start_cpu_seconds: 2.0, ..row(4, 100.0, 30.0, 500_000_000) };
+        let idle_group = Row { idle_agent_cores: 0.04, ..row(4, 100.0, 30.0, 0) };
+        let runs = [cal.clone(), idle_group];
+        let own = AgentOwn::calibrate(&cal, &runs, &work, dynamic, 1e8);
+        assert!((own.per_task - 7.0).abs() < 1e-9, "{own:?}");
+        assert!((own.idle_cores_each - 0.01).abs() < 1e-12);
         // Without compression its 5 s stay the agents' own.
         let plain = Arch::Agents { assign: Assign::Dynamic, compress: false };
-        assert!((agent_own_cores(&cal, &work, plain, 1e8) - 0.0625).abs() < 1e-12);
+        assert!((AgentOwn::calibrate(&cal, &runs, &work, plain, 1e8).per_task - 9.5).abs() < 1e-9);
+        // Played at 36 nodes for 20 s, with that size's start of 9 CPU-s measured: the
+        // same tasks, 9 × 2 = 18 CPU-s idle, 10 s for the model's own work.
+        let big = Row { agent_start_cpu_seconds: 9.0, ..row(36, 20.0, 0.0, 500_000_000) };
+        let base = Costs {
+            link_bytes_per_second: 1e9,
+            compress_bytes_per_second: 1e8,
+            compress_ratio: 10.0,
+            take_seconds: 0.0,
+            shared_cores: Some(2),
+            agent_own_cores: 0.0,
+            agent_cpu_per_task: 0.0,
+            agent_start_cpu: 0.0,
+            fixed_seconds: 0.0,
+        };
+        let costs = own.costs(&big, &base);
+        assert!((costs.agent_start_cpu - 0.25).abs() < 1e-12);
+        assert!((modelled_own_cpu(&big, &work, dynamic, &costs, 20.0) - (10.0 + 14.0 + 9.0 + 7.2)).abs() < 1e-9);
         // Not for mpiBLAST, nor for a run saved before the agents' own CPU was kept.
-        assert_eq!(agent_own_cores(&cal, &work, Arch::Mpiblast, 1e8), 0.0);
-        assert_eq!(agent_own_cores(&row(4, 100.0, 0.0, 0), &work, dynamic, 1e8), 0.0);
+        assert_eq!(AgentOwn::calibrate(&cal, &runs, &work, Arch::Mpiblast, 1e8), AgentOwn::default());
+        assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 0.0, 0), &runs, &work, dynamic, 1e8), AgentOwn::default());
         // Never below zero.
-        assert_eq!(agent_own_cores(&row(4, 100.0, 1.0, 0), &work, dynamic, 1e8), 0.0);
+        assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 1.0, 0), &runs, &work, dynamic, 1e8).per_task, 0.0);
     }
 
     #[test]

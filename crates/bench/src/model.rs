@@ -85,10 +85,18 @@ pub struct Costs {
     pub take_seconds: f64,
     /// Cores the agents' work shares (`None`: every agent has its own).
     pub shared_cores: Option<usize>,
-    /// CPU an agent spends on itself (its loop, event thread, discovery, hand-overs),
-    /// in cores, while the run lasts. It takes that much of the cores the agents' work
-    /// runs on: all agents' share of the shared cores, or one agent's of its own core.
+    /// CPU an agent spends on itself whatever its work (its loop and event thread with
+    /// nothing to do, looking for new agents), in cores, while the run lasts. It takes
+    /// that much of the cores the agents' work runs on: all agents' share of the shared
+    /// cores, or one agent's of its own core.
     pub agent_own_cores: f64,
+    /// CPU seconds the agents spend on each task beyond parsing its archive (taking it
+    /// from the load balancer, the worker's hand-over, the messages that go with its
+    /// result), on the searching node's agent as the search ends.
+    pub agent_cpu_per_task: f64,
+    /// CPU seconds one agent spends starting (process, shared memory, meeting the
+    /// others), on the cores the agents' work runs on, from the start.
+    pub agent_start_cpu: f64,
     /// Launch, start-up, final assembly: everything that does not depend on the tasks.
     pub fixed_seconds: f64,
 }
@@ -125,6 +133,13 @@ impl Pool {
     /// from work that is ready now (`new` makes at least one core).
     fn first_free(&mut self, ready: f64) -> &mut f64 {
         self.free_at.iter_mut().min_by(|a, b| a.max(ready).total_cmp(&b.max(ready)).then(b.total_cmp(a))).expect("a pool has a core")
+    }
+    /// Spreads `work` seconds (of a whole core) evenly over every core from the start.
+    fn spread(&mut self, work: f64) {
+        let each = work * self.stretch / self.free_at.len() as f64;
+        for core in &mut self.free_at {
+            *core += each;
+        }
     }
     /// Runs `work` seconds (of a whole core) no earlier than `ready`; returns its end.
     fn run(&mut self, ready: f64, work: f64) -> f64 {
@@ -297,6 +312,9 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
     // node's on a real cluster (one core per worker). mpiBLAST's master uses none.
     let agents_own = if mpiblast { 0.0 } else { costs.agent_own_cores * workers as f64 };
     let mut cores = Pool::new(costs.shared_cores.unwrap_or(workers), agents_own);
+    if !mpiblast {
+        cores.spread(costs.agent_start_cpu * workers as f64);
+    }
     let mut ahead = Ahead::new(if mpiblast { 0 } else { nb });
     let mut end = 0.0f64;
     // Per worker: first task taken, last result handed over.
@@ -341,8 +359,10 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                     agent_load[m] += 1.0;
                     m
                 });
-                // The searching node's agent parses the archive first.
-                let parsed = if parse > 0.0 { cores.run_short(t, parse) } else { t };
+                // The searching node's agent parses the archive first (and hands the
+                // task over).
+                let handle = parse + costs.agent_cpu_per_task;
+                let parsed = if handle > 0.0 { cores.run_short(t, handle) } else { t };
                 let at = if m == w {
                     parsed
                 } else {
@@ -467,6 +487,8 @@ mod tests {
             take_seconds: 0.0,
             shared_cores: None,
             agent_own_cores: 0.0,
+            agent_cpu_per_task: 0.0,
+            agent_start_cpu: 0.0,
             fixed_seconds: 0.0,
         }
     }
@@ -527,6 +549,15 @@ mod tests {
         assert!((simulate(&w, 4, agents, &own).wall_seconds - 9.0).abs() < 1e-9);
         // mpiBLAST has no agents.
         assert!((simulate(&w, 4, Arch::Mpiblast, &busy).wall_seconds - 5.0).abs() < 1e-9);
+        // Handing the task over costs the agents 0.5 s on the core as the search ends:
+        // the merge starts at 1.5 s, the write ends at 5.5 s.
+        let per_task = Costs { agent_cpu_per_task: 0.5, ..alone.clone() };
+        assert!((simulate(&w, 4, agents, &per_task).wall_seconds - 5.5).abs() < 1e-9);
+        // 4 agents starting at 0.5 s each hold the core for 2 s from the start: the
+        // merge, ready at 1 s, waits for it (2-3 s), the write follows (3-6 s).
+        let start = Costs { agent_start_cpu: 0.5, ..alone.clone() };
+        assert!((simulate(&w, 4, agents, &start).wall_seconds - 6.0).abs() < 1e-9);
+        assert!((simulate(&w, 4, Arch::Mpiblast, &start).wall_seconds - 5.0).abs() < 1e-9);
     }
 
     #[test]
