@@ -33,11 +33,19 @@ fn serial(dir: &Path, outfmt: &str, extra: &[&str], out: &Path) {
     run_ok(c);
 }
 
+/// Every search of this file cuts the 40 queries into batches of at most 2,000 residues
+/// (10 batches): a stopped search has finished its first batch long before its last. With
+/// the default batches (2 when split by fragments, shrinking ones split by queries) the
+/// last batches could finish within the test's 20 ms look for the first, and the search
+/// ended before it could be stopped (seen once in a clean-clone CI run).
+const BATCHES: [&str; 2] = ["--batch-residues", "2000"];
+
 fn search_cmd(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> Command {
     let mut c = gepsea();
     c.current_dir(dir)
         .args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"])
         .arg(out)
+        .args(BATCHES)
         .args(mode);
     if !extra.is_empty() {
         c.arg("--").args(extra);
@@ -64,7 +72,7 @@ fn stop_halfway(dir: &Path, out: &Path, mode: &[&str], signal: i32) -> (usize, u
     // SAFETY: signalling our own child process.
     unsafe { libc::kill(child.id() as i32, signal) };
     let st = child.wait().unwrap();
-    assert!(!st.success(), "the search finished before it could be stopped");
+    assert!(!st.success(), "{mode:?}: the search finished before it could be stopped");
     // Killed outright, the master cannot stop its children: let them notice.
     std::thread::sleep(Duration::from_millis(300));
     let n = finished_parts(out);
