@@ -677,6 +677,19 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 row.bytes_raw as f64 / 1e6,
                 row.mergers
             );
+            if let Some(st) = s["accel"]["stagings"].as_array().filter(|a| a.len() == 4) {
+                // [already staged, from memory, from another node, from storage].
+                let n = |i: usize| st[i].as_u64().unwrap_or(0);
+                eprintln!(
+                    "  {nodes} node(s), {variant}: fragments staged {} times: {} from storage, {} from another node, {} from memory, {} already staged; workers waited {:.2} s for input",
+                    n(0) + n(1) + n(2) + n(3),
+                    n(3),
+                    n(2),
+                    n(1),
+                    n(0),
+                    s["accel"]["work"]["input_seconds"].as_f64().unwrap_or(0.0)
+                );
+            }
             rows.push(row);
             let _ = std::fs::remove_file(&out);
         }
