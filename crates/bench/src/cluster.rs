@@ -142,9 +142,9 @@ pub(crate) struct Row {
     #[serde(default)]
     pub agent_own_cpu_seconds: f64,
     /// CPU of this many agents left idle on the same testbed, in cores, measured before
-    /// the runs (`idle_agents_cores`): what the group costs when it has nothing to do
+    /// the runs (`idle_agents`): what the group costs when it has nothing to do
     /// (until the eleventh session, heartbeats that grew with the square of the group).
-    /// Zero for mpiBLAST, for one node, for runs that were not replayed (the model that
+    /// Zero for mpiBLAST, for runs that were not replayed (the model that
     /// reports it plays replays only) and for runs saved before it was kept.
     #[serde(default)]
     pub idle_agent_cores: f64,
@@ -282,8 +282,7 @@ struct IdleGroup {
 /// (authenticated links, a rendezvous directory): what their start costs, and what
 /// they cost left idle, in cores over 5 s once all are ready. An idle agent only looks
 /// for new agents now and then; its links are watched by the kernel (TCP keepalive).
-/// The model charges the start per agent (`cluster_model::agent_own_cpu`); the idle
-/// cost is reported beside the runs, not charged apart.
+/// The model charges both as measured (`cluster_model::AgentOwn`).
 fn idle_agents(bed: &NetnsBridge, nodes: usize, gepsea: &Path, d: &Path) -> Result<IdleGroup> {
     let ns = format!("gbidle{}n{nodes}", std::process::id());
     let dir = d.join(format!("idle-{nodes}"));
@@ -579,7 +578,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         };
         let out_dir = storage.as_ref().map_or(d.to_path_buf(), |s| s.mountpoint.clone());
         let subnet = bed.subnet();
-        // Only the model reports it (replays), and one agent has no links to keep.
+        // Only the model uses it (replays).
         let idle = if recording.is_some() && variants.iter().any(|v| !v.2.contains(&"--no-agent")) {
             let g = idle_agents(&bed, nodes, &gepsea, d).with_context(|| format!("{nodes} idle agents"))?;
             eprintln!(
@@ -677,16 +676,10 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 row.bytes_raw as f64 / 1e6,
                 row.mergers
             );
-            if let Some(st) = s["accel"]["stagings"].as_array().filter(|a| a.len() == 4) {
-                // [already staged, from memory, from another node, from storage].
-                let n = |i: usize| st[i].as_u64().unwrap_or(0);
+            if let Ok(stagings) = serde_json::from_value::<[u32; 4]>(s["accel"]["stagings"].clone()) {
                 eprintln!(
-                    "  {nodes} node(s), {variant}: fragments staged {} times: {} from storage, {} from another node, {} from memory, {} already staged; workers waited {:.2} s for input",
-                    n(0) + n(1) + n(2) + n(3),
-                    n(3),
-                    n(2),
-                    n(1),
-                    n(0),
+                    "  {nodes} node(s), {variant}: {}; workers waited {:.2} s for input",
+                    gepsea_blast::accel::describe_stagings(stagings),
                     s["accel"]["work"]["input_seconds"].as_f64().unwrap_or(0.0)
                 );
             }

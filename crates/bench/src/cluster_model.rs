@@ -243,13 +243,14 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         let own = AgentOwn::calibrate(cal, runs, &work, arch(v), compress_rate);
         if own != AgentOwn::default() {
             eprintln!(
-                "bench cluster model: {}: the agents' own CPU {:.1} ms per task, {:.3} % of a core per agent, and their start (from {} nodes: {:.1} CPU-s in {:.1} s)",
+                "bench cluster model: {}: the agents' own CPU {:.1} ms per task and {:.3} % of a core per agent, besides their start as measured (from {} nodes: {:.1} CPU-s in {:.1} s, {:.2} of them starting)",
                 cal.variant,
                 1e3 * own.per_task,
                 100.0 * own.idle_cores_each,
                 cal.nodes,
                 cal.agent_own_cpu_seconds,
-                cal.wall_seconds
+                cal.wall_seconds,
+                cal.agent_start_cpu_seconds
             );
         }
         let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs));
@@ -313,7 +314,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
             });
         }
         // Extrapolated with the largest run's measured start per agent.
-        let largest = mine.last().map_or(costs_for(cal), |r| costs_for(r));
+        let largest = costs_for(mine.last().copied().unwrap_or(cal));
         calibrated.push((v, cal.variant.clone(), cal.nodes, work, largest));
     }
     if !own_cost_checks.is_empty() {

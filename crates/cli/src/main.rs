@@ -481,10 +481,9 @@ fn run() -> Result<()> {
                     s.output.display()
                 );
                 if let Some(a) = s.accel.as_ref().filter(|a| a.stagings.iter().any(|n| *n > 0)) {
-                    let [staged, memory, peer, storage] = a.stagings;
                     eprintln!(
-                        "gepsea search: fragments staged {} times: {storage} from storage, {peer} from another node, {memory} from memory, {staged} already staged; workers waited {:.2} s for input; at most {} bytes staged on a node, {} staged copies removed to make room",
-                        staged + memory + peer + storage,
+                        "gepsea search: {}; workers waited {:.2} s for input; at most {} bytes staged on a node, {} staged copies removed to make room",
+                        gepsea_blast::accel::describe_stagings(a.stagings),
                         a.work.input_seconds,
                         a.scratch_peak_bytes,
                         a.evicted

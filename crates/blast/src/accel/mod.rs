@@ -225,6 +225,17 @@ pub struct PartDone {
     pub stats_ahead: bool,
 }
 
+/// `stagings` (counts by [`StageSource`], as [`AccelStats::stagings`]) in words, for a
+/// run's summary: "fragments staged N times: … from storage, … from another node, … from
+/// memory, … already staged".
+pub fn describe_stagings(stagings: [u32; 4]) -> String {
+    let [staged, memory, peer, storage] = stagings;
+    format!(
+        "fragments staged {} times: {storage} from storage, {peer} from another node, {memory} from memory, {staged} already staged",
+        staged + memory + peer + storage
+    )
+}
+
 // ----- the master ----------------------------------------------------------------------
 
 /// Statistics of an accelerated run.
