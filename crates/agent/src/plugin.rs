@@ -46,6 +46,11 @@ pub struct Context<'a> {
     /// outlives the request (e.g. writing results in the background, so that the job
     /// thread is free for the next request).
     pub background: Arc<dyn Services>,
+    /// The same API on behalf of this agent itself rather than of the caller: for
+    /// locks held per node. A lock is held per process, and one caller's requests can
+    /// run on many agents at once (the master's prefetches, say): under the caller's
+    /// name, the second agent to ask would be told the lock is already its own.
+    pub agent: &'a dyn Services,
     /// The compression engine (with any registered application codecs).
     pub engine: &'a Engine,
     /// A node-local directory for the plug-in's files (e.g. data staged from shared

@@ -628,6 +628,9 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let sampled = sampler.join().unwrap_or_default();
             let agent_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.0);
             let agent_own_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.1);
+            if std::env::var_os("RUST_LOG").is_some() {
+                eprint!("{}", String::from_utf8_lossy(&o.stderr));
+            }
             if !o.status.success() {
                 bail!(
                     "{nodes} nodes, {variant}: mpirun failed: {}{}",

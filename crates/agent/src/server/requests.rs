@@ -287,7 +287,16 @@ impl Agent {
         let node = self.me;
         let scratch = self.runtime_dir.join("scratch");
         self.job(client, reply, move |s| {
-            let ctx = Context { caller: client, node, services: s, background: Arc::new(s.clone()), engine: &engine, scratch: &scratch };
+            let agent = InProc { client: Client::new(node, 0), ..s.clone() };
+            let ctx = Context {
+                caller: client,
+                node,
+                services: s,
+                background: Arc::new(s.clone()),
+                agent: &agent,
+                engine: &engine,
+                scratch: &scratch,
+            };
             match p.handle(&ctx, &body) {
                 Ok(d) => Reply::Data(d),
                 Err(crate::plugin::PluginError::BadRequest(m)) => Reply::err(ErrorKind::BadRequest, format!("plug-in {name}: {m}")),

@@ -209,7 +209,10 @@ impl BlastPlugin {
         let was_here = ctx.services.global_state()?.iter().any(|s| s.node == ctx.node && s.holds.iter().any(|h| h == object));
         let fetch = || match ctx.services.cache_get(object) {
             Ok(b) => Ok(Some(b)),
-            Err(ApiError::Agent { kind: ErrorKind::NotFound, .. }) => Ok(None),
+            Err(ApiError::Agent { kind: ErrorKind::NotFound, message }) => {
+                tracing::debug!("fragment {name} on node {}: {message}", ctx.node);
+                Ok(None)
+            }
             Err(e) => Err(PluginError::from(e)),
         };
         let (bundle, source) = match fetch()? {
@@ -219,10 +222,13 @@ impl BlastPlugin {
                 // storage while the others wait for it under a distributed lock, then
                 // take it from that agent's memory.
                 let lock = format!("blast-stage/{object}");
-                ctx.services.lock(&lock, LockMode::Exclusive)?;
+                // Held by this agent, not by the caller: the master's prefetches ask many
+                // agents at once under one name.
+                ctx.agent.lock(&lock, LockMode::Exclusive)?;
                 let loaded = match fetch() {
                     Ok(Some(b)) => Ok((b, StageSource::Peer)),
                     Ok(None) => read_fragment(spec, files).map(|b| {
+                        tracing::debug!("fragment {name}: read from storage by node {}", ctx.node);
                         // In this agent's memory and in the directory: other nodes
                         // fetch it from here instead of from shared storage.
                         if let Err(e) = ctx.services.cache_put(object, &b) {
@@ -232,7 +238,7 @@ impl BlastPlugin {
                     }),
                     Err(e) => Err(e),
                 };
-                let _ = ctx.services.unlock(&lock);
+                let _ = ctx.agent.unlock(&lock);
                 loaded?
             }
         };
