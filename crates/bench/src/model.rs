@@ -19,7 +19,9 @@
 //!   (compressed across nodes), merges and writes when the batch is complete.
 //!
 //! In both, tasks are queued batch by batch and a merge's whole-database fallbacks go
-//! to the front of the queue, as the two masters do. The mpiBLAST master hands an idle
+//! to the front of the queue, as the two masters do — except, with agents, in the load
+//! balancer's end-game (at most [`ENDGAME_TASKS_PER_WORKER`] fragment tasks per worker
+//! queued), where fragment tasks go first. The mpiBLAST master hands an idle
 //! worker the oldest task on the fragment it searched last (mpiBLAST's fragment
 //! affinity, `gepsea_blast::schedule`), else the oldest task: with fewer workers than
 //! fragments each worker goes through its fragment batch after batch, and the first
@@ -43,6 +45,8 @@
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
+
+use gepsea_agent::primitives::balance::ENDGAME_TASKS_PER_WORKER;
 
 /// One batch of the workload, as traced by a real (replayed) run.
 #[derive(Clone, Debug, Default)]
@@ -211,8 +215,18 @@ type Task = (usize, f64, u64, f64, Option<usize>);
 
 /// The next task for idle worker `w` (`last`: the fragment it searched last). Urgent
 /// fallbacks are at the front; then, with `affinity` (the mpiBLAST master), the oldest
-/// task on `last`; then the oldest.
-fn next_task(queue: &mut VecDeque<Task>, last: Option<usize>, affinity: bool) -> Option<Task> {
+/// task on `last`; then the oldest. With `endgame_workers` (the agents' load balancer
+/// and its number of workers), once no more fragment tasks than
+/// [`ENDGAME_TASKS_PER_WORKER`] per worker are queued the oldest of them goes first.
+fn next_task(queue: &mut VecDeque<Task>, last: Option<usize>, affinity: bool, endgame_workers: Option<usize>) -> Option<Task> {
+    if let Some(workers) = endgame_workers {
+        let limit = ENDGAME_TASKS_PER_WORKER * workers;
+        if queue.iter().filter(|t| t.4.is_some()).take(limit + 1).count() <= limit {
+            if let Some(pos) = queue.iter().position(|t| t.4.is_some()) {
+                return queue.remove(pos);
+            }
+        }
+    }
     let urgent = queue.front()?.4.is_none();
     let pos = if affinity && last.is_some() && !urgent { queue.iter().position(|t| t.4 == last).unwrap_or(0) } else { 0 };
     queue.remove(pos)
@@ -325,7 +339,7 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
         // order with the work booked at these events.
         ahead.advance(t, workload, &mut cores);
         match kind {
-            Kind::WorkerFree(w) => match next_task(&mut queue, last_fragment[w], mpiblast) {
+            Kind::WorkerFree(w) => match next_task(&mut queue, last_fragment[w], mpiblast, (!mpiblast).then_some(workers)) {
                 Some(task) => {
                     if task.4.is_some() {
                         last_fragment[w] = task.4;
@@ -588,7 +602,7 @@ mod tests {
             let mut last = [None, None];
             let mut got = Vec::new();
             for i in 0..8 {
-                let t = next_task(&mut q, last[i % 2], affinity).unwrap();
+                let t = next_task(&mut q, last[i % 2], affinity, None).unwrap();
                 last[i % 2] = t.4;
                 got.push((t.0, t.4.unwrap()));
             }
@@ -599,7 +613,11 @@ mod tests {
         // An urgent fallback goes first whatever the worker searched last.
         let mut urgent = q.clone();
         urgent.push_front((0, 5.0, 0, 0.0, None));
-        assert_eq!(next_task(&mut urgent, Some(3), true).map(|t| t.4), Some(None));
+        assert_eq!(next_task(&mut urgent.clone(), Some(3), true, None).map(|t| t.4), Some(None));
+        // The agents' load balancer with 8 fragment tasks queued: for 3 workers not yet
+        // the end-game; for 4 it is, and the oldest fragment task goes first.
+        assert_eq!(next_task(&mut urgent.clone(), Some(3), false, Some(3)).map(|t| t.4), Some(None));
+        assert_eq!(next_task(&mut urgent, Some(3), false, Some(4)).map(|t| t.4), Some(Some(0)));
         // Played: batch 0's fragments 2 and 3 are searched third (done at 3 s), its
         // write ends at 4 s, and batch 1's last fragment, handed out after that write,
         // is done at 5 s and written by 6 s.

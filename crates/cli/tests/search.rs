@@ -3,9 +3,10 @@
 //! line), for every format, fragment count and worker count; and every user error must
 //! be reported clearly with a non-zero exit and no output file.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
@@ -100,6 +101,20 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
     run_ok(c);
 }
 
+/// Serial BLAST+ on the 50 queries without options, in format `fmt`: run once for the
+/// whole file, since several tests compare against the same reference.
+fn serial_q50(f: &Fixture, fmt: &str) -> PathBuf {
+    type Cells = Mutex<HashMap<String, Arc<OnceLock<PathBuf>>>>;
+    static REFS: OnceLock<Cells> = OnceLock::new();
+    let cell = REFS.get_or_init(Default::default).lock().unwrap().entry(fmt.to_string()).or_default().clone();
+    cell.get_or_init(|| {
+        let want = f.dir.join(format!("serial.{fmt}"));
+        serial("blastp", &f.dir.join("ref"), "DB", &f.dir.join("q50.fasta"), fmt, &[], &want);
+        want
+    })
+    .clone()
+}
+
 /// The two ways of cutting a search into tasks, as `gepsea search` flags.
 const SPLITS: [&[&str]; 2] = [&["--split", "fragments"], &["--split", "queries"]];
 
@@ -162,8 +177,7 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
     let q = f.dir.join("q50.fasta");
     let mut covered = std::collections::BTreeSet::new();
     for (i, fmt) in ["6", "7", "0", "5"].into_iter().enumerate() {
-        let want = f.dir.join(format!("serial.{fmt}"));
-        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
+        let want = serial_q50(f, fmt);
         for (j, frags) in [1, 3, 8].into_iter().enumerate() {
             let workers = 1 + (i + j) % 2;
             covered.insert((frags, workers));
@@ -192,8 +206,7 @@ fn every_architecture_is_identical_to_serial_blastp() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
     for fmt in ["7", "0", "5"] {
-        let want = f.dir.join(format!("serial-arch.{fmt}"));
-        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &[], &want);
+        let want = serial_q50(f, fmt);
         for mode in [
             &["--no-agent"][..],
             &["--split", "fragments", "--merge-assign", "single", "--batch-residues", "3000"],
@@ -233,8 +246,7 @@ fn stagings(stderr: &[u8]) -> Option<[u32; 4]> {
 fn hot_swap_reads_each_fragment_from_storage_once() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
-    let want = f.dir.join("serial-hot.6");
-    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &[], &want);
+    let want = serial_q50(f, "6");
     let got = f.dir.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
@@ -407,8 +419,7 @@ fn blastn_on_16s_rrna_is_identical() {
 fn a_worker_killed_mid_run_does_not_change_the_output() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
-    let want = f.dir.join("serial-kill.6");
-    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &[], &want);
+    let want = serial_q50(f, "6");
     for split in SPLITS {
         kill_a_worker(f, &q, &want, split);
     }
