@@ -364,7 +364,7 @@ fn components_and_primitives_across_two_agents() {
 
     // Placement by load, through the scheduler: from node 2, then node 1, each asker
     // gets the work while loads tie; asked again, the same agent; released work stops
-    // counting; urgent tasks are handed out first.
+    // counting; urgent tasks are handed out first (before the end-game).
     let c2 = connect(&a, 2).expect("connecting to node 2");
     assert_eq!(c2.place("batch-0", 1).unwrap(), 2);
     assert_eq!(c.place("batch-1", 1).unwrap(), 1);
@@ -373,14 +373,18 @@ fn components_and_primitives_across_two_agents() {
     assert_eq!(c2.place("batch-3", 1).unwrap(), 1, "node 2 carries 4, node 1 carries 1");
     c2.release("batch-2").unwrap();
     assert_eq!(c.place("batch-4", 1).unwrap(), 2, "released: node 2 carries 1, node 1 carries 2");
-    c.submit(b"plain").unwrap();
+    // Three plain tasks for one worker: more than the end-game's two per worker.
+    for p in [&b"plain0"[..], b"plain1", b"plain2"] {
+        c.submit(p).unwrap();
+    }
     c.submit_urgent(b"urgent").unwrap();
-    let first = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
-    assert_eq!(first.payload, b"urgent");
-    let second = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
-    assert_eq!(second.payload, b"plain");
-    c2.done(first.id).unwrap();
-    c2.done(second.id).unwrap();
+    let mut order = Vec::new();
+    for _ in 0..4 {
+        let t = c2.take(Duration::from_secs(5)).unwrap().expect("a task");
+        c2.done(t.id).unwrap();
+        order.push(String::from_utf8(t.payload).unwrap());
+    }
+    assert_eq!(order, ["urgent", "plain0", "plain1", "plain2"]);
     // The lookahead names the data of the tasks node 2 would be handed next.
     assert_eq!(c2.upcoming(4).unwrap(), Vec::<String>::new());
     c.submit_near(b"on-a", "obj-a").unwrap();
