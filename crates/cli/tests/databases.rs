@@ -62,10 +62,16 @@ fn snapshot(dir: &Path) -> BTreeMap<String, (u64, SystemTime)> {
         .collect()
 }
 
-/// Runs `program` serially on `db` (from `cwd`, with `blastdb` as BLASTDB) into `out`.
+/// Runs `program` serially on `db` (from `cwd`, with `blastdb` as BLASTDB) into `out`,
+/// on both cores (BLAST+'s output does not depend on its thread count).
 fn serial(program: &str, cwd: &Path, blastdb: Option<&Path>, db: &str, query: &Path, outfmt: &str, out: &Path) {
     let mut c = Command::new(program);
-    c.current_dir(cwd).env_remove("BLASTDB").args(["-db", db, "-outfmt", outfmt, "-query"]).arg(query).arg("-out").arg(out);
+    c.current_dir(cwd)
+        .env_remove("BLASTDB")
+        .args(["-db", db, "-outfmt", outfmt, "-num_threads", "2", "-query"])
+        .arg(query)
+        .arg("-out")
+        .arg(out);
     if let Some(b) = blastdb {
         c.env("BLASTDB", b);
     }

@@ -75,6 +75,7 @@ fn fixture() -> &'static Fixture {
         unsafe { libc::atexit(remove_fixture) };
         std::fs::write(dir.join("DB.fasta"), fasta_head(DB_GZ, usize::MAX, 0)).unwrap();
         std::fs::write(dir.join("q50.fasta"), fasta_head(QUERY_GZ, 50, 0)).unwrap();
+        std::fs::write(dir.join("q25.fasta"), fasta_head(QUERY_GZ, 25, 0)).unwrap();
         std::fs::write(dir.join("q10.fasta"), fasta_head(QUERY_GZ, 10, 50)).unwrap();
         let mut c = Command::new("makeblastdb");
         c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", TITLE, "-out", "DB"]).current_dir(dir.join("ref"));
@@ -101,15 +102,17 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
     run_ok(c);
 }
 
-/// Serial BLAST+ on the 50 queries without options, in format `fmt`: run once for the
-/// whole file, since several tests compare against the same reference.
-fn serial_q50(f: &Fixture, fmt: &str) -> PathBuf {
+/// Serial BLAST+ on the fixture's `queries` (`q50`, `q25`) without options, in format
+/// `fmt`: run once for the whole file, since several tests compare against the same
+/// reference.
+fn serial_ref(f: &Fixture, queries: &str, fmt: &str) -> PathBuf {
     type Cells = Mutex<HashMap<String, Arc<OnceLock<PathBuf>>>>;
     static REFS: OnceLock<Cells> = OnceLock::new();
-    let cell = REFS.get_or_init(Default::default).lock().unwrap().entry(fmt.to_string()).or_default().clone();
+    let name = format!("serial-{queries}.{fmt}");
+    let cell = REFS.get_or_init(Default::default).lock().unwrap().entry(name.clone()).or_default().clone();
     cell.get_or_init(|| {
-        let want = f.dir.join(format!("serial.{fmt}"));
-        serial("blastp", &f.dir.join("ref"), "DB", &f.dir.join("q50.fasta"), fmt, &[], &want);
+        let want = f.dir.join(name);
+        serial("blastp", &f.dir.join("ref"), "DB", &f.dir.join(format!("{queries}.fasta")), fmt, &[], &want);
         want
     })
     .clone()
@@ -177,7 +180,7 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
     let q = f.dir.join("q50.fasta");
     let mut covered = std::collections::BTreeSet::new();
     for (i, fmt) in ["6", "7", "0", "5"].into_iter().enumerate() {
-        let want = serial_q50(f, fmt);
+        let want = serial_ref(f, "q50", fmt);
         for (j, frags) in [1, 3, 8].into_iter().enumerate() {
             let workers = 1 + (i + j) % 2;
             covered.insert((frags, workers));
@@ -200,18 +203,19 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
 
 /// The agent mode's variants and the no-agent baseline (mpiBLAST's own architecture):
 /// merging and writing by one agent, round robin, without compression, and the master
-/// doing everything itself; small batches so that many parts are assembled.
+/// doing everything itself; small batches so that many parts are assembled. On 25
+/// queries (half the residues, half the batch size): the 12 searches of 50 took 140 s.
 #[test]
 fn every_architecture_is_identical_to_serial_blastp() {
     let f = fixture();
-    let q = f.dir.join("q50.fasta");
+    let q = f.dir.join("q25.fasta");
     for fmt in ["7", "0", "5"] {
-        let want = serial_q50(f, fmt);
+        let want = serial_ref(f, "q25", fmt);
         for mode in [
             &["--no-agent"][..],
-            &["--split", "fragments", "--merge-assign", "single", "--batch-residues", "3000"],
-            &["--split", "fragments", "--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "2000"],
-            &["--split", "queries", "--merge-assign", "static", "--no-compress", "--batch-residues", "700"],
+            &["--split", "fragments", "--merge-assign", "single", "--batch-residues", "1500"],
+            &["--split", "fragments", "--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "1000"],
+            &["--split", "queries", "--merge-assign", "static", "--no-compress", "--batch-residues", "350"],
         ] {
             let got = f.dir.join(format!("gepsea-arch.{fmt}"));
             let summary = f.dir.join("summary-arch.json");
@@ -246,7 +250,7 @@ fn stagings(stderr: &[u8]) -> Option<[u32; 4]> {
 fn hot_swap_reads_each_fragment_from_storage_once() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
-    let want = serial_q50(f, "6");
+    let want = serial_ref(f, "q50", "6");
     let got = f.dir.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
@@ -419,7 +423,7 @@ fn blastn_on_16s_rrna_is_identical() {
 fn a_worker_killed_mid_run_does_not_change_the_output() {
     let f = fixture();
     let q = f.dir.join("q50.fasta");
-    let want = serial_q50(f, "6");
+    let want = serial_ref(f, "q50", "6");
     for split in SPLITS {
         kill_a_worker(f, &q, &want, split);
     }
