@@ -358,15 +358,21 @@ mod tests {
         Task { id, payload: vec![id as u8], affinity: Some(data.into()), urgent: false }
     }
 
-    #[test]
-    fn takers_get_the_data_their_node_holds_then_data_nobody_holds() {
+    /// Node 1 holding f0, node 2 holding f1, one worker each, and `tasks` (id, data)
+    /// queued.
+    fn two_nodes(tasks: &[(u64, &str)]) -> (Scheduler, Client, Client) {
         let mut s = Scheduler::new();
-        let (a, b) = (Client::new(1, 1), Client::new(2, 1));
         s.set_holdings(1, ["f0".to_string()]);
         s.set_holdings(2, ["f1".to_string()]);
-        for (id, f) in [(1, "f1"), (2, "f2"), (3, "f0"), (4, "f1")] {
+        for &(id, f) in tasks {
             s.submit(near(id, f), 1);
         }
+        (s, Client::new(1, 1), Client::new(2, 1))
+    }
+
+    #[test]
+    fn takers_get_the_data_their_node_holds_then_data_nobody_holds() {
+        let (mut s, a, b) = two_nodes(&[(1, "f1"), (2, "f2"), (3, "f0"), (4, "f1")]);
         // Node 1 holds f0: task 3, although tasks 1 and 2 came first.
         assert_eq!(s.take(10, a)[0].task.id, 3);
         // Nothing of f0 is left: the task whose data nobody holds (f2), not node 2's f1.
@@ -420,13 +426,7 @@ mod tests {
 
     #[test]
     fn in_the_end_game_ordinary_tasks_go_before_urgent_ones() {
-        let mut s = Scheduler::new();
-        let (a, b) = (Client::new(1, 1), Client::new(2, 1));
-        s.set_holdings(1, ["f0".to_string()]);
-        s.set_holdings(2, ["f1".to_string()]);
-        for (id, f) in [(1, "f0"), (2, "f1"), (3, "f0"), (4, "f1"), (5, "f2"), (6, "f1"), (10, "f0")] {
-            s.submit(near(id, f), 1);
-        }
+        let (mut s, a, b) = two_nodes(&[(1, "f0"), (2, "f1"), (3, "f0"), (4, "f1"), (5, "f2"), (6, "f1"), (10, "f0")]);
         assert_eq!(s.take(20, a)[0].task.id, 1);
         assert_eq!(s.take(21, b)[0].task.id, 2);
         // Two workers, five ordinary tasks queued (more than two each): urgent first.
@@ -439,24 +439,20 @@ mod tests {
         // f0, then f2 that nobody holds, then an urgent one rather than node 2's f1.
         s.submit(Task { urgent: true, ..task(8) }, 1);
         s.submit(Task { urgent: true, ..task(9) }, 1);
-        let order: Vec<u64> = (0..3)
-            .map(|i| {
-                let t = s.take(24 + i, a)[0].task.id;
-                s.done(t);
-                t
-            })
-            .collect();
-        assert_eq!(order, [10, 5, 8]);
+        // Three tasks in a row for `c`, each done before the next take.
+        let three = |s: &mut Scheduler, c: Client, op: u64| -> Vec<u64> {
+            (0..3)
+                .map(|i| {
+                    let t = s.take(op + i, c)[0].task.id;
+                    s.done(t);
+                    t
+                })
+                .collect()
+        };
+        assert_eq!(three(&mut s, a, 24), [10, 5, 8]);
         // Node 2's own tasks before the last urgent one.
         s.done(2);
-        let order: Vec<u64> = (0..3)
-            .map(|i| {
-                let t = s.take(30 + i, b)[0].task.id;
-                s.done(t);
-                t
-            })
-            .collect();
-        assert_eq!(order, [4, 6, 9]);
+        assert_eq!(three(&mut s, b, 30), [4, 6, 9]);
         assert_eq!(s.queued(), 0);
     }
 
