@@ -628,15 +628,16 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             let sampled = sampler.join().unwrap_or_default();
             let agent_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.0);
             let agent_own_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.1);
-            if std::env::var_os("RUST_LOG").is_some() {
-                eprint!("{}", String::from_utf8_lossy(&o.stderr));
-            }
             if !o.status.success() {
                 bail!(
                     "{nodes} nodes, {variant}: mpirun failed: {}{}",
                     String::from_utf8_lossy(&o.stdout),
                     String::from_utf8_lossy(&o.stderr)
                 );
+            }
+            if std::env::var_os("RUST_LOG").is_some() {
+                // The ranks' and agents' log (a failed run's is in the error above).
+                eprint!("{}", String::from_utf8_lossy(&o.stderr));
             }
             if !same_output(&out, &serial_out)? {
                 bail!("{nodes} nodes, {variant}: the output differs from serial blastp");
