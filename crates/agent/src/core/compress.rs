@@ -7,6 +7,7 @@
 //! and use it through the same engine (GePSeA's "hook for application-specific
 //! compression").
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -106,6 +107,9 @@ impl Engine {
         if let Codec::Custom(n) = codec {
             return self.custom.get(n).ok_or_else(|| CompressError::UnknownCodec(n.clone()))?.compress(data, level);
         }
+        if let Codec::Zstd = codec {
+            return zstd_one_shot(level, data);
+        }
         let mut e = self.encoder(codec, level, Vec::with_capacity(data.len() / 3 + 64))?;
         e.write_all(data)?;
         Ok(e.finish()?)
@@ -122,9 +126,70 @@ impl Engine {
         if data.is_empty() {
             return Err(CompressError::Corrupt { codec: name.into(), source: io::ErrorKind::UnexpectedEof.into() });
         }
+        let corrupt = |source| CompressError::Corrupt { codec: name.into(), source };
+        if let Codec::Zstd = codec {
+            // Anything the one shot does not take whole (several frames, a damaged
+            // frame) goes through the stream below, which reports what is wrong.
+            if let Some(out) = one_shot_size(data).and_then(|size| zstd_one_shot_decompress(data, size)) {
+                return Ok(out);
+            }
+        }
         let mut out = Vec::with_capacity(data.len() * 3);
-        self.decoder(codec, data)?.read_to_end(&mut out).map_err(|source| CompressError::Corrupt { codec: name.into(), source })?;
+        self.decoder(codec, data)?.read_to_end(&mut out).map_err(corrupt)?;
         Ok(out)
+    }
+}
+
+thread_local! {
+    /// This thread's zstd contexts, kept between calls (the module's docs say why).
+    static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Frames up to this size are decompressed in one shot into a buffer of their stated
+/// size; larger ones (or a corrupt header claiming so) stream, growing as bytes come.
+const ONE_SHOT_MAX: u64 = 1 << 30;
+
+/// zstd at `level` with this thread's kept context: one frame that records its size.
+fn zstd_one_shot(level: i32, data: &[u8]) -> Result<Vec<u8>, CompressError> {
+    if !(1..=22).contains(&level) {
+        return Err(CompressError::BadLevel(level));
+    }
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        let c = match &mut *c {
+            Some((kept, c)) => {
+                if *kept != level {
+                    c.set_compression_level(level)?;
+                    *kept = level;
+                }
+                c
+            }
+            empty => &mut empty.insert((level, zstd::bulk::Compressor::new(level)?)).1,
+        };
+        Ok(c.compress(data)?)
+    })
+}
+
+/// `data` decompressed with this thread's kept context into a buffer of `size`, if it
+/// is one frame of exactly that content.
+fn zstd_one_shot_decompress(data: &[u8], size: usize) -> Option<Vec<u8>> {
+    DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        let d = match &mut *d {
+            Some(d) => d,
+            empty => empty.insert(zstd::bulk::Decompressor::new().ok()?),
+        };
+        d.decompress(data, size).ok().filter(|out| out.len() == size)
+    })
+}
+
+/// The content size a single zstd frame states, if it states one small enough to
+/// decompress in one shot.
+fn one_shot_size(data: &[u8]) -> Option<usize> {
+    match zstd::zstd_safe::get_frame_content_size(data) {
+        Ok(Some(n)) if n <= ONE_SHOT_MAX => usize::try_from(n).ok(),
+        _ => None,
     }
 }
 
@@ -171,5 +236,28 @@ mod tests {
         assert!(e.decompress(&Codec::Gzip, b"not gzip").is_err());
         assert!(matches!(e.compress(&Codec::Custom("nope".into()), 1, b"x"), Err(CompressError::UnknownCodec(_))));
         assert!(matches!(e.compress(&Codec::Zstd, 99, b"x"), Err(CompressError::BadLevel(99))));
+    }
+
+    #[test]
+    fn kept_zstd_contexts_follow_the_level_and_take_any_frames() {
+        let e = Engine::new();
+        let text: Vec<u8> = (0..50_000u32).flat_map(|i| format!("hit {} score {}\n", i % 977, i % 31).into_bytes()).collect();
+        // The kept context switches level and back: the same bytes as a fresh context's.
+        for level in [3, 19, 3, 1] {
+            let z = e.compress(&Codec::Zstd, level, &text).unwrap();
+            assert_eq!(z, zstd::bulk::compress(&text, level).unwrap(), "level {level}");
+            assert_eq!(one_shot_size(&z), Some(text.len()), "the frame states its size");
+            assert_eq!(e.decompress(&Codec::Zstd, &z).unwrap(), text);
+        }
+        // Two frames back to back are one stream's worth of data, not an error.
+        let a = e.compress(&Codec::Zstd, 3, &text[..1000]).unwrap();
+        let b = e.compress(&Codec::Zstd, 3, &text[1000..]).unwrap();
+        assert_eq!(e.decompress(&Codec::Zstd, &[a.clone(), b].concat()).unwrap(), text);
+        // A sized frame cut short is reported, not half-returned.
+        let z = e.compress(&Codec::Zstd, 3, &text).unwrap();
+        assert!(matches!(e.decompress(&Codec::Zstd, &z[..z.len() - 9]), Err(CompressError::Corrupt { .. })));
+        // Empty input round-trips.
+        let z = e.compress(&Codec::Zstd, 3, b"").unwrap();
+        assert_eq!(e.decompress(&Codec::Zstd, &z).unwrap(), b"");
     }
 }
