@@ -160,6 +160,12 @@ pub(crate) struct Row {
     /// this machine. Zero for runs saved before it was kept.
     #[serde(default)]
     pub machine_busy_seconds: f64,
+    /// The machine's speed just before the run: seconds of a fixed piece of CPU work
+    /// on every core ([`crate::speed::probe`]). The model plays a run at the speed
+    /// its probe shows against the calibration run's. Zero for runs saved before it was
+    /// kept (the model then takes the speed as unchanged).
+    #[serde(default)]
+    pub speed_probe_seconds: f64,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: usize,
@@ -621,6 +627,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 .arg("--")
                 .args(&blast_opts);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            // With the machine otherwise idle, as the run will start.
+            let speed_probe_seconds = crate::speed::probe();
             let stop = Arc::new(AtomicBool::new(false));
             let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
             let o = c.output()?;
@@ -657,6 +665,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 variant_index,
                 trace,
                 machine_busy_seconds,
+                speed_probe_seconds,
                 wall_seconds: wall,
                 speedup: base_wall / wall,
                 search_fraction: frac,
@@ -687,6 +696,11 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                     s["accel"]["work"]["input_seconds"].as_f64().unwrap_or(0.0)
                 );
             }
+            eprintln!(
+                "  {nodes} node(s), {variant}: machine busy {:.1} CPU-s; speed probe {:.1} ms before the run",
+                row.machine_busy_seconds,
+                1e3 * row.speed_probe_seconds
+            );
             rows.push(row);
             let _ = std::fs::remove_file(&out);
         }

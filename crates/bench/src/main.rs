@@ -21,6 +21,7 @@ mod procstat;
 mod search;
 mod soak;
 mod spare_core;
+mod speed;
 mod testbed;
 
 #[derive(Parser)]
