@@ -160,13 +160,6 @@ pub(crate) struct Row {
     /// this machine. Zero for runs saved before it was kept.
     #[serde(default)]
     pub machine_busy_seconds: f64,
-    /// The machine's speed around the run: seconds of a fixed piece of CPU work on
-    /// every core ([`crate::speed::probe`]), the mean of one just before and one just
-    /// after. The model plays a run at the speed its probe shows against the
-    /// calibration run's. Zero for runs saved before it was kept (the model then takes
-    /// the speed as unchanged).
-    #[serde(default)]
-    pub speed_probe_seconds: f64,
     pub bytes_wire: u64,
     pub bytes_raw: u64,
     pub mergers: usize,
@@ -628,16 +621,11 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 .arg("--")
                 .args(&blast_opts);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
-            // With the machine otherwise idle, as the run will start (and again below,
-            // as it ends: the guest's speed changes within seconds).
-            let probe_before = crate::speed::probe();
             let stop = Arc::new(AtomicBool::new(false));
             let sampler = sample_agents(gepsea_blast::cluster::namespace(&out), stop.clone());
             let o = c.output()?;
             stop.store(true, Ordering::Relaxed);
             let sampled = sampler.join().unwrap_or_default();
-            let probe_after = crate::speed::probe();
-            let speed_probe_seconds = (probe_before + probe_after) / 2.0;
             let agent_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.0);
             let agent_own_cpu = sampled.agents.values().fold(0.0, |sum, c| sum + c.1);
             if !o.status.success() {
@@ -669,7 +657,6 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                 variant_index,
                 trace,
                 machine_busy_seconds,
-                speed_probe_seconds,
                 wall_seconds: wall,
                 speedup: base_wall / wall,
                 search_fraction: frac,
@@ -700,12 +687,6 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
                     s["accel"]["work"]["input_seconds"].as_f64().unwrap_or(0.0)
                 );
             }
-            eprintln!(
-                "  {nodes} node(s), {variant}: machine busy {:.1} CPU-s; speed probe {:.1} ms before the run, {:.1} ms after",
-                row.machine_busy_seconds,
-                1e3 * probe_before,
-                1e3 * probe_after
-            );
             rows.push(row);
             let _ = std::fs::remove_file(&out);
         }

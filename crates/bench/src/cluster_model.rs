@@ -14,12 +14,7 @@
 //!   CPU is charged per task ([`AgentOwn`]);
 //! - the launch's fixed cost (start-up, agents meeting, final assembly) is the part of
 //!   the smallest run's wall time the model does not play, and is held constant;
-//! - link rate and task round trip are set from `bench net` / `bench agent` figures;
-//! - the machine's speed beside each run (`Row::speed_probe_seconds`): every CPU cost
-//!   above is played at the speed the run's probe shows against the calibration run's
-//!   ([`at_speed`]). The guest's speed drifts by up to 20 % within a full run, and
-//!   before 2026-11-29 the model missed a 36-node run measured in a slow stretch by
-//!   21.5 %. The tables print the prediction at the calibration's speed beside it.
+//! - link rate and task round trip are set from `bench net` / `bench agent` figures.
 //!
 //! Validation plays the emulated cluster as it is: agents' work shares this machine's
 //! cores. Extrapolation plays a real cluster: every agent has its node's spare core,
@@ -43,10 +38,6 @@ struct Point {
     measured_wall: Option<f64>,
     predicted_wall: f64,
     error_percent: Option<f64>,
-    /// The run's speed probe over the calibration run's (1: as fast).
-    slower_than_calibration: f64,
-    /// The prediction with every CPU cost at the calibration run's speed.
-    predicted_wall_at_calibration_speed: f64,
     measured_search_fraction: Option<f64>,
     predicted_search_fraction: f64,
     measured_active_search_fraction: Option<f64>,
@@ -97,30 +88,6 @@ pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
         out[b.batch].stats_ahead_seconds += b.stats_ahead_seconds;
     }
     out
-}
-
-/// How much slower the machine was before `run` than before `cal`, from their speed
-/// probes (1 when either run has none: saved before the probe was kept).
-fn speed_ratio(run: &Row, cal: &Row) -> f64 {
-    if run.speed_probe_seconds > 0.0 && cal.speed_probe_seconds > 0.0 {
-        run.speed_probe_seconds / cal.speed_probe_seconds
-    } else {
-        1.0
-    }
-}
-
-/// `work` played on a machine `slower` times as slow: every CPU cost (parsing, merging,
-/// writing, statistics runs) stretched; the searches are replayed delays, not CPU.
-fn at_speed(work: &[BatchWork], slower: f64) -> Vec<BatchWork> {
-    work.iter()
-        .map(|b| BatchWork {
-            fragments: b.fragments.iter().map(|&(search, bytes, parse)| (search, bytes, parse * slower)).collect(),
-            whole: b.whole.clone(),
-            merge_seconds: b.merge_seconds * slower,
-            write_seconds: b.write_seconds * slower,
-            stats_ahead_seconds: b.stats_ahead_seconds * slower,
-        })
-        .collect()
 }
 
 /// zstd -3 over the recording's archives (up to 64 MB of them): bytes/s and ratio.
@@ -182,15 +149,12 @@ impl AgentOwn {
         AgentOwn { per_task: rest.max(0.0) / task_count(work).max(1) as f64, idle_cores_each }
     }
 
-    /// The model's costs for playing `run` on a machine `slower` times as slow as the
-    /// calibration's (the start is measured at the run's own speed).
-    fn costs(&self, run: &Row, base: &Costs, slower: f64) -> Costs {
+    /// The model's costs for playing `run`.
+    fn costs(&self, run: &Row, base: &Costs) -> Costs {
         Costs {
             agent_own_cores: self.idle_cores_each,
-            agent_cpu_per_task: self.per_task * slower,
+            agent_cpu_per_task: self.per_task,
             agent_start_cpu: run.agent_start_cpu_seconds / run.nodes.max(1) as f64,
-            compress_bytes_per_second: base.compress_bytes_per_second / slower,
-            fixed_seconds: base.fixed_seconds * slower,
             ..base.clone()
         }
     }
@@ -265,9 +229,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
     let mut own_cost_checks = Vec::new();
     println!("\nModel (calibrated on the smallest run of each variant) against the replayed runs:\n");
     println!(
-        "| nodes | variant | measured s | speed (probe / calibration's) | model s | error | model s at the calibration's speed | in search: measured, model | active: measured, model | agents' own CPU-s: measured, model |"
+        "| nodes | variant | measured s | model s | error | in search: measured, model | active: measured, model | agents' own CPU-s: measured, model |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for &v in &variants {
         let mut mine: Vec<&Row> = runs.iter().filter(|r| r.variant_index == v).collect();
         mine.sort_by_key(|r| r.nodes);
@@ -289,25 +253,21 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 cal.agent_start_cpu_seconds
             );
         }
-        let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs, 1.0));
+        let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs));
         let fixed_seconds = (cal.wall_seconds - played.wall_seconds).max(0.0);
-        let base_costs = Costs { fixed_seconds, ..base_costs.clone() };
-        let costs_for = |r: &Row, slower: f64| own.costs(r, &base_costs, slower);
+        let costs_for = |r: &Row| Costs { fixed_seconds, ..own.costs(r, &base_costs) };
         eprintln!(
             "bench cluster model: {}: {} nodes played in {:.2} s, measured {:.2} s: fixed cost {fixed_seconds:.2} s",
             cal.variant, cal.nodes, played.wall_seconds, cal.wall_seconds
         );
         for r in &mine {
-            let slower = speed_ratio(r, cal);
-            let costs = costs_for(r, slower);
-            let sped = at_speed(&work, slower);
-            let p = model::simulate(&sped, r.nodes, arch(v), &costs);
-            let unscaled = model::simulate(&work, r.nodes, arch(v), &costs_for(r, 1.0)).wall_seconds;
+            let costs = costs_for(r);
+            let p = model::simulate(&work, r.nodes, arch(v), &costs);
             let err = 100.0 * (p.wall_seconds - r.wall_seconds) / r.wall_seconds;
             if r.nodes != cal.nodes {
                 worst = worst.max(err.abs());
             }
-            let own_cpu = modelled_own_cpu(r, &sped, arch(v), &costs, p.wall_seconds);
+            let own_cpu = modelled_own_cpu(r, &work, arch(v), &costs, p.wall_seconds);
             let own_costs = (arch(v) == Arch::Mpiblast && r.nodes != cal.nodes).then(|| {
                 let theirs = workload(&r.trace);
                 let master = |w: &[BatchWork]| w.iter().map(|b| b.merge_seconds + b.write_seconds).sum::<f64>();
@@ -324,16 +284,13 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 q
             });
             println!(
-                "| {} | {} | {:.2} | {:.3} | {:.2} | {:+.1} %{} | {:.2} ({:+.1} %) | {:.1} %, {:.1} % | {:.1} %, {:.1} % | {:.1}, {:.1} |",
+                "| {} | {} | {:.2} | {:.2} | {:+.1} %{} | {:.1} %, {:.1} % | {:.1} %, {:.1} % | {:.1}, {:.1} |",
                 r.nodes,
                 r.variant,
                 r.wall_seconds,
-                slower,
                 p.wall_seconds,
                 err,
                 if r.nodes == cal.nodes { " (calibration)" } else { "" },
-                unscaled,
-                100.0 * (unscaled - r.wall_seconds) / r.wall_seconds,
                 100.0 * r.search_fraction,
                 100.0 * p.search_fraction,
                 100.0 * r.active_search_fraction,
@@ -347,8 +304,6 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 measured_wall: Some(r.wall_seconds),
                 predicted_wall: p.wall_seconds,
                 error_percent: Some(err),
-                slower_than_calibration: slower,
-                predicted_wall_at_calibration_speed: unscaled,
                 measured_search_fraction: Some(r.search_fraction),
                 predicted_search_fraction: p.search_fraction,
                 measured_active_search_fraction: Some(r.active_search_fraction),
@@ -358,9 +313,8 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 predicted_wall_own_master_costs: own_costs,
             });
         }
-        // Extrapolated with the largest run's measured start per agent, at the
-        // calibration's speed (the workload's costs were measured at it).
-        let largest = costs_for(mine.last().copied().unwrap_or(cal), 1.0);
+        // Extrapolated with the largest run's measured start per agent.
+        let largest = costs_for(mine.last().copied().unwrap_or(cal));
         calibrated.push((v, cal.variant.clone(), cal.nodes, work, largest));
     }
     if !own_cost_checks.is_empty() {
@@ -453,7 +407,6 @@ pub(crate) mod tests {
             idle_agent_cores: 0.0,
             agent_start_cpu_seconds: 0.0,
             machine_busy_seconds: 0.0,
-            speed_probe_seconds: 0.0,
             bytes_wire: 0,
             bytes_raw,
             mergers: 1,
@@ -497,7 +450,7 @@ pub(crate) mod tests {
             agent_start_cpu: 0.0,
             fixed_seconds: 0.0,
         };
-        let costs = own.costs(&big, &base, 1.0);
+        let costs = own.costs(&big, &base);
         assert!((costs.agent_start_cpu - 0.25).abs() < 1e-12);
         assert!((modelled_own_cpu(&big, &work, dynamic, &costs, 20.0) - (10.0 + 14.0 + 9.0 + 7.2)).abs() < 1e-9);
         // Not for mpiBLAST, nor for a run saved before the agents' own CPU was kept.
@@ -505,43 +458,6 @@ pub(crate) mod tests {
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 0.0, 0), &runs, &work, dynamic, 1e8), AgentOwn::default());
         // Never below zero.
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 1.0, 0), &runs, &work, dynamic, 1e8).per_task, 0.0);
-    }
-
-    #[test]
-    fn a_run_in_a_slow_stretch_is_played_with_every_cpu_cost_stretched_and_nothing_else() {
-        let cal = Row { speed_probe_seconds: 0.10, ..row(4, 100.0, 30.0, 0) };
-        let slow = Row { speed_probe_seconds: 0.12, ..row(36, 30.0, 12.0, 0) };
-        assert!((speed_ratio(&slow, &cal) - 1.2).abs() < 1e-12);
-        // A run saved before the probe was kept: the speed is taken as unchanged.
-        assert_eq!(speed_ratio(&row(36, 30.0, 12.0, 0), &cal), 1.0);
-        assert_eq!(speed_ratio(&slow, &row(4, 100.0, 30.0, 0)), 1.0);
-        let work = vec![BatchWork {
-            fragments: vec![(10.0, 1000, 0.5)],
-            whole: vec![(20.0, 2000)],
-            merge_seconds: 1.0,
-            write_seconds: 4.0,
-            stats_ahead_seconds: 2.0,
-        }];
-        let w = &at_speed(&work, 1.5)[0];
-        // Searches are replayed delays and bytes are bytes; parsing, merging, writing
-        // and the statistics runs are CPU.
-        assert_eq!((w.fragments[0].0, w.fragments[0].1, w.whole.clone()), (10.0, 1000, vec![(20.0, 2000)]));
-        assert_eq!((w.fragments[0].2, w.merge_seconds, w.write_seconds, w.stats_ahead_seconds), (0.75, 1.5, 6.0, 3.0));
-        let own = AgentOwn { per_task: 0.002, idle_cores_each: 0.001 };
-        let base = Costs {
-            link_bytes_per_second: 1e9,
-            compress_bytes_per_second: 3e8,
-            compress_ratio: 10.0,
-            take_seconds: 0.001,
-            shared_cores: Some(2),
-            agent_own_cores: 0.0,
-            agent_cpu_per_task: 0.0,
-            agent_start_cpu: 0.0,
-            fixed_seconds: 2.0,
-        };
-        let c = own.costs(&slow, &base, 1.5);
-        assert_eq!((c.agent_cpu_per_task, c.compress_bytes_per_second, c.fixed_seconds), (0.003, 2e8, 3.0));
-        assert_eq!((c.link_bytes_per_second, c.take_seconds, c.agent_own_cores), (1e9, 0.001, 0.001));
     }
 
     #[test]

@@ -21,7 +21,6 @@ mod procstat;
 mod search;
 mod soak;
 mod spare_core;
-mod speed;
 mod testbed;
 
 #[derive(Parser)]
