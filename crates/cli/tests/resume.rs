@@ -54,9 +54,15 @@ fn search_cmd(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> Command 
 }
 
 /// Finished parts in the default work directory of `out`.
-fn finished_parts(out: &Path) -> usize {
+fn part_files(out: &Path) -> Vec<std::path::PathBuf> {
     let parts = out.parent().unwrap().join(format!(".{}.gepsea-work/parts", out.file_name().unwrap().to_string_lossy()));
-    std::fs::read_dir(parts).map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count()).unwrap_or(0)
+    std::fs::read_dir(parts)
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+fn finished_parts(out: &Path) -> usize {
+    part_files(out).len()
 }
 
 /// Starts a search and stops it with `signal` once at least one batch is finished;
@@ -118,6 +124,11 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         std::fs::create_dir_all(&outdir).unwrap();
         let out = outdir.join("hits.tsv");
         let (done, pid) = stop_halfway(&d.0, &out, mode, *signal);
+        // Merged batches' parts are stored zstd-compressed; split by queries, a part is
+        // the worker's BLAST+ output as it stands.
+        let compressed = part_files(&out).iter().filter(|p| std::fs::read(p).unwrap().starts_with(&[0x28, 0xb5, 0x2f, 0xfd])).count();
+        let want_compressed = if mode.contains(&"queries") { 0 } else { part_files(&out).len() };
+        assert_eq!(compressed, want_compressed, "{what}: parts stored compressed");
         if *signal == libc::SIGTERM {
             // Stopped cleanly: only the work directory (for the rerun) is left.
             assert_eq!(entries(&outdir), vec![".hits.tsv.gepsea-work".to_string()], "{what}");

@@ -135,7 +135,8 @@ fn unix_now() -> f64 {
 pub fn ship_part(req: &ShipPart, chooser: Option<&dyn LinkModel>) -> Result<Shipped, ShipError> {
     let ship = &req.ship;
     let key = ship.key_file.as_deref().map(Key::read).transpose()?;
-    let output = std::fs::read(&req.part).map_err(|e| ShipError::Read(req.part.clone(), e))?;
+    // A merged batch's part is stored compressed (`gepsea_blast::parts::store`).
+    let output = gepsea_blast::parts::read(&req.part).map_err(|e| ShipError::Read(req.part.clone(), e))?;
     let started = Instant::now();
     let (encoding, choice) = match (ship.encoding, chooser) {
         (PartEncoding::Auto, Some(c)) => {

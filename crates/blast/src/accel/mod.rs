@@ -285,10 +285,10 @@ pub(crate) fn read_fragment(spec: &JobSpec, files: &BTreeMap<String, String>) ->
 /// from the part they just formatted, the master from the part files it has to place
 /// itself (an earlier run's, or those whose agent could not).
 pub(crate) fn piece_from_part(spec: &JobSpec, batch: usize, part: &std::path::Path, out: impl std::io::Write) -> Result<u64, String> {
-    let r = std::fs::File::open(part).map_err(|e| format!("{}: {e}", part.display()))?;
+    let r = crate::parts::open(part).map_err(|e| format!("{}: {e}", part.display()))?;
     let (first, end) = spec.batches[batch];
     let fmt = crate::report::base_format(&spec.outfmt);
-    crate::parts::piece(std::io::BufReader::with_capacity(1 << 20, r), out, fmt, batch, spec.batches.len(), first, end - first)
+    crate::parts::piece(r, out, fmt, batch, spec.batches.len(), first, end - first)
         .map_err(|e| format!("{}: {e}", part.display()))
 }
 

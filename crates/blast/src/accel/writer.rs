@@ -80,8 +80,8 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         let rs = spec.report_spec(&queries, &scratch);
         let part = spec.parts.get(batch).ok_or_else(|| format!("no batch {batch}"))?;
         // Formatted in scratch, then read twice there: into the piece this agent will
-        // write at the piece's final offset, and copied once across to the part file
-        // (what a rerun resumes from, and the master's fallback).
+        // write at the piece's final offset, and stored once across, compressed, as the
+        // part file (what a rerun resumes from, and the master's fallback).
         let local = scratch.join("report");
         // The statistics runs were usually done ahead by the master (`super::ahead`).
         match super::ahead::for_writer(&job, batch, &spec.outfmt, std::time::Duration::from_secs(30)) {
@@ -94,7 +94,11 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         .map_err(|e| e.to_string())?;
         piece_bytes = make_piece(&spec, batch, &local, &piece);
         let tmp = part_tmp(part, "merged");
-        part_bytes = std::fs::copy(&local, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+        part_bytes = std::fs::metadata(&local).map_err(|e| format!("{}: {e}", local.display()))?.len();
+        crate::parts::store(&local, &tmp).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("{}: {e}", tmp.display())
+        })?;
         std::fs::rename(&tmp, part).map_err(|e| e.to_string())
     })();
     if result.is_err() {

@@ -494,9 +494,18 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 blast_args: &opts.blast_args,
                 scratch: &report_scratch,
             };
+            // Formatted here, then stored compressed in the work directory (see
+            // `crate::parts::store`).
+            let local = report_scratch.join(format!("report-{b}"));
+            report::write(&spec, &hsps, &local)?;
+            let part_bytes = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
             let tmp = crate::accel::part_tmp(&parts[b], "master");
-            report::write(&spec, &hsps, &tmp)?;
-            let part_bytes = std::fs::metadata(&tmp).map(|m| m.len()).unwrap_or(0);
+            let stored = crate::parts::store(&local, &tmp);
+            let _ = std::fs::remove_file(&local);
+            stored.map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                SearchError::Io(format!("{}: {e}", tmp.display()))
+            })?;
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
             let bt = batch_trace(trace, b);
             bt.write_seconds += started.elapsed().as_secs_f64();
@@ -671,8 +680,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let assembly_started = Instant::now();
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
     for (b, p) in parts.iter().enumerate() {
-        let part = std::fs::File::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(std::io::BufReader::with_capacity(1 << 20, part), b + 1 == parts.len())
+        let part = crate::parts::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(part, b + 1 == parts.len())
             .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
