@@ -288,8 +288,7 @@ pub(crate) fn piece_from_part(spec: &JobSpec, batch: usize, part: &std::path::Pa
     let r = crate::parts::open(part).map_err(|e| format!("{}: {e}", part.display()))?;
     let (first, end) = spec.batches[batch];
     let fmt = crate::report::base_format(&spec.outfmt);
-    crate::parts::piece(r, out, fmt, batch, spec.batches.len(), first, end - first)
-        .map_err(|e| format!("{}: {e}", part.display()))
+    crate::parts::piece(r, out, fmt, batch, spec.batches.len(), first, end - first).map_err(|e| format!("{}: {e}", part.display()))
 }
 
 /// Hex SHA-256, as the manifest records it (`db::format`).

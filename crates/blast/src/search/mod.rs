@@ -681,8 +681,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
     for (b, p) in parts.iter().enumerate() {
         let part = crate::parts::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(part, b + 1 == parts.len())
-            .map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(part, b + 1 == parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
     trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
