@@ -11,8 +11,7 @@
 //! starts with the zstd magic (its second byte is a continuation byte), so parts
 //! written plain (by BLAST+ itself in a split by queries, or by an earlier version)
 //! read the same way. Only the zstd magic is looked for: a tabular report's first
-//! line is a query identifier, which may well start with `BZh` or the gzip bytes'
-//! text look-alikes.
+//! line is a query identifier, which may well start with `BZh` (bzip2's magic).
 
 use std::io::{BufRead, Read, Write};
 use std::path::Path;
