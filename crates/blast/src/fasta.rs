@@ -101,7 +101,7 @@ impl Compression {
     fn sniff(head: &[u8]) -> Self {
         if head.starts_with(&[0x1f, 0x8b]) {
             Compression::Gzip
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        } else if head.starts_with(&zstd::zstd_safe::MAGICNUMBER.to_le_bytes()) {
             Compression::Zstd
         } else if head.starts_with(b"BZh") {
             Compression::Bzip2

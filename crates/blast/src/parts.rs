@@ -25,7 +25,7 @@ use crate::report;
 /// CPU.
 pub const STORE_LEVEL: i32 = 1;
 
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+const ZSTD_MAGIC: [u8; 4] = zstd::zstd_safe::MAGICNUMBER.to_le_bytes();
 
 /// Opens a part for reading, decompressing it if it was [`store`]d.
 pub fn open(path: &Path) -> std::io::Result<Box<dyn BufRead + Send>> {
@@ -45,15 +45,22 @@ pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// Stores the report `src` as a part at `dst`, zstd-compressed; returns the bytes
-/// stored. `dst` is the caller's temporary name, renamed into place once this returns.
+/// stored. `dst` is the caller's temporary name, renamed into place once this returns;
+/// on failure it is removed, so no half-written part is left behind.
 pub fn store(src: &Path, dst: &Path) -> std::io::Result<u64> {
-    let mut input = std::fs::File::open(src)?;
-    let out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(dst)?);
-    let mut enc = zstd::stream::write::Encoder::new(out, STORE_LEVEL)?;
-    std::io::copy(&mut input, &mut enc)?;
-    let mut out = enc.finish()?;
-    out.flush()?;
-    out.into_inner().map_err(|e| e.into_error())?.metadata().map(|m| m.len())
+    let stored = (|| {
+        let mut input = std::fs::File::open(src)?;
+        let out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(dst)?);
+        let mut enc = zstd::stream::write::Encoder::new(out, STORE_LEVEL)?;
+        std::io::copy(&mut input, &mut enc)?;
+        let mut out = enc.finish()?;
+        out.flush()?;
+        out.into_inner().map_err(|e| e.into_error())?.metadata().map(|m| m.len())
+    })();
+    if stored.is_err() {
+        let _ = std::fs::remove_file(dst);
+    }
+    stored
 }
 
 /// Joins per-batch reports (each a complete report for its queries) into the one report
@@ -414,6 +421,9 @@ mod tests {
         std::fs::write(&stored, &bytes[..bytes.len() - 7]).unwrap();
         assert!(read(&stored).is_err());
         assert!(count_hits_in(&stored, "6").is_err());
+        // A store that fails leaves no half-written part behind.
+        assert!(store(&dir.join("no such report"), &stored).is_err());
+        assert!(!stored.exists());
         // An empty report stays empty.
         std::fs::write(&plain, "").unwrap();
         store(&plain, &stored).unwrap();

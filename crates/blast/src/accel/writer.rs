@@ -95,10 +95,7 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
         piece_bytes = make_piece(&spec, batch, &local, &piece);
         let tmp = part_tmp(part, "merged");
         part_bytes = std::fs::metadata(&local).map_err(|e| format!("{}: {e}", local.display()))?.len();
-        crate::parts::store(&local, &tmp).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            format!("{}: {e}", tmp.display())
-        })?;
+        crate::parts::store(&local, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, part).map_err(|e| e.to_string())
     })();
     if result.is_err() {

@@ -502,10 +502,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             let tmp = crate::accel::part_tmp(&parts[b], "master");
             let stored = crate::parts::store(&local, &tmp);
             let _ = std::fs::remove_file(&local);
-            stored.map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                SearchError::Io(format!("{}: {e}", tmp.display()))
-            })?;
+            stored.map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
             let bt = batch_trace(trace, b);
             bt.write_seconds += started.elapsed().as_secs_f64();
