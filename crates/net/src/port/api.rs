@@ -101,6 +101,7 @@ impl Port {
             thread_wake_at: None,
             timer,
             shm_retry: HashMap::new(),
+            timed: HashSet::new(),
             tcp_set,
             tcp_edges: Vec::new(),
             tcp_quiet: 0,

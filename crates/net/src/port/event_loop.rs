@@ -367,13 +367,13 @@ impl State {
         for p in due {
             self.flush_shm(p);
         }
-        let acks: Vec<Addr> = self.links.iter().filter(|(_, l)| l.ack_due.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+        let acks: Vec<Addr> = self.timed_links().filter(|(_, l)| l.ack_due.is_some_and(|t| t <= now)).map(|(p, _)| p).collect();
         for p in acks {
             self.send_ack(p);
         }
         self.expire_reconnects(now);
         let retry: Vec<Addr> =
-            self.links.iter().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| *p).collect();
+            self.timed_links().filter(|(_, l)| l.conn.is_none() && l.retry_at.is_some_and(|t| t <= now)).map(|(p, _)| p).collect();
         for p in retry {
             // Reconnect while anything depends on the peer (until `reconnect_timeout`
             // declares it failed); an idle link may stay down, unless links are kept up.
@@ -386,11 +386,19 @@ impl State {
                 l.down_since = None;
             }
         }
+        // Links with no deadline left leave the set (a link given up is gone).
+        let State { timed, links, .. } = self;
+        timed.retain(|p| links.get(p).is_some_and(|l| l.ack_due.is_some() || l.retry_at.is_some() || l.down_since.is_some()));
+    }
+
+    /// The links that may have a deadline ([`State::timed`]).
+    fn timed_links(&self) -> impl Iterator<Item = (Addr, &Link)> {
+        self.timed.iter().filter_map(|p| self.links.get(p).map(|l| (*p, l)))
     }
 
     pub(super) fn next_timer(&self) -> Option<Instant> {
         let links =
-            self.links.values().flat_map(|l| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }, self.reconnect_deadline(l)]);
+            self.timed_links().flat_map(|(_, l)| [l.ack_due, if l.conn.is_none() { l.retry_at } else { None }, self.reconnect_deadline(l)]);
         links.flatten().chain(self.shm_retry.values().map(|(_, next)| *next)).min()
     }
 
@@ -406,7 +414,7 @@ impl State {
     /// the peer).
     fn expire_reconnects(&mut self, now: Instant) {
         let expired: Vec<usize> =
-            self.links.values().filter(|l| self.reconnect_deadline(l).is_some_and(|t| t <= now)).filter_map(|l| l.conn).collect();
+            self.timed_links().filter(|(_, l)| self.reconnect_deadline(l).is_some_and(|t| t <= now)).filter_map(|(_, l)| l.conn).collect();
         for id in expired {
             self.conn_lost(id, "reconnecting timed out");
         }

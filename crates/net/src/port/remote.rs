@@ -248,6 +248,7 @@ impl State {
             self.send_ack(peer);
         } else if link.ack_due.is_none() {
             link.ack_due = Some(Instant::now() + Duration::from_millis(5));
+            self.timed.insert(peer);
             self.kick = true;
         }
         self.flush_tcp(peer);
@@ -618,6 +619,7 @@ impl State {
         let timeout = self.cfg.reconnect_timeout;
         let link = self.links.entry(peer).or_default();
         link.conn = None;
+        self.timed.insert(peer);
         let now = Instant::now();
         let since = *link.down_since.get_or_insert(now);
         link.backoff = if link.backoff.is_zero() { Duration::from_millis(1) } else { (link.backoff * 2).min(Duration::from_millis(500)) };
