@@ -351,11 +351,16 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<S
         let mut last = BTreeMap::new();
         let mut machine = Vec::new();
         let needle = format!("agent\0--namespace\0{ns}");
-        // The sampler shares the 2 cores with the run it measures (reading every command
-        // line every 100 ms cost 4 % of them), so processes that are not gepsea (BLAST+,
-        // ssh, MPI daemons) are looked at once. gepsea ones are looked at every time: a
-        // process forked by an agent carries the agent's command line until it execs.
-        let mut not_gepsea: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        // The sampler shares the 2 cores with the run it measures: reading every command
+        // line every 100 ms cost 4 % of them, and reading each gepsea process's every
+        // 250 ms still cost 1.3 CPU-s of a 36-node run. So each process is classified
+        // once, from its `stat` (the command name) and, for a gepsea one, its command
+        // line; after that only the agents' `stat` is read. A process forked by a rank
+        // or an agent carries its parent's command line until it execs (an agent is
+        // started that way, and starts BLAST+ that way), so a gepsea process is
+        // classified only once it has run for a second.
+        let mut agents: std::collections::HashSet<u32> = std::collections::HashSet::new();
+        let mut others: std::collections::HashSet<u32> = std::collections::HashSet::new();
         loop {
             if let Some(busy) = crate::procstat::machine_busy_seconds() {
                 machine.push((gepsea_blast::trace::unix_now(), busy));
@@ -363,20 +368,29 @@ fn sample_agents(ns: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<S
             if stop.load(Ordering::Relaxed) {
                 break;
             }
+            let up = crate::procstat::uptime_seconds().unwrap_or(f64::MAX);
             for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-                if not_gepsea.contains(&pid) {
+                if others.contains(&pid) {
                     continue;
                 }
-                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let cmd = String::from_utf8_lossy(&cmd);
-                if !cmd.contains("gepsea") {
-                    not_gepsea.insert(pid);
-                } else if cmd.contains(&needle) {
-                    if let Some((own, waited)) = crate::procstat::cpu_split(pid) {
-                        last.insert(pid, (own + waited, own));
+                let Some(st) = crate::procstat::proc_stat(pid) else { continue };
+                if !agents.contains(&pid) {
+                    if st.comm != "gepsea" {
+                        others.insert(pid);
+                        continue;
                     }
+                    if up - st.started < 1.0 {
+                        continue;
+                    }
+                    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                    if !String::from_utf8_lossy(&cmd).contains(&needle) {
+                        others.insert(pid);
+                        continue;
+                    }
+                    agents.insert(pid);
                 }
+                last.insert(pid, (st.own + st.waited, st.own));
             }
             std::thread::sleep(Duration::from_millis(250));
         }

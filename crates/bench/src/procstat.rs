@@ -21,6 +21,35 @@ pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
     Some((ticks(11..=12) / hz, ticks(13..=14) / hz))
 }
 
+/// What the benchmarks read of a process from one read of `/proc/<pid>/stat`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcStat {
+    /// The command name (the program's file name, up to 15 bytes).
+    pub comm: String,
+    /// CPU seconds of the process itself, and of the children it has waited for.
+    pub own: f64,
+    pub waited: f64,
+    /// When it started, in seconds since boot (compare with [`uptime_seconds`]).
+    pub started: f64,
+}
+
+/// `pid`'s [`ProcStat`]; `None` once the process is gone.
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, tail) = s.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let f: Vec<&str> = tail.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    let hz = ticks_per_second();
+    // Counted from the state: utime, stime, cutime, cstime (11-14), starttime (19).
+    Some(ProcStat { comm, own: (ticks(11) + ticks(12)) / hz, waited: (ticks(13) + ticks(14)) / hz, started: ticks(19) / hz })
+}
+
+/// Seconds since boot, the clock of [`ProcStat::started`].
+pub fn uptime_seconds() -> Option<f64> {
+    std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 /// The clock ticks `/proc` counts CPU time in, per second.
 fn ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
@@ -70,6 +99,34 @@ mod tests {
         // Later reads only grow: the total is at least the parts read before it.
         assert!(all >= own + waited, "{all} < {own} + {waited}");
         assert!(cpu_split(4_000_000_000).is_none(), "no such process");
+    }
+
+    #[test]
+    fn a_process_s_stat_names_it_and_says_when_it_started() {
+        let me = proc_stat(std::process::id()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_string_lossy();
+        assert!(name.starts_with(&me.comm), "{} is not {name}", me.comm);
+        let up = uptime_seconds().unwrap();
+        assert!(me.started > 0.0 && me.started <= up + 0.01, "started {} s after boot, up {up} s", me.started);
+        let (own, waited) = cpu_split(std::process::id()).unwrap();
+        assert!(me.own <= own && me.waited <= waited);
+        assert!(proc_stat(4_000_000_000).is_none(), "no such process");
+        // A command name with a space and parentheses does not shift the fields.
+        let dir = std::env::temp_dir().join(format!("gepsea-procstat-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let odd = dir.join("a (b) c");
+        std::fs::copy("/bin/sleep", &odd).unwrap();
+        let child = std::process::Command::new(&odd).arg("5").spawn();
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut child = child.unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let st = proc_stat(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        let st = st.unwrap();
+        assert_eq!(st.comm, "a (b) c");
+        assert!(st.started >= me.started && st.started <= uptime_seconds().unwrap(), "{st:?}");
     }
 
     #[test]
