@@ -10,15 +10,7 @@ pub fn cpu_seconds(pid: u32, children: bool) -> Option<f64> {
 /// User + system CPU seconds of `pid` itself, and of the children it has waited for,
 /// from one read of its `stat`. `None` once the process is gone.
 pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may itself contain spaces and parentheses.
-    let f: Vec<&str> = s.rsplit(')').next()?.split_whitespace().collect();
-    let ticks = |fields: std::ops::RangeInclusive<usize>| -> f64 {
-        fields.map(|i| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0)).sum()
-    };
-    let hz = ticks_per_second();
-    // utime and stime (11, 12), then cutime and cstime (13, 14), counted from the state.
-    Some((ticks(11..=12) / hz, ticks(13..=14) / hz))
+    proc_stat(pid).map(|s| (s.own, s.waited))
 }
 
 /// What the benchmarks read of a process from one read of `/proc/<pid>/stat`.
@@ -36,6 +28,7 @@ pub struct ProcStat {
 /// `pid`'s [`ProcStat`]; `None` once the process is gone.
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may itself hold spaces and parentheses.
     let (head, tail) = s.rsplit_once(')')?;
     let comm = head.split_once('(')?.1.to_string();
     let f: Vec<&str> = tail.split_whitespace().collect();
