@@ -423,6 +423,8 @@ impl Drop for Port {
     fn drop(&mut self) {
         // Deliver what is queued (like MPI_Finalize), bounded by `linger`.
         let _ = self.wait_until(self.sh.linger, |st| st.output_settled().then_some(()));
+        // (The wait uncorked the port.)
+        self.sh.st.lock().acknowledge_all();
         self.sh.shutdown.store(true, Ordering::SeqCst);
         let _ = self.sh.waker.wake();
         if let Some(t) = self.thread.take() {
@@ -623,6 +625,39 @@ mod tests {
         assert!(hub.wait_timeout(idle, Duration::from_millis(100)).is_err());
         assert_eq!(timed(&hub), HashSet::from([gone_addr]));
         assert!(hub.sh.st.lock().next_timer().is_some(), "a reconnect to try");
+    }
+
+    /// A port that closes right after taking in a message acknowledges it first, so
+    /// the sender has nothing left to replay and its own close does not wait out its
+    /// linger for a reconnect that will never come (it did: every no-agent search's
+    /// master waited 5 s after its workers had gone).
+    #[test]
+    fn a_port_that_closes_acknowledges_what_it_received_first() {
+        let ns = NsDir(format!("lastack{}", std::process::id()));
+        let open = |node: u32| {
+            let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+            c.listen = Some("127.0.0.1:0".parse().unwrap());
+            Port::open(c).unwrap()
+        };
+        let (sender, receiver) = (open(1), open(2));
+        let to = receiver.addr();
+        sender.add_route(to, receiver.listen_addr().unwrap());
+        for round in 0..3u64 {
+            sender.send(to, round, format!("message {round}").into_bytes()).unwrap();
+        }
+        for round in 0..3u64 {
+            assert_eq!(receiver.recv(Some(sender.addr()), Some(round), 64).unwrap().data, format!("message {round}").into_bytes());
+        }
+        // Closed before its delayed acknowledgement (5 ms) was due.
+        drop(receiver);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sender.stats().connections_lost == 0 {
+            assert!(Instant::now() < deadline, "the receiver's close never reached the sender");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut st = sender.sh.st.lock();
+        assert_eq!(st.links[&to].send.unacked(), 0, "frames the receiver took in are still held for replay");
+        assert!(st.output_settled(), "the sender would wait out its linger to close");
     }
 
     fn mark(in_flight: usize, moved: u64, at: Instant) -> SpinMark {

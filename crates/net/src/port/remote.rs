@@ -254,6 +254,16 @@ impl State {
         self.flush_tcp(peer);
     }
 
+    /// Acknowledges at once everything taken in on every link, as a closing port's last
+    /// word: a delayed acknowledgement would never go, and each peer would keep the
+    /// frames for a replay that cannot come and wait out its linger to close.
+    pub(super) fn acknowledge_all(&mut self) {
+        let owed: Vec<Addr> = self.links.iter().filter(|(_, l)| l.recv.pending_ack() > 0).map(|(p, _)| *p).collect();
+        for peer in owed {
+            self.send_ack(peer);
+        }
+    }
+
     pub(super) fn send_ack(&mut self, peer: Addr) {
         let Some(link) = self.links.get_mut(&peer) else { return };
         let Some(cid) = link.conn else { return };
