@@ -112,7 +112,11 @@ impl StatsAhead {
                         tracing::debug!("statistics ahead, batch {batch}: {e}");
                     }
                 }
-                Err(e) => tracing::debug!("statistics ahead, batch {batch}: {e}"),
+                Err(e) => {
+                    tracing::debug!("statistics ahead, batch {batch}: {e}");
+                    // Released: a writer waiting for them runs them itself at once.
+                    let _ = std::fs::remove_file(claim_path(job, batch));
+                }
             }
         }
         let _ = std::fs::remove_dir_all(&scratch);
@@ -121,16 +125,42 @@ impl StatsAhead {
 
 /// Claims batch `batch`'s statistics runs for the caller: `true` once, for the first
 /// caller in the job (the master's threads and the batch's writer race for it), so
-/// that they are never run twice.
+/// that they are never run twice. The claim names its holder (host and process), so
+/// that a writer waiting on it can tell when the holder died without saving them: an
+/// agent killed while writing left a claim that a repeat of its batch waited out to
+/// the end of its patience (30 s on every such search).
 pub(crate) fn claim(job: &Path, batch: usize) -> bool {
+    use std::io::Write;
+    let Ok(mut f) = std::fs::OpenOptions::new().write(true).create_new(true).open(claim_path(job, batch)) else { return false };
+    // An unreadable holder only means a waiter keeps waiting (up to its patience).
+    let _ = writeln!(f, "{} {}", host_name(), std::process::id());
+    true
+}
+
+fn claim_path(job: &Path, batch: usize) -> PathBuf {
     let mut c = stats_dir(job, batch).into_os_string();
     c.push(".claim");
-    std::fs::OpenOptions::new().write(true).create_new(true).open(c).is_ok()
+    PathBuf::from(c)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+/// Whether batch `batch`'s claim is held by a process of this host that is gone. A
+/// holder on another host (a job directory on shared storage) cannot be checked from
+/// here: it counts as alive.
+fn claim_abandoned(job: &Path, batch: usize) -> bool {
+    let Ok(holder) = std::fs::read_to_string(claim_path(job, batch)) else { return false };
+    let mut words = holder.split_whitespace();
+    let (Some(host), Some(pid)) = (words.next(), words.next().and_then(|p| p.parse::<u32>().ok())) else { return false };
+    host == host_name() && !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// The statistics of batch `batch` for its writer: the ones run ahead, waiting for
-/// them if the master is running them now (at most `patience`); `None` when the
-/// writer is to run them itself (it then holds the claim, or the master gave up).
+/// them if the master is running them now (at most `patience`, and not once their
+/// claimant is known to be gone); `None` when the writer is to run them itself (it
+/// then holds the claim, or the claimant gave up or died).
 pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::time::Duration) -> Option<report::Statistics> {
     let dir = stats_dir(job, batch);
     let usable = |s: report::Statistics| s.serve(outfmt).then_some(s);
@@ -145,6 +175,11 @@ pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::
         std::thread::sleep(std::time::Duration::from_millis(10));
         if let Some(s) = report::Statistics::load(&dir) {
             return usable(s);
+        }
+        // Released by a holder that failed (and now claimed by us), or held by one that died.
+        if claim(job, batch) || claim_abandoned(job, batch) {
+            // Saved just before the holder went?
+            return report::Statistics::load(&dir).and_then(usable);
         }
     }
     None
@@ -206,8 +241,40 @@ mod tests {
         });
         assert_eq!(for_writer(job, 5, "6", Duration::from_secs(20)), Some(stats(None)));
         saver.join().unwrap();
-        // Claimed and never saved (the master failed on it): the writer gives up waiting.
+        // Claimed and never saved (the master is stuck on it): the writer gives up waiting.
         assert!(claim(job, 6));
         assert_eq!(for_writer(job, 6, "6", Duration::from_millis(30)), None);
+    }
+
+    #[test]
+    fn a_claim_whose_holder_died_is_not_waited_for() {
+        let d = TestDir::new("ahead-dead");
+        let job = d.path();
+        // Held by a process of this host that has exited (an agent killed mid-write).
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        std::fs::write(claim_path(job, 7), format!("{} {dead}\n", host_name())).unwrap();
+        assert!(claim_abandoned(job, 7));
+        let patience = Duration::from_secs(60);
+        let asked = Instant::now();
+        assert_eq!(for_writer(job, 7, "6", patience), None);
+        assert!(asked.elapsed() < patience / 2, "waited {:?} for a dead holder", asked.elapsed());
+        // Held by a live process here, or by any process of another host (shared
+        // storage): waited for.
+        assert!(claim(job, 8));
+        assert_eq!(std::fs::read_to_string(claim_path(job, 8)).unwrap(), format!("{} {}\n", host_name(), std::process::id()));
+        assert!(!claim_abandoned(job, 8));
+        std::fs::write(claim_path(job, 9), format!("elsewhere-{} {dead}\n", host_name())).unwrap();
+        assert!(!claim_abandoned(job, 9));
+        // Released by a holder that failed: the writer claims them at once.
+        std::fs::remove_file(claim_path(job, 8)).unwrap();
+        let asked = Instant::now();
+        assert_eq!(for_writer(job, 8, "6", patience), None);
+        assert!(asked.elapsed() < patience / 2, "waited {:?} for a released claim", asked.elapsed());
+        assert!(!claim(job, 8), "the writer holds it now");
+        // A holder that has not written its name yet is alive.
+        std::fs::write(claim_path(job, 10), "").unwrap();
+        assert!(!claim_abandoned(job, 10));
     }
 }
