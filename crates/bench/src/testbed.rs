@@ -84,6 +84,11 @@ fn delay(queue: u16, delay: Duration) -> Result<()> {
                     got = true;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                // The kernel's answer to a verdict on a packet it no longer holds: when a
+                // device on the packet's path goes down (an emulated link cut), its queued
+                // packets are flushed, as a real outage loses them. The link comes back; so
+                // must the delay.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                 Err(e) => return Err(e).context("reading the netfilter queue"),
             }
         }

@@ -104,7 +104,7 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     run_ok(
         Command::new("blastp")
             .env("BLASTDB", d.join("ref"))
-            .args(["-db", "DB", "-outfmt", "0", "-query"])
+            .args(["-db", "DB", "-outfmt", "0", "-num_threads", "2", "-query"])
             .arg(d.join("q.fasta"))
             .arg("-out")
             .arg(&want),
@@ -189,6 +189,9 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     std::thread::sleep(Duration::from_secs(2));
     run_ok(sites.router_cmd("ip").args(["link", "set", "wan0", "up"]));
     let o = run.wait_with_output().unwrap();
+    // The link cut flushed the packets the delay daemon held; it must still be delaying
+    // for the parts below.
+    assert!(children.0[0].try_wait().unwrap().is_none(), "the delay daemon ended at the link cut");
     let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "search: {log}");
     assert!(
@@ -257,6 +260,7 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     assert!(["to measure", "another agent measures", "Mbit/s delivered"].iter().any(|r| reason.contains(r)), "{shipped}");
     assert_eq!(storage_status(&ns)["reports_completed"].as_u64(), Some(1));
 
+    assert!(children.0[0].try_wait().unwrap().is_none(), "the delay daemon ended during the test");
     drop(children);
     // Stopped, the storage sites leave no runtime directory behind.
     for keyed in [false, true] {
