@@ -94,12 +94,14 @@ impl Cluster {
         Cluster { bed, dir, subnet }
     }
 
+    /// Serial BLAST+ on both cores (its output does not depend on the thread count):
+    /// the cluster tests run one at a time, so a one-thread reference left a core idle.
     fn serial(&self, fmt: &str) -> PathBuf {
         let out = self.dir.0.join(format!("serial.{fmt}"));
         run_ok(
             Command::new("blastp")
                 .env("BLASTDB", self.dir.0.join("ref"))
-                .args(["-db", "DB", "-outfmt", fmt, "-query"])
+                .args(["-db", "DB", "-outfmt", fmt, "-num_threads", "2", "-query"])
                 .arg(self.dir.0.join("q.fasta"))
                 .arg("-out")
                 .arg(&out),

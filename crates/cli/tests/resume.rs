@@ -25,7 +25,7 @@ fn serial(dir: &Path, outfmt: &str, extra: &[&str], out: &Path) {
     let mut c = Command::new("blastp");
     c.current_dir(dir.join("db"))
         .env("BLASTDB", dir.join("db"))
-        .args(["-db", "DB", "-outfmt", outfmt, "-query"])
+        .args(["-db", "DB", "-outfmt", outfmt, "-num_threads", "2", "-query"])
         .arg(dir.join("q.fasta"))
         .arg("-out")
         .arg(out)
