@@ -701,6 +701,32 @@ fn killing_a_nodes_agent_releases_its_locks_and_reelects_the_scheduler() {
     assert_eq!(a.run(3, &["board-get", "survivor"]).trim().split(' ').nth(1), Some("3500"));
 }
 
+/// An agent that is stopped (SIGTERM, as a job's leader stops its node's agent at the
+/// end) says so before it goes: the others drop it from their views at once, as having
+/// left rather than failed (no reconnect timeout to wait out: a job's master waited 3 s
+/// for it), and serve on without it.
+#[test]
+fn a_stopped_agent_leaves_and_the_others_drop_it_at_once() {
+    let mut a = Agents::new(3, false);
+    a.run(0, &["cas-incr", "shared", "5"]);
+    let mut third = a.agents[2].take().unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(third.id() as i32, libc::SIGTERM) };
+    assert!(third.wait().unwrap().success(), "agent 3 did not stop cleanly: {}", a.log(2));
+    wait_until(
+        Duration::from_secs(20),
+        || (0..2).all(|i| a.status(i)["view"] == serde_json::json!([1, 2])),
+        "nodes 1 and 2 to drop node 3",
+    );
+    for i in 0..2 {
+        let log = a.log(i);
+        assert!(log.contains("agent 3 left"), "node {}: {log}", i + 1);
+        assert!(!log.contains("agent 3 failed"), "node {} took the leave for a failure: {log}", i + 1);
+    }
+    a.run(1, &["cas-incr", "shared", "5"]);
+    assert_eq!(a.run(0, &["board-get", "shared"]).trim().split(' ').nth(1), Some("10"));
+}
+
 /// A node that goes silent without closing its connections (a host powered off, a
 /// cable pulled: no FIN, no RST, nothing answers) is declared dead by the others while
 /// nothing is being said to it (the kernel's keepalive probes go unanswered; without

@@ -114,6 +114,14 @@ impl Agent {
                 None => {}
             }
         }
+        // A last word to every peer, so that they drop this node at once: seen as a
+        // lost connection, it kept them reconnecting for their reconnect timeout (3 s),
+        // and a job's master waited that long for its agent to see the others gone.
+        for n in self.view.clone() {
+            if n != self.me {
+                self.send_peer(n, &PeerMsg::Leaving);
+            }
+        }
         self.flush_lazy();
         info!("agent of node {} stopping", self.me);
         let _ = std::fs::remove_dir_all(self.runtime_dir.join("scratch"));

@@ -162,7 +162,22 @@ impl Agent {
             return;
         }
         warn!("node {}: agent {} failed: {reason}", self.me, peer.node);
-        let dead = peer.node;
+        self.drop_member(peer.node, reason);
+    }
+
+    /// Agent `node` said it is stopping: out of the view at once, and its link with it
+    /// (no reconnecting to it, no waiting for its acknowledgements when this agent
+    /// stops in turn). Otherwise as a failure: what it owned moves to the survivors.
+    pub(super) fn peer_left(&mut self, node: u32) {
+        if node == self.me || self.dead.contains(&node) {
+            return;
+        }
+        info!("node {}: agent {node} left", self.me);
+        self.port.forget_peer(Addr::new(node, 0));
+        self.drop_member(node, "it left");
+    }
+
+    fn drop_member(&mut self, dead: u32, reason: &str) {
         self.dead.insert(dead);
         let incarnation = self.known.remove(&dead).flatten().map_or(0, |(_, inc)| inc);
         self.buried.insert(dead, incarnation);

@@ -5,6 +5,11 @@ use crate::primitives::balance::PlaceError;
 
 impl Agent {
     pub(super) fn peer_msg(&mut self, from: u32, m: PeerMsg) {
+        // First: from an agent not in the view, any other message makes it a member.
+        if m == PeerMsg::Leaving {
+            self.peer_left(from);
+            return;
+        }
         if from != self.me && !matches!(m, PeerMsg::Hello { .. } | PeerMsg::HelloAck { .. }) && !self.view.contains(&from) {
             if self.dead.contains(&from) {
                 return;
@@ -32,6 +37,7 @@ impl Agent {
             return;
         }
         match m {
+            PeerMsg::Leaving => unreachable!("handled first"),
             PeerMsg::Hello { node, pid, incarnation } => {
                 self.send_peer(node, &PeerMsg::HelloAck { node: self.me, pid: std::process::id(), incarnation: self.incarnation });
                 self.peer_alive(node, pid, incarnation);

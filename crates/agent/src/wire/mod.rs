@@ -619,6 +619,9 @@ pub enum PeerMsg {
         op: u64,
         dest: u32,
     },
+    /// The sender is stopping (its last word): drop it from the view now, as a failure
+    /// that needs no timeout to be noticed.
+    Leaving,
 }
 
 /// A lock handed to its new owner: holders, and waiters in order with the operation

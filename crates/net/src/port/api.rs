@@ -584,6 +584,17 @@ impl Port {
         self.sh.st.lock().proto.offer_single_copy(Some(pid));
     }
 
+    /// `peer` has left for good (it said so): its link goes now, with its connection
+    /// and whatever was still unacknowledged to it, and operations waiting on it fail
+    /// as if it had failed, as do new ones until `peer` connects again (a restarted
+    /// process). Without this a clean leave looked like a lost connection: the link
+    /// tried to reconnect for `reconnect_timeout`, and a closing port waited that long
+    /// for acknowledgements that could not come.
+    pub fn forget_peer(&self, peer: Addr) {
+        let mut st = self.sh.st.lock();
+        st.forget_peer(peer);
+    }
+
     /// Fault injection for tests and operators: abruptly shuts down every TCP
     /// connection of this port (as a network failure would); links reconnect and replay.
     pub fn reset_connections(&self) {

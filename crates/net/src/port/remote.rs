@@ -625,6 +625,19 @@ impl State {
         }
     }
 
+    /// See [`crate::Port::forget_peer`].
+    pub(super) fn forget_peer(&mut self, peer: Addr) {
+        let Some(link) = self.links.remove(&peer) else { return };
+        self.timed.remove(&peer);
+        if let Some(cid) = link.conn {
+            if let Some(mut c) = self.tcp.remove(&cid) {
+                let _ = self.tcp_set.registry.deregister(&mut c.stream);
+                self.forget_undelivered(&c);
+            }
+        }
+        self.proto.peer_failed(peer, "the peer left");
+    }
+
     pub(super) fn link_down(&mut self, peer: Addr, reason: &str) {
         let timeout = self.cfg.reconnect_timeout;
         let link = self.links.entry(peer).or_default();
