@@ -179,9 +179,6 @@ pub fn master(
             placement.start_ready(client, job, tmp_out);
             placement.collect(client, false);
         }
-        for _ in 0..workers {
-            client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
-        }
         stats.worker_span_seconds = submitted.elapsed().as_secs_f64();
         for p in prefetches {
             // Long done by now; a failed prefetch only meant a later stage did the work.
@@ -217,6 +214,13 @@ pub fn master(
             if let Err(e) = client.plugin_at(node, "blast", forget.clone()) {
                 tracing::debug!("agent of node {node} did not drop the job's state: {e}");
             }
+        }
+        // Only now are the workers let go: a node's agent stops once its last client has
+        // left, and the requests above went to every node's agent. Stopped first, the
+        // workers took their agents with them, and the master waited out a reconnect
+        // (3 s) for each answer that could not come.
+        for _ in 0..workers {
+            client.submit(&postcard::to_stdvec(&TaskPayload::Stop).unwrap()).map_err(api_err)?;
         }
         // What no agent placed, the master writes from the part files, in order, one part in
         // memory at a time, between the pieces the agents wrote.
