@@ -660,6 +660,36 @@ mod tests {
         assert!(st.output_settled(), "the sender would wait out its linger to close");
     }
 
+    /// A peer that said it left is forgotten at once: no link, no reconnect to try,
+    /// nothing held for it, and what waited on it fails rather than waiting out the
+    /// reconnect timeout.
+    #[test]
+    fn a_peer_that_left_is_forgotten_without_reconnecting() {
+        let ns = NsDir(format!("forget{}", std::process::id()));
+        let open = |node: u32| {
+            let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+            c.listen = Some("127.0.0.1:0".parse().unwrap());
+            c.reconnect_timeout = Duration::from_secs(600);
+            Port::open(c).unwrap()
+        };
+        let (stays, leaves) = (open(1), open(2));
+        let gone = leaves.addr();
+        stays.add_route(gone, leaves.listen_addr().unwrap());
+        stays.send(gone, 1, b"hello".to_vec()).unwrap();
+        assert_eq!(leaves.recv(Some(stays.addr()), Some(1), 8).unwrap().data, b"hello");
+        let waiting = stays.irecv(Some(gone), Some(2), 8);
+        drop(leaves);
+        stays.forget_peer(gone);
+        match stays.wait_timeout(waiting, Duration::from_secs(20)) {
+            Err(NetError::PeerFailed { peer, .. }) => assert_eq!(peer, gone),
+            other => panic!("a receive from the peer that left: {other:?}"),
+        }
+        let mut st = stays.sh.st.lock();
+        assert!(!st.links.contains_key(&gone), "its link is kept");
+        assert!(!st.timed.contains(&gone), "a reconnect to it is still due");
+        assert!(st.output_settled(), "closing would wait for it");
+    }
+
     fn mark(in_flight: usize, moved: u64, at: Instant) -> SpinMark {
         SpinMark { in_flight, moved, at }
     }
