@@ -631,15 +631,20 @@ mod tests {
     /// the sender has nothing left to replay and its own close does not wait out its
     /// linger for a reconnect that will never come (it did: every no-agent search's
     /// master waited 5 s after its workers had gone).
+    /// Port 1 of `node` in namespace `ns`, listening on a loopback TCP port.
+    fn tcp_port(ns: &NsDir, node: u32, reconnect_timeout: Option<Duration>) -> Port {
+        let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+        c.listen = Some("127.0.0.1:0".parse().unwrap());
+        if let Some(t) = reconnect_timeout {
+            c.reconnect_timeout = t;
+        }
+        Port::open(c).unwrap()
+    }
+
     #[test]
     fn a_port_that_closes_acknowledges_what_it_received_first() {
         let ns = NsDir(format!("lastack{}", std::process::id()));
-        let open = |node: u32| {
-            let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
-            c.listen = Some("127.0.0.1:0".parse().unwrap());
-            Port::open(c).unwrap()
-        };
-        let (sender, receiver) = (open(1), open(2));
+        let (sender, receiver) = (tcp_port(&ns, 1, None), tcp_port(&ns, 2, None));
         let to = receiver.addr();
         sender.add_route(to, receiver.listen_addr().unwrap());
         for round in 0..3u64 {
@@ -666,13 +671,8 @@ mod tests {
     #[test]
     fn a_peer_that_left_is_forgotten_without_reconnecting() {
         let ns = NsDir(format!("forget{}", std::process::id()));
-        let open = |node: u32| {
-            let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
-            c.listen = Some("127.0.0.1:0".parse().unwrap());
-            c.reconnect_timeout = Duration::from_secs(600);
-            Port::open(c).unwrap()
-        };
-        let (stays, leaves) = (open(1), open(2));
+        let long = Some(Duration::from_secs(600));
+        let (stays, leaves) = (tcp_port(&ns, 1, long), tcp_port(&ns, 2, long));
         let gone = leaves.addr();
         stays.add_route(gone, leaves.listen_addr().unwrap());
         stays.send(gone, 1, b"hello".to_vec()).unwrap();
