@@ -627,10 +627,6 @@ mod tests {
         assert!(hub.sh.st.lock().next_timer().is_some(), "a reconnect to try");
     }
 
-    /// A port that closes right after taking in a message acknowledges it first, so
-    /// the sender has nothing left to replay and its own close does not wait out its
-    /// linger for a reconnect that will never come (it did: every no-agent search's
-    /// master waited 5 s after its workers had gone).
     /// Port 1 of `node` in namespace `ns`, listening on a loopback TCP port.
     fn tcp_port(ns: &NsDir, node: u32, reconnect_timeout: Option<Duration>) -> Port {
         let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
@@ -641,6 +637,10 @@ mod tests {
         Port::open(c).unwrap()
     }
 
+    /// A port that closes right after taking in a message acknowledges it first, so
+    /// the sender has nothing left to replay and its own close does not wait out its
+    /// linger for a reconnect that will never come (it did: every no-agent search's
+    /// master waited 5 s after its workers had gone).
     #[test]
     fn a_port_that_closes_acknowledges_what_it_received_first() {
         let ns = NsDir(format!("lastack{}", std::process::id()));

@@ -627,13 +627,11 @@ impl State {
 
     /// See [`crate::Port::forget_peer`].
     pub(super) fn forget_peer(&mut self, peer: Addr) {
-        let Some(link) = self.links.remove(&peer) else { return };
         self.timed.remove(&peer);
-        if let Some(cid) = link.conn {
-            if let Some(mut c) = self.tcp.remove(&cid) {
-                let _ = self.tcp_set.registry.deregister(&mut c.stream);
-                self.forget_undelivered(&c);
-            }
+        // The link goes first, so that dropping its connection does not take it down
+        // (and reconnect it).
+        if let Some(cid) = self.links.remove(&peer).and_then(|l| l.conn) {
+            self.conn_lost(cid, "the peer left");
         }
         self.proto.peer_failed(peer, "the peer left");
     }
