@@ -10,7 +10,7 @@
 //! makes progress on OS events while the application computes.
 //!
 //! Layering, bottom up — each layer testable on its own:
-//! - [`frame`]: the wire format and its decoder (sans-IO).
+//! - [`frame`]: the wire format and its decoder (sans-IO); `crc`: its checksum.
 //! - [`reliable`]: per-link sequence/acknowledgement windows and replay (sans-IO).
 //! - [`proto`]: matching, credits, rendezvous and RMA state machines (sans-IO).
 //! - [`ring`]: the lock-free SPSC byte ring used in shared memory (loom-checked).
@@ -22,6 +22,7 @@
 pub mod auth;
 #[cfg(not(loom))]
 pub mod cma;
+mod crc;
 pub mod error;
 pub mod frame;
 pub mod lent;

@@ -135,7 +135,7 @@ pub enum Finished {
 struct DirectRead {
     header: Header,
     end: usize,
-    crc: crc_fast::Digest,
+    crc: u32,
 }
 
 impl TcpConn {
@@ -372,9 +372,8 @@ impl TcpConn {
         debug_assert_eq!(dest.len() as u64, header.offset);
         let end = header.offset as usize + header.len as usize;
         debug_assert!(dest.capacity() >= end);
-        let mut crc = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
         let buffered = self.dec.take_partial();
-        crc.update(buffered);
+        let crc = crate::crc::append(0, buffered);
         dest.extend_from_slice(buffered);
         self.direct = Some(DirectRead { header, end, crc });
     }
@@ -398,7 +397,7 @@ impl TcpConn {
             match crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
-                    d.crc.update(&dest[before..]);
+                    d.crc = crate::crc::append(d.crc, &dest[before..]);
                     self.dec.filled(n - (dest.len() - before));
                     return Ok(ReadOutcome::More);
                 }
@@ -419,7 +418,7 @@ impl TcpConn {
         }
         let d = self.direct.take().expect("checked above");
         self.after_direct = true;
-        let actual = d.crc.finalize() as u32;
+        let actual = d.crc;
         if d.header.flags & FLAG_SUM_AFTER != 0 {
             return Some(self.pending.hold(d.header, actual, None).map(|()| Finished::Held));
         }
