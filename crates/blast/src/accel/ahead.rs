@@ -143,8 +143,10 @@ fn claim_path(job: &Path, batch: usize) -> PathBuf {
     PathBuf::from(c)
 }
 
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+/// This host's name, read once: a waiting writer checks claims every 10 ms.
+fn host_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default())
 }
 
 /// Whether batch `batch`'s claim is held by a process of this host that is gone. A
