@@ -253,10 +253,19 @@ fn parts_shipped_while_the_search_runs_make_the_serial_report_at_a_storage_site_
     assert_eq!(shipped["encrypted"].as_bool(), Some(true), "{shipped}");
     let chosen = shipped["chosen"].as_object().unwrap();
     assert_eq!(chosen.values().map(|n| n.as_u64().unwrap()).sum::<u64>(), shipped["objects"].as_u64().unwrap(), "{shipped}");
-    assert!(chosen.contains_key("zstd") && chosen.contains_key("blast"), "the first two parts measure both: {shipped}");
+    // The first parts measure both encodings: compressed, then (once a compressed
+    // transfer has come back) one as metadata. Over the delayed link every part may be
+    // chosen before the first compressed one is back (seen once in CI: 8 parts, all
+    // compressed); then the last part's reason must say that nothing was measured yet,
+    // and a probe skipped after a measurement still fails here.
+    let reason = shipped["reason"].as_str().unwrap_or("");
+    assert!(chosen.contains_key("zstd"), "the first part measures the link compressed: {shipped}");
+    assert!(
+        chosen.contains_key("blast") || reason.starts_with("first part"),
+        "the first two parts measure both, unless every part was chosen before the first was back: {shipped}"
+    );
     // The last part's reason: a probe's, compressed while another agent's probe was
     // out, or the model's prediction once both probes were back.
-    let reason = shipped["reason"].as_str().unwrap_or("");
     assert!(["to measure", "another agent measures", "Mbit/s delivered"].iter().any(|r| reason.contains(r)), "{shipped}");
     assert_eq!(storage_status(&ns)["reports_completed"].as_u64(), Some(1));
 
