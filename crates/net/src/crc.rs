@@ -75,7 +75,11 @@ mod x86 {
     /// last-level cache, GB/s: 2 KiB 11–12 against 5–10, 64 KiB 17–18 against 11–13)
     /// and than blocks of this loop shorter than this (its final folds and shifts cost
     /// a fixed ≈60 cycles: blocks of 2 KiB ran at 7–9 GB/s).
-    pub const BLOCK: usize = (256 + 3 * 8 * WORDS) * STEPS;
+    pub const BLOCK: usize = FOLDED + 3 * STREAM;
+    /// The folded part of a block.
+    const FOLDED: usize = 256 * STEPS;
+    /// Each `crc32` stream's part of a block.
+    const STREAM: usize = 8 * WORDS * STEPS;
 
     /// The CRC32C polynomial, normal (unreflected) form.
     const POLY: u32 = 0x1EDC_6F41;
@@ -112,6 +116,8 @@ mod x86 {
     const fn shift_past(bytes: usize) -> i64 {
         x_pow_mod(8 * bytes as u32 - 33).reverse_bits() as i64
     }
+    /// Shifts a CRC register past one stream's part of a block.
+    const PAST_STREAM: i64 = shift_past(STREAM);
 
     /// Whether this CPU runs [`append`], and is better off with it: with AVX-512 and
     /// VPCLMULQDQ, `crc-fast`'s 512-bit folds are faster.
@@ -134,34 +140,32 @@ mod x86 {
         for b in &mut blocks {
             // SAFETY: `b` is one block; the features are the caller's promise,
             // repeated by this function's own.
-            register = unsafe { block::<STEPS>(register, b) };
+            register = unsafe { block(register, b) };
         }
         crc32c::crc32c_append(!register, blocks.remainder())
     }
 
-    /// Runs the CRC register `register` through one block of `S` steps.
+    /// Runs the CRC register `register` through one block.
     ///
     /// # Safety
-    /// `b.len() == block_len(S)`, and the CPU has the features [`append`] needs.
+    /// `b.len() == BLOCK`, and the CPU has the features [`append`] needs.
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,sse4.2")]
-    unsafe fn block<const S: usize>(register: u32, b: &[u8]) -> u32 {
-        let stream = 8 * WORDS * S;
-        let folded = 256 * S;
-        assert_eq!(b.len(), folded + 3 * stream);
+    unsafe fn block(register: u32, b: &[u8]) -> u32 {
+        assert_eq!(b.len(), BLOCK);
         let p = b.as_ptr();
         // SAFETY (every load below): the offsets stay inside the block (length checked
-        // above). The folded part's loads are at 256 × step + 32 × i + 0..32 ≤ folded; a
-        // stream's at folded + s × stream + 8 × (WORDS × step + j) + 0..8 ≤ the block's
-        // length. Unaligned loads are used throughout.
+        // above). The folded part's loads are at 256 × step + 32 × i + 0..32 ≤ FOLDED; a
+        // stream's at FOLDED + s × STREAM + 8 × (WORDS × step + j) + 0..8 ≤ BLOCK.
+        // Unaligned loads are used throughout.
         let vec = |at: usize| unsafe { _mm256_loadu_si256(p.add(at).cast::<__m256i>()) };
         let word = |at: usize| unsafe { p.add(at).cast::<u64>().read_unaligned() };
         let mut acc: [__m256i; 8] = std::array::from_fn(|i| vec(32 * i));
         // The register enters as if it were XORed into the block's first 4 bytes.
         acc[0] = _mm256_xor_si256(acc[0], _mm256_setr_epi32(register as i32, 0, 0, 0, 0, 0, 0, 0));
         let k = both_lanes(BY_2048);
-        let streams = [folded, folded + stream, folded + 2 * stream];
+        let streams = [FOLDED, FOLDED + STREAM, FOLDED + 2 * STREAM];
         let mut regs = [0u64; 3];
-        for step in 0..S {
+        for step in 0..STEPS {
             if step > 0 {
                 for (i, a) in acc.iter_mut().enumerate() {
                     *a = _mm256_xor_si256(fold(*a, k), vec(256 * step + 32 * i));
@@ -174,10 +178,9 @@ mod x86 {
                 }
             }
         }
-        let past = const { shift_past(8 * WORDS * S) };
         let mut register = reduce(acc);
         for r in regs {
-            register = shift(register, past) ^ r as u32;
+            register = shift(register, PAST_STREAM) ^ r as u32;
         }
         register
     }
@@ -235,7 +238,7 @@ mod x86 {
             if !usable() {
                 return;
             }
-            for bytes in [8 * WORDS * STEPS, 8 * WORDS, 100] {
+            for bytes in [STREAM, 8 * WORDS, 100] {
                 for register in [0u32, 1, 0x8000_0000, 0xdead_beef, u32::MAX] {
                     let zeros = crc32c::crc32c_append(!register, &vec![0u8; bytes]);
                     // SAFETY: `usable()` checked the features.
