@@ -5,13 +5,17 @@ use std::collections::VecDeque;
 use std::io::{self, IoSlice, Read, Write};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 
 use crate::frame::{Addr, Channel, Frame, FrameDecoder, FrameError, Header, Kind, FLAG_PAYLOAD_CRC, FLAG_SUM_AFTER, HEADER_LEN};
 use crate::reliable::{RecvWindow, SendWindow};
 
 /// The most one read into the decoder takes.
 const READ_AT_MOST: usize = 64 << 10;
+/// Plaintext an encrypted connection seals at a time (see `TcpConn::seal_some`). 1 MiB
+/// encrypted ping-pong on loopback, µs one way (3 alternated rounds): all at once
+/// 2092-2424, 64 KiB at a time 873-990, 128 KiB 749-930.
+const SEAL_AHEAD: usize = 128 << 10;
 
 /// The least message whose rendezvous pieces carry their checksums after them, in a
 /// [`Kind::Sum`] frame, rather than in their headers ([`FLAG_SUM_AFTER`]). A header's
@@ -98,6 +102,8 @@ pub struct TcpConn {
     sealer: Option<crate::seal::Sealer>,
     /// The read buffer of an encrypted connection, kept between reads.
     sealed_in: Vec<u8>,
+    /// The records of an encrypted connection are sealed here, then queued.
+    sealed_out: BytesMut,
     /// Pieces queued with their checksum to follow ([`FLAG_SUM_AFTER`]), not yet
     /// summed: sequence number and payload.
     unsummed: Vec<(u64, Bytes)>,
@@ -155,6 +161,7 @@ impl TcpConn {
             wq_bytes: 0,
             sealer: None,
             sealed_in: Vec::new(),
+            sealed_out: BytesMut::new(),
             unsummed: Vec::new(),
             unsummed_route: (Addr::default(), Addr::default()),
             pending: PendingSums::default(),
@@ -195,7 +202,7 @@ impl TcpConn {
         f.header.encode(&f.payload, &mut h);
         if let Some(s) = &mut self.sealer {
             s.push_plain(&h);
-            s.push_plain(&f.payload);
+            s.push_plain_bytes(&f.payload);
             return;
         }
         self.push_encoded(h, &f.payload);
@@ -247,12 +254,10 @@ impl TcpConn {
         if self.state == ConnState::Connecting {
             return Ok(());
         }
-        if let Some(s) = &mut self.sealer {
-            let mut records = Vec::new();
-            s.seal_into(&mut records);
-            self.push_raw(records);
-        }
         loop {
+            if self.wq.is_empty() && self.seal_some() {
+                continue;
+            }
             if self.wq.is_empty() {
                 // The pieces are with the kernel: checksum them while the receiver
                 // copies them out, and send the sum after them.
@@ -283,6 +288,28 @@ impl TcpConn {
             }
         }
         Ok(())
+    }
+
+    /// Seals the next [`SEAL_AHEAD`] bytes of an encrypted connection's plaintext into
+    /// the write queue; whether there were any. A batch at a time, each sealed once
+    /// the last is with the kernel: the receiver opens one batch while the next is
+    /// sealed (sealing a whole megabyte before writing any of it put both ends'
+    /// encryption end to end). Sealed into a kept buffer: once the batch before has
+    /// left the queue, its memory takes the next (a fresh megabyte per message cost
+    /// its page faults, and a copy more than the encryption).
+    fn seal_some(&mut self) -> bool {
+        let Some(s) = &mut self.sealer else { return false };
+        if s.pending() == 0 {
+            return false;
+        }
+        s.seal_into(&mut self.sealed_out, SEAL_AHEAD);
+        if self.sealed_out.is_empty() {
+            return false;
+        }
+        let records = self.sealed_out.split().freeze();
+        self.wq_bytes += records.len();
+        self.wq.push_back(records);
+        true
     }
 
     /// Reads what the socket has into the decoder.
