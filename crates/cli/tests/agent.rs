@@ -247,6 +247,36 @@ fn a_release_is_answered_by_the_local_agent_and_reaches_the_owner_in_order() {
     assert!(line.starts_with("locked after"), "{line}");
 }
 
+/// A release of a lock that nobody else waited for travels to the owner lazily, with
+/// the agent's next message to any agent: here there is none, and the release must
+/// still reach the owner (within `LAZY_FOR`, or before the agent sleeps), so that a
+/// client of the owner's node gets the lock; the owner then shows it held by that
+/// client alone. Then the same with a waiter queued at the owner before the grant.
+#[test]
+fn a_lazily_sent_release_still_reaches_the_owner() {
+    let mut a = Agents::new(2, false);
+    let name = (0..)
+        .map(|i| format!("lazy-{i}"))
+        .find(|n| gepsea_agent::core::board::ranked(&gepsea_agent::core::lock_key(n), &[1, 2]).first() == Some(&2))
+        .unwrap();
+    let c = connect(&a, 1).expect("connecting to node 1");
+    for round in 0..20 {
+        c.lock(&name, wire::LockMode::Exclusive).unwrap();
+        c.unlock(&name).unwrap();
+        // Nothing else goes from node 1 to node 2 now: the release must leave alone.
+        let line = a.run(1, &["lock-timeout", &name, "5000"]);
+        assert!(line.starts_with("locked after"), "round {round}: {line}");
+    }
+    // Granted while a client of the owner's node waits: the waiter gets it once the
+    // holder releases.
+    c.lock(&name, wire::LockMode::Exclusive).unwrap();
+    let waiter = a.spawn(1, &["lock-timeout", &name, "10000"]);
+    wait_until(Duration::from_secs(10), || waiting_on(&a, &name) == 1, "the owner's client to wait");
+    c.unlock(&name).unwrap();
+    let line = waiter.next(Duration::from_secs(15));
+    assert!(line.starts_with("locked after"), "{line}");
+}
+
 /// Every component and primitive end to end, through two agents on loopback: the test
 /// process is a client of node 1, probes are clients of node 2.
 #[test]

@@ -205,6 +205,11 @@ impl LockTable {
         self.locks.get(lock).map(|s| s.holders.clone()).unwrap_or_default()
     }
 
+    /// Whether any request waits for `lock`.
+    pub fn has_waiters(&self, lock: &str) -> bool {
+        self.locks.get(lock).is_some_and(|s| !s.waiting.is_empty())
+    }
+
     /// Requests waiting for `lock`, in order.
     pub fn waiting(&self, lock: &str) -> Vec<(Client, Mode)> {
         self.locks.get(lock).map(|s| s.waiting.iter().copied().collect()).unwrap_or_default()

@@ -489,6 +489,13 @@ pub enum PeerMsg {
         op: u64,
         reply: Reply,
     },
+    /// Owner → origin: lock request `op` is granted; `alone`: nobody else was waiting
+    /// for the lock then, so the holder's agent may send its release lazily (see
+    /// `Agent::route_lock_op`).
+    Granted {
+        op: u64,
+        alone: bool,
+    },
     /// Owner → backup (and old owner → new owner): board entries (version kept).
     BoardCopy {
         entries: Vec<(String, BoardValue)>,
