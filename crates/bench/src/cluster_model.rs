@@ -190,6 +190,24 @@ fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wa
         + costs.agent_own_cores * nodes * wall
 }
 
+/// Why the calibration run cannot be trusted, if it cannot: the model plays the
+/// calibration run itself in `played` seconds against `measured`, and only adds the
+/// difference as a fixed cost when it played less. The trace's merge and write times
+/// are wall times, so a run whose `nodes` agents write at once on `cores` cores traced
+/// each write stretched by the others (a 36-node run on 2 cores traced 878 s of
+/// writes that took 50 s of wall time together): played as work on the cores, that
+/// makes the run many times longer than it was.
+fn calibration_doubt(nodes: usize, cores: usize, played: f64, measured: f64) -> Option<String> {
+    if played <= measured * 1.25 {
+        return None;
+    }
+    Some(format!(
+        "the model plays its calibration run ({nodes} nodes) in {played:.1} s against {measured:.1} s measured: its traced \
+         merges and writes were slowed by one another on {cores} cores, and every prediction from it is too long. \
+         Calibrate on a small node count (e.g. --nodes 4,{nodes})"
+    ))
+}
+
 /// Cores one idle agent costs, from the largest idle group measured
 /// (`Row::idle_agent_cores`). Zero when no run measured it.
 fn idle_agent_cores_each(runs: &[Row]) -> f64 {
@@ -254,6 +272,9 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
             );
         }
         let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs));
+        if let Some(why) = calibration_doubt(cal.nodes, cores, played.wall_seconds, cal.wall_seconds) {
+            eprintln!("bench cluster model: {}: WARNING: {why}", cal.variant);
+        }
         let fixed_seconds = (cal.wall_seconds - played.wall_seconds).max(0.0);
         let costs_for = |r: &Row| Costs { fixed_seconds, ..own.costs(r, &base_costs) };
         eprintln!(
@@ -358,7 +379,14 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
             add_point(&mut share_series, name, (n as f64, 100.0 * p.search_fraction));
         }
     }
-    println!("\nlargest model error on a validated point: {worst:.1} %");
+    let validated = runs.iter().any(|r| runs.iter().any(|c| c.variant_index == r.variant_index && c.nodes < r.nodes));
+    if validated {
+        println!("\nlargest model error on a validated point: {worst:.1} %");
+    } else {
+        println!(
+            "\nno validated point: each variant ran at one node count only, its calibration (give --nodes a small count and larger ones)"
+        );
+    }
     std::fs::write(
         out_dir.join("cluster_model.json"),
         serde_json::to_string_pretty(&serde_json::json!({
@@ -412,6 +440,14 @@ pub(crate) mod tests {
             mergers: 1,
             trace: RunTrace::default(),
         }
+    }
+
+    #[test]
+    fn a_calibration_played_much_longer_than_measured_is_doubted_and_says_what_to_do() {
+        assert_eq!(calibration_doubt(4, 2, 160.0, 161.8), None);
+        assert_eq!(calibration_doubt(4, 2, 125.0, 100.0), None, "a quarter over is still played");
+        let why = calibration_doubt(36, 2, 489.49, 50.81).expect("ten times too long");
+        assert!(why.contains("36 nodes") && why.contains("489.5 s") && why.contains("50.8 s") && why.contains("--nodes 4,36"), "{why}");
     }
 
     #[test]
