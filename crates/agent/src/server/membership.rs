@@ -201,11 +201,11 @@ impl Agent {
         // Locks held by our clients whose owner moved: re-register them with the new
         // owners, and tell every survivor we did (they wait for everyone's).
         let mut reclaims: BTreeMap<u32, Vec<(String, Client, LockMode)>> = BTreeMap::new();
-        for ((lock, c), m) in &self.held_locks {
+        for ((lock, c), held) in &self.held_locks {
             let key = lock_key(lock);
             if ranked(&key, &old).first() == Some(&dead) {
                 if let Some(&o) = ranked(&key, &self.view).first() {
-                    reclaims.entry(o).or_default().push((lock.clone(), *c, *m));
+                    reclaims.entry(o).or_default().push((lock.clone(), *c, held.mode));
                 }
             }
         }

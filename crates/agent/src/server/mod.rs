@@ -30,7 +30,7 @@
 //! take locks (`--nodes` makes clients wait for that); merge streams and the cache copies
 //! of a dead agent are lost.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -292,6 +292,15 @@ struct Routed {
     reply: ReplyTo,
 }
 
+/// A lock a client of this agent holds, as its owner granted it.
+#[derive(Clone, Copy, Debug)]
+struct HeldLock {
+    mode: LockMode,
+    /// Nobody else waited for the lock when it was granted (`PeerMsg::Granted`): its
+    /// release goes to the owner lazily (`Agent::route_lock_op`).
+    alone: bool,
+}
+
 /// A running agent (see the module docs).
 pub struct Agent {
     cfg: AgentConfig,
@@ -336,10 +345,7 @@ pub struct Agent {
     board: Board,
     locks: LockTable,
     lock_waiters: HashMap<(String, Client), (u32, u64)>,
-    held_locks: HashMap<(String, Client), LockMode>,
-    /// Held locks nobody else waited for when they were granted: their release is sent
-    /// to the owner lazily (`Agent::route_lock_op`).
-    held_alone: HashSet<(String, Client)>,
+    held_locks: HashMap<(String, Client), HeldLock>,
     /// Releases answered here and on their way to the lock's owner (see
     /// `Agent::route_lock_op`): our operation id and the owner it went to.
     releasing: HashMap<(String, Client), (u64, u32)>,
@@ -542,7 +548,6 @@ impl Agent {
             locks: LockTable::new(),
             lock_waiters: HashMap::new(),
             held_locks: HashMap::new(),
-            held_alone: HashSet::default(),
             releasing: HashMap::new(),
             after_release: HashMap::new(),
             seq: Sequencer::default(),

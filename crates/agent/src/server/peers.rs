@@ -44,19 +44,8 @@ impl Agent {
             }
             PeerMsg::HelloAck { node, pid, incarnation } => self.peer_alive(node, pid, incarnation),
             PeerMsg::Routed { op, client, body } => self.exec_owned(from, op, client, body),
-            PeerMsg::Granted { op, alone } => {
-                let lock = match self.routed.get(&op) {
-                    Some(Routed { client, op: Op::Lock { name, .. }, .. }) => Some((name.clone(), *client)),
-                    _ => None,
-                };
-                self.routed_reply(op, Reply::Ok);
-                if let (true, Some(key)) = (alone, lock) {
-                    if self.held_locks.contains_key(&key) {
-                        self.held_alone.insert(key);
-                    }
-                }
-            }
-            PeerMsg::RoutedReply { op, reply } => self.routed_reply(op, reply),
+            PeerMsg::Granted { op, alone } => self.routed_reply(op, Reply::Ok, alone),
+            PeerMsg::RoutedReply { op, reply } => self.routed_reply(op, reply, false),
             PeerMsg::BoardCopy { entries } => {
                 self.board
                     .adopt(entries.into_iter().map(|(k, v)| (k, Versioned { version: v.version, value: Bytes::from(v.value) })).collect());
@@ -245,8 +234,9 @@ impl Agent {
         }
     }
 
-    /// The owner's answer to routed operation `op`.
-    fn routed_reply(&mut self, op: u64, reply: Reply) {
+    /// The owner's answer to routed operation `op`; `alone`: a lock granted with
+    /// nobody else waiting for it (`PeerMsg::Granted`).
+    fn routed_reply(&mut self, op: u64, reply: Reply, alone: bool) {
         if let Some(r) = self.routed.remove(&op) {
             if let Op::Unlock { name } = &r.op {
                 self.released(op, name, r.client, &reply);
@@ -255,7 +245,7 @@ impl Agent {
                 match &r.op {
                     Op::Lock { name, mode } => {
                         if self.clients.contains_key(&r.client.process) || r.client.process == 0 {
-                            self.held_locks.insert((name.clone(), r.client), *mode);
+                            self.held_locks.insert((name.clone(), r.client), HeldLock { mode: *mode, alone });
                         } else {
                             // Granted to a process that died meanwhile.
                             self.route(r.client, Op::Unlock { name: name.clone() }, ReplyTo::Discard, None);

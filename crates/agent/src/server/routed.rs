@@ -62,16 +62,15 @@ impl Agent {
         match &op {
             Op::Unlock { name } => {
                 let key = (name.clone(), client);
-                if self.held_locks.remove(&key).is_none() {
+                let Some(held) = self.held_locks.remove(&key) else {
                     // Not known to be held here: the owner answers (`NotHeld`, say).
                     self.route(client, op, reply, None);
                     return;
-                }
-                let alone = self.held_alone.remove(&key);
+                };
                 // The answer first: sending to another node is a system call or two.
                 self.reply(reply, Reply::Ok);
                 let id = self.new_op();
-                if let Some(dest) = self.route_as(client, op, ReplyTo::Discard, Some(id), alone) {
+                if let Some(dest) = self.route_as(client, op, ReplyTo::Discard, Some(id), held.alone) {
                     self.releasing.insert(key, (id, dest));
                 }
             }

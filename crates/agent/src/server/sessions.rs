@@ -144,7 +144,6 @@ impl Agent {
         }
         self.holding.retain(|_, c| *c != client);
         self.held_locks.retain(|(_, c), _| *c != client);
-        self.held_alone.retain(|(_, c)| *c != client);
         self.after_release.retain(|(_, c), _| *c != client);
         // Its port socket stays behind if it was killed.
         let _ = std::fs::remove_file(self.runtime_dir.join(format!("port-{port}.sock")));
