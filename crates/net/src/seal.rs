@@ -157,10 +157,11 @@ impl Sealer {
         if !self.small.is_empty() {
             self.plain_out.push_back(Bytes::from(std::mem::take(&mut self.small)));
         }
-        let n = self.plain_len.min(limit.max(1));
+        let limit = limit.max(1);
+        let n = self.plain_len.min(limit);
         out.reserve(n + (n.div_ceil(MAX_PLAIN) + 1) * (TAG + 2));
         let mut sealed = 0;
-        while sealed < limit.max(1) {
+        while sealed < limit {
             let Some(mut segment) = self.plain_out.pop_front() else { break };
             let chunk = segment.split_to(segment.len().min(MAX_PLAIN));
             if !segment.is_empty() {
