@@ -44,12 +44,13 @@ struct Point {
     predicted_active_search_fraction: f64,
     measured_agent_own_cpu_seconds: f64,
     predicted_agent_own_cpu_seconds: f64,
-    /// mpiBLAST only: the model played with this run's own master costs (its traced
-    /// merges and writes) instead of the calibration run's. Where this is close and
-    /// `predicted_wall` is not, the miss is the master's costs changing between runs,
-    /// not the model's queueing. (Not for agents: their traced writes already include
-    /// the shared cores' contention, which the model plays again.)
-    predicted_wall_own_master_costs: Option<f64>,
+    /// The model played with this run's own traced costs (its merges and writes)
+    /// instead of the calibration run's. Where this is close and `predicted_wall` is
+    /// not, the miss is the costs changing between runs, not the model's queueing.
+    /// For agents only when the trace holds the writes' CPU times ([`Times::Cpu`]):
+    /// their wall times include the shared cores' contention, which the model plays
+    /// again.
+    predicted_wall_own_costs: Option<f64>,
 }
 
 /// The variant's architecture in the model.
@@ -63,9 +64,38 @@ fn arch(variant: usize) -> Arch {
     }
 }
 
+/// Which traced times of the batches' writes and statistics runs the model plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Times {
+    /// Wall times: the mpiBLAST master's writes, one after another on its critical
+    /// path, reading and writing over the storage link as they go.
+    Wall,
+    /// CPU times (the BLAST+ programs' included), where the trace has them: the
+    /// agents' writes, played as work on the cores. Their wall times were stretched by
+    /// every other write on the same cores (33 at once at 36 nodes on 2 cores), which
+    /// the model plays itself; booked again, a run calibrated at 36 nodes played ten
+    /// times too long. Wall times for a trace saved before CPU was traced.
+    Cpu,
+}
+
+/// The times the model plays for `arch`'s writes (see [`Times`]).
+fn times_for(arch: Arch) -> Times {
+    if arch == Arch::Mpiblast {
+        Times::Wall
+    } else {
+        Times::Cpu
+    }
+}
+
+/// Whether `trace` holds the writes' CPU times.
+fn has_cpu_times(trace: &RunTrace) -> bool {
+    trace.batches.iter().any(|b| b.write_cpu_seconds > 0.0)
+}
+
 /// The workload as a run traced it: per batch, its fragments' searches (first result
 /// per fragment; a re-run adds nothing), its fallbacks, and its merge and write.
-pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
+pub fn workload(trace: &RunTrace, times: Times) -> Vec<BatchWork> {
+    let cpu = times == Times::Cpu && has_cpu_times(trace);
     let nb = trace.batches.iter().map(|b| b.batch + 1).chain(trace.tasks.iter().map(|t| t.batch + 1)).max().unwrap_or(0);
     let mut out = vec![BatchWork::default(); nb];
     // Per batch, each fragment's first result, in fragment order (the model's task
@@ -83,9 +113,16 @@ pub fn workload(trace: &RunTrace) -> Vec<BatchWork> {
         out[b].fragments.push(task);
     }
     for b in &trace.batches {
-        out[b.batch].merge_seconds += b.merge_seconds;
-        out[b.batch].write_seconds += b.write_seconds;
-        out[b.batch].stats_ahead_seconds += b.stats_ahead_seconds;
+        let w = &mut out[b.batch];
+        w.merge_seconds += b.merge_seconds;
+        w.write_own_seconds += b.write_thread_cpu_seconds;
+        if cpu {
+            w.write_seconds += b.write_cpu_seconds;
+            w.stats_ahead_seconds += b.stats_ahead_cpu_seconds;
+        } else {
+            w.write_seconds += b.write_seconds;
+            w.stats_ahead_seconds += b.stats_ahead_seconds;
+        }
     }
     out
 }
@@ -165,11 +202,12 @@ fn task_count(work: &[BatchWork]) -> usize {
     work.iter().map(|b| b.fragments.len() + b.whole.len()).sum()
 }
 
-/// The agents' CPU for the work the model plays task by task (parsing, merging, and
-/// compressing `run`'s raw bytes), in CPU seconds.
+/// The agents' CPU for the work the model plays apart (parsing, merging, their part
+/// writers' own share of the writes, and compressing `run`'s raw bytes), in CPU
+/// seconds.
 fn tasks_cpu(run: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
     let parse: f64 = work.iter().flat_map(|b| b.fragments.iter().map(|f| f.2)).sum();
-    let merge: f64 = work.iter().map(|b| b.merge_seconds).sum();
+    let merge: f64 = work.iter().map(|b| b.merge_seconds + b.write_own_seconds).sum();
     let compress = match arch {
         Arch::Agents { compress: true, .. } => run.bytes_raw as f64 / compress_rate.max(1.0),
         _ => 0.0,
@@ -254,7 +292,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         let mut mine: Vec<&Row> = runs.iter().filter(|r| r.variant_index == v).collect();
         mine.sort_by_key(|r| r.nodes);
         let Some(cal) = mine.first() else { continue };
-        let work = workload(&cal.trace);
+        let work = workload(&cal.trace, times_for(arch(v)));
         if work.is_empty() {
             continue;
         }
@@ -289,18 +327,28 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 worst = worst.max(err.abs());
             }
             let own_cpu = modelled_own_cpu(r, &work, arch(v), &costs, p.wall_seconds);
-            let own_costs = (arch(v) == Arch::Mpiblast && r.nodes != cal.nodes).then(|| {
-                let theirs = workload(&r.trace);
+            let own_costs = (r.nodes != cal.nodes && (arch(v) == Arch::Mpiblast || has_cpu_times(&r.trace))).then(|| {
+                let theirs = workload(&r.trace, times_for(arch(v)));
                 let master = |w: &[BatchWork]| w.iter().map(|b| b.merge_seconds + b.write_seconds).sum::<f64>();
                 let q = model::simulate(&theirs, r.nodes, arch(v), &costs).wall_seconds;
+                // And with the agents' own CPU as this run measured it (charged per task
+                // as in the calibration): what is left is the model's queueing.
+                let own_here = AgentOwn::calibrate(r, runs, &theirs, arch(v), compress_rate);
+                let all_own = Costs { fixed_seconds, ..own_here.costs(r, &base_costs) };
+                let q_all = model::simulate(&theirs, r.nodes, arch(v), &all_own).wall_seconds;
+                let error = |q: f64| 100.0 * (q - r.wall_seconds) / r.wall_seconds;
                 own_cost_checks.push(format!(
-                    "| {} | {} | {:.2} | {:.2} | {:.2} | {:+.1} % |",
+                    "| {} | {} | {:.2} | {:.2} | {:.2} ({:+.1} %) | {:.1}, {:.1} | {:.2} ({:+.1} %) |",
                     r.nodes,
                     r.variant,
                     master(&work),
                     master(&theirs),
                     q,
-                    100.0 * (q - r.wall_seconds) / r.wall_seconds
+                    error(q),
+                    1e3 * own.per_task,
+                    1e3 * own_here.per_task,
+                    q_all,
+                    error(q_all),
                 ));
                 q
             });
@@ -331,7 +379,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                 predicted_active_search_fraction: p.active_search_fraction,
                 measured_agent_own_cpu_seconds: r.agent_own_cpu_seconds,
                 predicted_agent_own_cpu_seconds: own_cpu,
-                predicted_wall_own_master_costs: own_costs,
+                predicted_wall_own_costs: own_costs,
             });
         }
         // Extrapolated with the largest run's measured start per agent.
@@ -339,9 +387,13 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         calibrated.push((v, cal.variant.clone(), cal.nodes, work, largest));
     }
     if !own_cost_checks.is_empty() {
-        println!("\nmpiBLAST played with each run's own master costs (merges and writes as that run traced them):\n");
-        println!("| nodes | variant | master's merge + write s, calibration run | the same, this run | model s | error |");
-        println!("|---|---|---|---|---|---|");
+        println!(
+            "\nEach run played with its own traced costs (merges and writes as that run traced them; the agents' writes as CPU time):\n"
+        );
+        println!(
+            "| nodes | variant | merges + writes s, calibration run | the same, this run | model s (error) | agents' own CPU per task, ms: calibration run, this run | model s with both this run's (error) |"
+        );
+        println!("|---|---|---|---|---|---|---|");
         for line in &own_cost_checks {
             println!("{line}");
         }
@@ -453,13 +505,15 @@ pub(crate) mod tests {
     #[test]
     fn the_agents_own_cpu_per_task_leaves_out_their_start_their_idle_cost_and_the_work_the_model_plays() {
         // 4 agents for 100 s used 30 CPU-s on themselves: 2 s of it parsing, 3 s
-        // merging, 5 s compressing 500 MB at 100 MB/s, 2 s starting, and 0.01 cores
-        // each idle (4 CPU-s): 14 CPU-s over 2 tasks.
+        // merging, 1 s in their part writer (of a 9 s write: the rest its BLAST+
+        // programs'), 5 s compressing 500 MB at 100 MB/s, 2 s starting, and 0.01
+        // cores each idle (4 CPU-s): 13 CPU-s over 2 tasks.
         let work = vec![BatchWork {
             fragments: vec![(1.0, 0, 1.5), (1.0, 0, 0.5)],
             whole: vec![],
             merge_seconds: 3.0,
             write_seconds: 9.0,
+            write_own_seconds: 1.0,
             stats_ahead_seconds: 0.0,
         }];
         let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: true };
@@ -467,13 +521,13 @@ pub(crate) mod tests {
         let idle_group = Row { idle_agent_cores: 0.04, ..row(4, 100.0, 30.0, 0) };
         let runs = [cal.clone(), idle_group];
         let own = AgentOwn::calibrate(&cal, &runs, &work, dynamic, 1e8);
-        assert!((own.per_task - 7.0).abs() < 1e-9, "{own:?}");
+        assert!((own.per_task - 6.5).abs() < 1e-9, "{own:?}");
         assert!((own.idle_cores_each - 0.01).abs() < 1e-12);
         // Without compression its 5 s stay the agents' own.
         let plain = Arch::Agents { assign: Assign::Dynamic, compress: false };
-        assert!((AgentOwn::calibrate(&cal, &runs, &work, plain, 1e8).per_task - 9.5).abs() < 1e-9);
+        assert!((AgentOwn::calibrate(&cal, &runs, &work, plain, 1e8).per_task - 9.0).abs() < 1e-9);
         // Played at 36 nodes for 20 s, with that size's start of 9 CPU-s measured: the
-        // same tasks, 9 × 2 = 18 CPU-s idle, 10 s for the model's own work.
+        // same tasks, 9 × 2 = 18 CPU-s idle, 11 s for the model's own work.
         let big = Row { agent_start_cpu_seconds: 9.0, ..row(36, 20.0, 0.0, 500_000_000) };
         let base = Costs {
             link_bytes_per_second: 1e9,
@@ -488,12 +542,45 @@ pub(crate) mod tests {
         };
         let costs = own.costs(&big, &base);
         assert!((costs.agent_start_cpu - 0.25).abs() < 1e-12);
-        assert!((modelled_own_cpu(&big, &work, dynamic, &costs, 20.0) - (10.0 + 14.0 + 9.0 + 7.2)).abs() < 1e-9);
+        assert!((modelled_own_cpu(&big, &work, dynamic, &costs, 20.0) - (11.0 + 13.0 + 9.0 + 7.2)).abs() < 1e-9);
         // Not for mpiBLAST, nor for a run saved before the agents' own CPU was kept.
         assert_eq!(AgentOwn::calibrate(&cal, &runs, &work, Arch::Mpiblast, 1e8), AgentOwn::default());
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 0.0, 0), &runs, &work, dynamic, 1e8), AgentOwn::default());
         // Never below zero.
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 1.0, 0), &runs, &work, dynamic, 1e8).per_task, 0.0);
+    }
+
+    #[test]
+    fn the_agents_writes_are_played_as_cpu_time_where_the_trace_has_it() {
+        use gepsea_blast::trace::{BatchTrace, TaskTrace};
+        let task = |batch, fragment| TaskTrace { batch, fragment, seconds: 2.0, bytes: 10, ..Default::default() };
+        let batch = |batch, wall, cpu, own| BatchTrace {
+            batch,
+            merge_seconds: 0.5,
+            write_seconds: wall,
+            write_cpu_seconds: cpu,
+            write_thread_cpu_seconds: own,
+            stats_ahead_seconds: 3.0,
+            stats_ahead_cpu_seconds: 1.0,
+            ..Default::default()
+        };
+        let trace = RunTrace {
+            tasks: vec![task(0, Some(0)), task(0, Some(1)), task(1, Some(0)), task(1, None)],
+            batches: vec![batch(0, 20.0, 2.5, 0.25), batch(1, 30.0, 3.5, 0.5)],
+            ..Default::default()
+        };
+        let cpu = workload(&trace, times_for(Arch::Agents { assign: Assign::Dynamic, compress: true }));
+        let writes = |w: &[BatchWork]| w.iter().map(|b| (b.write_seconds, b.stats_ahead_seconds, b.write_own_seconds)).collect::<Vec<_>>();
+        assert_eq!(writes(&cpu), [(2.5, 1.0, 0.25), (3.5, 1.0, 0.5)]);
+        assert_eq!((cpu[0].fragments.len(), cpu[1].fragments.len(), cpu[1].whole.len()), (2, 1, 1));
+        // The mpiBLAST master's writes are played as they took on its critical path.
+        assert_eq!(writes(&workload(&trace, times_for(Arch::Mpiblast))), [(20.0, 3.0, 0.25), (30.0, 3.0, 0.5)]);
+        // A trace saved before CPU times were kept: wall times.
+        let mut old = trace.clone();
+        for b in &mut old.batches {
+            (b.write_cpu_seconds, b.write_thread_cpu_seconds, b.stats_ahead_cpu_seconds) = (0.0, 0.0, 0.0);
+        }
+        assert_eq!(writes(&workload(&old, Times::Cpu)), [(20.0, 3.0, 0.0), (30.0, 3.0, 0.0)]);
     }
 
     #[test]

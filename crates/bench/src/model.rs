@@ -58,6 +58,9 @@ pub struct BatchWork {
     pub whole: Vec<(f64, u64)>,
     pub merge_seconds: f64,
     pub write_seconds: f64,
+    /// Of `write_seconds`, the writing thread's own CPU (not its BLAST+ programs'):
+    /// what an agent's own CPU counts of the write. Zero when unknown.
+    pub write_own_seconds: f64,
     /// The statistics runs of the batch's report when the master ran them ahead of its
     /// results (agents; `write_seconds` then holds none of them), else 0.
     pub stats_ahead_seconds: f64,
@@ -513,6 +516,7 @@ mod tests {
             whole: vec![],
             merge_seconds: merge,
             write_seconds: write,
+            write_own_seconds: 0.0,
             stats_ahead_seconds: 0.0,
         }
     }

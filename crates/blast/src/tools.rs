@@ -1,6 +1,8 @@
 //! Running NCBI BLAST+ programs, with errors that say what failed and how to fix it.
 
+use std::cell::Cell;
 use std::ffi::{OsStr, OsString};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -57,7 +59,7 @@ pub fn run_env(
     if let Some(d) = cwd {
         c.current_dir(d);
     }
-    let out = c.output().map_err(|e| {
+    let out = output_counting_cpu(&mut c).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             ToolError::Missing { program: program.to_string() }
         } else {
@@ -72,6 +74,106 @@ pub fn run_env(
         });
     }
     Ok(out)
+}
+
+thread_local! {
+    /// CPU seconds of the programs this thread ran through [`run_env`], theirs and
+    /// their children's, added as each one ends.
+    static CHILDREN_CPU: Cell<f64> = const { Cell::new(0.0) };
+}
+
+/// The CPU a piece of work costs: the calling thread's own, plus that of the BLAST+
+/// programs it runs meanwhile ([`run`], [`run_env`]).
+///
+/// Why not the wall time: where many writers share few cores (36 emulated nodes on 2
+/// cores), each write's wall time is stretched by all the others, and a model that
+/// books those times as work on the cores plays the contention twice (see
+/// `gepsea-bench cluster`'s model). CPU time is what the work costs wherever it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct CpuClock {
+    thread_started: f64,
+    children_started: f64,
+}
+
+impl CpuClock {
+    pub fn start() -> CpuClock {
+        CpuClock { thread_started: thread_cpu(), children_started: CHILDREN_CPU.with(Cell::get) }
+    }
+
+    /// CPU seconds since [`CpuClock::start`], on this thread and its programs (call it
+    /// on the thread that started the clock).
+    pub fn seconds(&self) -> f64 {
+        self.thread_seconds() + (CHILDREN_CPU.with(Cell::get) - self.children_started).max(0.0)
+    }
+
+    /// The part of [`CpuClock::seconds`] spent on this thread itself (in a process's
+    /// own CPU, where its programs' is not).
+    pub fn thread_seconds(&self) -> f64 {
+        (thread_cpu() - self.thread_started).max(0.0)
+    }
+}
+
+fn thread_cpu() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// [`Command::output`], and the program's CPU time (its own and its waited-for
+/// children's) added to this thread's [`CHILDREN_CPU`]. The times are read from
+/// `/proc/PID/stat` once the program has exited and before it is reaped (`waitid`
+/// with `WNOWAIT`), which needs no `unsafe`; a program whose times cannot be read
+/// counts for nothing.
+fn output_counting_cpu(c: &mut Command) -> std::io::Result<Output> {
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn()?;
+    // Both pipes drain at once, or a program filling one would block on it.
+    let stderr_pipe = child.stderr.take();
+    let stderr_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut s) = stderr_pipe {
+            let _ = s.read_to_end(&mut v);
+        }
+        v
+    });
+    let mut stdout = Vec::new();
+    if let Err(e) = child.stdout.take().map_or(Ok(0), |mut s| s.read_to_end(&mut stdout)) {
+        // Neither the program nor the reader thread is left behind.
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = stderr_reader.join();
+        return Err(e);
+    }
+    let stderr = stderr_reader.join().unwrap_or_default();
+    let pid = rustix::process::Pid::from_child(&child);
+    let exited = rustix::process::waitid(
+        rustix::process::WaitId::Pid(pid),
+        rustix::process::WaitIdOptions::EXITED | rustix::process::WaitIdOptions::NOWAIT,
+    );
+    if exited.is_ok() {
+        if let Some(cpu) = exited_cpu_seconds(child.id()) {
+            CHILDREN_CPU.with(|c| c.set(c.get() + cpu));
+        }
+    }
+    let status = child.wait()?;
+    Ok(Output { status, stdout, stderr })
+}
+
+/// User and system time of exited (not yet reaped) process `pid`, its reaped
+/// children's included: fields 14–17 of `/proc/PID/stat`, in clock ticks.
+fn exited_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(&stat, rustix::param::clock_ticks_per_second())
+}
+
+/// Fields 14–17 of a `/proc/PID/stat` line (utime, stime, cutime, cstime), in seconds.
+/// The command name (field 2) may hold spaces and parentheses: fields are counted from
+/// its last `)`.
+fn stat_cpu_seconds(stat: &str, ticks_per_second: u64) -> Option<f64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (the state).
+    let ticks: Option<Vec<u64>> = rest.split_whitespace().skip(11).take(4).map(|f| f.parse().ok()).collect();
+    let ticks = ticks.filter(|t| t.len() == 4)?;
+    Some(ticks.iter().sum::<u64>() as f64 / ticks_per_second.max(1) as f64)
 }
 
 /// BLAST+'s own complaint in `stderr`: its first error line (BLAST+ prints its whole
@@ -101,6 +203,39 @@ pub fn version() -> Result<String, ToolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_cpu_fields_whatever_the_command_name() {
+        // A real line's shape: pid, (comm), state, then fields 4.. ; utime 123,
+        // stime 45, cutime 6, cstime 7 (fields 14-17).
+        let line = "4242 (blast (x) y) Z 1 4242 4242 0 -1 4194560 300 0 0 0 123 45 6 7 20 0 1 0 99 0 0";
+        assert_eq!(stat_cpu_seconds(line, 100), Some(1.81));
+        assert_eq!(stat_cpu_seconds("4242 (short) Z 1 2 3", 100), None);
+        assert_eq!(stat_cpu_seconds("no parenthesis", 100), None);
+    }
+
+    #[test]
+    fn a_programs_cpu_is_counted_on_the_thread_that_ran_it() {
+        // A shell that burns CPU for a while, then exits: its time is counted on the
+        // clock of the thread that ran it, not on this one's (which only waits).
+        let here = CpuClock::start();
+        let there = std::thread::spawn(|| {
+            let clock = CpuClock::start();
+            let burn = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo done";
+            let out = run("sh", &["-c", burn], None, None).unwrap();
+            assert_eq!(out.stdout, b"done\n");
+            (clock.seconds(), clock.thread_seconds())
+        })
+        .join()
+        .unwrap();
+        let (there, there_thread) = there;
+        assert!(there >= 0.05, "a program that burned CPU counted {there} s");
+        assert!(there_thread < there / 2.0, "the program's CPU was counted as its thread's own: {there_thread} of {there} s");
+        assert!(here.seconds() < there / 2.0, "the waiting thread was charged {} s of {there} s", here.seconds());
+        // A failing program's output still comes back whole.
+        let err = run("sh", &["-c", "echo oops >&2; exit 3"], None, None).unwrap_err().to_string();
+        assert!(err.contains("oops") && err.contains("exit status: 3"), "{err}");
+    }
 
     #[test]
     fn the_first_error_line_is_blasts_complaint() {

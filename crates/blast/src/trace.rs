@@ -68,6 +68,18 @@ pub struct BatchTrace {
     /// from the search's start.
     #[serde(default)]
     pub stats_ahead_seconds: f64,
+    /// CPU seconds of the write (its thread's and its BLAST+ programs', see
+    /// `tools::CpuClock`): unlike `write_seconds`, not stretched by other work on the
+    /// same cores. Zero in traces saved before 2026-11-29.
+    #[serde(default)]
+    pub write_cpu_seconds: f64,
+    /// The part of `write_cpu_seconds` on the writing thread itself (an agent's own
+    /// CPU counts it; its BLAST+ programs' it does not).
+    #[serde(default)]
+    pub write_thread_cpu_seconds: f64,
+    /// CPU seconds of `stats_ahead_seconds`'s runs.
+    #[serde(default)]
+    pub stats_ahead_cpu_seconds: f64,
 }
 
 /// A run's trace.

@@ -359,6 +359,13 @@ fn a_search_replayed_on_four_nodes_is_identical_to_serial_blastp() {
             let read_from_storage = s["accel"]["stagings"][3].as_u64();
             assert_eq!(read_from_storage, Some(3), "each fragment read from storage once: {s}");
         }
+        // Each batch's write is traced with its CPU time, its BLAST+ programs' (the
+        // statistics runs, `blast_formatter`) included, for the many-node model.
+        let batches = s["trace"]["batches"].as_array().unwrap_or_else(|| panic!("{what}: no traced batches: {s}"));
+        let cpu = |b: &serde_json::Value, k: &str| b[k].as_f64().unwrap_or_else(|| panic!("{what}: a batch without {k}: {b}"));
+        let programs: f64 = batches.iter().map(|b| cpu(b, "write_cpu_seconds") - cpu(b, "write_thread_cpu_seconds")).sum();
+        assert!(!batches.is_empty() && programs > 0.0, "{what}: the writes' BLAST+ programs' CPU not counted: {batches:?}");
+        assert!(batches.iter().all(|b| cpu(b, "write_thread_cpu_seconds") > 0.0), "{what}: {batches:?}");
         let (rec, rep) = (summary(&d.join("recorded.json"))["blast_seconds"].as_f64().unwrap(), s["blast_seconds"].as_f64().unwrap());
         assert!(rep >= 0.95 * rec && rep <= 1.5 * rec + 1.0, "{what}: replayed search time {rep} s against {rec} s recorded");
     }

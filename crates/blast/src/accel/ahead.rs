@@ -50,9 +50,9 @@ pub(crate) struct StatsAhead {
     next: AtomicUsize,
     go: AtomicBool,
     stop: AtomicBool,
-    /// Seconds each batch's runs took, recorded before they are saved, so that a
-    /// writer that used them finds their cost here.
-    seconds: Mutex<BTreeMap<usize, f64>>,
+    /// Seconds each batch's runs took (wall, CPU), recorded before they are saved, so
+    /// that a writer that used them finds their cost here.
+    seconds: Mutex<BTreeMap<usize, (f64, f64)>>,
 }
 
 impl StatsAhead {
@@ -78,9 +78,9 @@ impl StatsAhead {
         self.stop.store(true, Ordering::SeqCst);
     }
 
-    /// What batch `batch`'s runs took, if they were run ahead.
-    pub(crate) fn seconds_of(&self, batch: usize) -> f64 {
-        self.seconds.lock().get(&batch).copied().unwrap_or(0.0)
+    /// What batch `batch`'s runs took (wall and CPU seconds), if they were run ahead.
+    pub(crate) fn seconds_of(&self, batch: usize) -> (f64, f64) {
+        self.seconds.lock().get(&batch).copied().unwrap_or((0.0, 0.0))
     }
 
     /// One thread's share: batches in order until none is left or `stop`. A failure
@@ -105,9 +105,10 @@ impl StatsAhead {
             }
             let dir = stats_dir(job, batch);
             let started = Instant::now();
+            let cpu = crate::tools::CpuClock::start();
             match run_one(spec, job, batch, &scratch) {
                 Ok(stats) => {
-                    self.seconds.lock().insert(batch, started.elapsed().as_secs_f64());
+                    self.seconds.lock().insert(batch, (started.elapsed().as_secs_f64(), cpu.seconds()));
                     if let Err(e) = stats.save(&dir) {
                         tracing::debug!("statistics ahead, batch {batch}: {e}");
                     }

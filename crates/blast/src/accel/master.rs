@@ -162,16 +162,20 @@ pub fn master(
                     stats.bytes_raw += d.bytes_raw;
                     *stats.mergers.entry(d.merger).or_default() += 1;
                     stats.trace.tasks.extend(d.tasks.iter().cloned());
+                    let stats_ahead = match ahead {
+                        Some(a) if d.stats_ahead => a.seconds_of(d.batch),
+                        _ => (0.0, 0.0),
+                    };
                     stats.trace.batches.push(crate::trace::BatchTrace {
                         batch: d.batch,
                         merge_seconds: d.merge_seconds,
                         write_seconds: d.write_seconds,
+                        write_cpu_seconds: d.write_cpu_seconds,
+                        write_thread_cpu_seconds: d.write_thread_cpu_seconds,
                         part_bytes: d.part_bytes,
                         written_unix: d.written_unix,
-                        stats_ahead_seconds: match ahead {
-                            Some(a) if d.stats_ahead => a.seconds_of(d.batch),
-                            _ => 0.0,
-                        },
+                        stats_ahead_seconds: stats_ahead.0,
+                        stats_ahead_cpu_seconds: stats_ahead.1,
                     });
                     on_progress(queries_done);
                 }

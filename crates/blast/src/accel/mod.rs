@@ -212,6 +212,9 @@ pub struct PartDone {
     pub tasks: Vec<crate::trace::TaskTrace>,
     pub merge_seconds: f64,
     pub write_seconds: f64,
+    /// The write's CPU seconds (`tools::CpuClock`).
+    pub write_cpu_seconds: f64,
+    pub write_thread_cpu_seconds: f64,
     pub part_bytes: u64,
     /// The length of the batch's piece (its bytes of the output, see
     /// `crate::parts::piece`) if its merger holds it, ready to be placed.

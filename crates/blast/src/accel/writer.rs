@@ -71,6 +71,7 @@ pub(crate) fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
 fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let WriteJob { spec, job, batch, hsps, done, services, scratch, piece } = w;
     let write_started = Instant::now();
+    let write_cpu = crate::tools::CpuClock::start();
     let mut part_bytes = 0;
     let mut piece_bytes = None;
     let mut stats_ahead = false;
@@ -106,6 +107,8 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let done = PartDone {
         error: result.err(),
         write_seconds: write_started.elapsed().as_secs_f64(),
+        write_cpu_seconds: write_cpu.seconds(),
+        write_thread_cpu_seconds: write_cpu.thread_seconds(),
         part_bytes,
         piece_bytes,
         written_unix: crate::trace::unix_now(),

@@ -485,6 +485,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
             let started = Instant::now();
+            let cpu = crate::tools::CpuClock::start();
             let spec = report::Spec {
                 program: &program,
                 blastdb: blastdb.as_ref(),
@@ -506,6 +507,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
             let bt = batch_trace(trace, b);
             bt.write_seconds += started.elapsed().as_secs_f64();
+            bt.write_cpu_seconds += cpu.seconds();
+            bt.write_thread_cpu_seconds += cpu.thread_seconds();
             bt.part_bytes = part_bytes;
             bt.written_unix = crate::trace::unix_now();
         }
