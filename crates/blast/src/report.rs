@@ -180,9 +180,16 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
 /// [`statistics`] for the same queries, database, format and options).
 pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) -> Result<(), ReportError> {
     let text = &stats.archive;
-    let merged = archive::with_alignments(text, hsps, "stats", spec.db_name)?;
+    let merged = archive::spliced(text, hsps, "stats", spec.db_name)?;
     let merged_path = spec.scratch.join("merged.asn");
-    std::fs::write(&merged_path, merged).map_err(|e| ReportError::Io { path: merged_path.clone(), source: e })?;
+    // Written piece by piece: joined first, a batch's archive would be copied once more.
+    std::fs::File::create(&merged_path)
+        .and_then(|f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            merged.write_to(&mut w)?;
+            std::io::Write::flush(&mut w)
+        })
+        .map_err(|e| ReportError::Io { path: merged_path.clone(), source: e })?;
     let mp = merged_path.to_string_lossy().to_string();
     // The formatter writes to scratch, and the report reaches `out` in one write: `out`
     // may be on a network file system, where reading the formatted text back to fix
