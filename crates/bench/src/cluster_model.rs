@@ -207,12 +207,12 @@ fn task_count(work: &[BatchWork]) -> usize {
 /// seconds.
 fn tasks_cpu(run: &Row, work: &[BatchWork], arch: Arch, compress_rate: f64) -> f64 {
     let parse: f64 = work.iter().flat_map(|b| b.fragments.iter().map(|f| f.2)).sum();
-    let merge: f64 = work.iter().map(|b| b.merge_seconds + b.write_own_seconds).sum();
+    let merge_and_write: f64 = work.iter().map(|b| b.merge_seconds + b.write_own_seconds).sum();
     let compress = match arch {
         Arch::Agents { compress: true, .. } => run.bytes_raw as f64 / compress_rate.max(1.0),
         _ => 0.0,
     };
-    parse + merge + compress
+    parse + merge_and_write + compress
 }
 
 /// The agents' own CPU (`Row::agent_own_cpu_seconds`) the model charges `run`'s agents
@@ -230,11 +230,12 @@ fn modelled_own_cpu(run: &Row, work: &[BatchWork], arch: Arch, costs: &Costs, wa
 
 /// Why the calibration run cannot be trusted, if it cannot: the model plays the
 /// calibration run itself in `played` seconds against `measured`, and only adds the
-/// difference as a fixed cost when it played less. The trace's merge and write times
-/// are wall times, so a run whose `nodes` agents write at once on `cores` cores traced
-/// each write stretched by the others (a 36-node run on 2 cores traced 878 s of
-/// writes that took 50 s of wall time together): played as work on the cores, that
-/// makes the run many times longer than it was.
+/// difference as a fixed cost when it played less. Where the trace's writes are wall
+/// times (a trace saved before CPU times were kept, [`Times`]), a run whose `nodes`
+/// agents wrote at once on `cores` cores traced each write stretched by the others (a
+/// 36-node run on 2 cores traced 878 s of writes that took 50 s of wall time
+/// together): played as work on the cores, that makes the run many times longer than
+/// it was.
 fn calibration_doubt(nodes: usize, cores: usize, played: f64, measured: f64) -> Option<String> {
     if played <= measured * 1.25 {
         return None;
@@ -329,7 +330,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
             let own_cpu = modelled_own_cpu(r, &work, arch(v), &costs, p.wall_seconds);
             let own_costs = (r.nodes != cal.nodes && (arch(v) == Arch::Mpiblast || has_cpu_times(&r.trace))).then(|| {
                 let theirs = workload(&r.trace, times_for(arch(v)));
-                let master = |w: &[BatchWork]| w.iter().map(|b| b.merge_seconds + b.write_seconds).sum::<f64>();
+                let merges_and_writes = |w: &[BatchWork]| w.iter().map(|b| b.merge_seconds + b.write_seconds).sum::<f64>();
                 let q = model::simulate(&theirs, r.nodes, arch(v), &costs).wall_seconds;
                 // And with the agents' own CPU as this run measured it (charged per task
                 // as in the calibration): what is left is the model's queueing.
@@ -341,8 +342,8 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
                     "| {} | {} | {:.2} | {:.2} | {:.2} ({:+.1} %) | {:.1}, {:.1} | {:.2} ({:+.1} %) |",
                     r.nodes,
                     r.variant,
-                    master(&work),
-                    master(&theirs),
+                    merges_and_writes(&work),
+                    merges_and_writes(&theirs),
                     q,
                     error(q),
                     1e3 * own.per_task,

@@ -378,22 +378,19 @@ impl Spliced<'_> {
         f(&self.tail);
     }
 
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         let mut n = 0;
         self.for_each_piece(|p| n += p.len());
         n
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn into_string(self) -> String {
+    fn into_string(self) -> String {
         let mut s = String::with_capacity(self.len());
         self.for_each_piece(|p| s.push_str(p));
         s
     }
 
+    /// Writes the archive to `w`, piece by piece (buffer `w`: the pieces are the HSPs).
     pub fn write_to(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
         let mut result = Ok(());
         self.for_each_piece(|p| {

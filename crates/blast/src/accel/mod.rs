@@ -212,7 +212,8 @@ pub struct PartDone {
     pub tasks: Vec<crate::trace::TaskTrace>,
     pub merge_seconds: f64,
     pub write_seconds: f64,
-    /// The write's CPU seconds (`tools::CpuClock`).
+    /// The write's CPU seconds (`tools::CpuClock`), and the part of them on the
+    /// writing thread itself.
     pub write_cpu_seconds: f64,
     pub write_thread_cpu_seconds: f64,
     pub part_bytes: u64,
