@@ -13,32 +13,10 @@ pub fn cpu_split(pid: u32) -> Option<(f64, f64)> {
     proc_stat(pid).map(|s| (s.own, s.waited))
 }
 
-/// What the benchmarks read of a process from one read of `/proc/<pid>/stat`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProcStat {
-    /// The command name (the program's file name, up to 15 bytes).
-    pub comm: String,
-    /// CPU seconds of the process itself, and of the children it has waited for.
-    pub own: f64,
-    pub waited: f64,
-    /// When it started, in seconds since boot (compare with [`uptime_seconds`]).
-    pub started: f64,
-}
+/// One read of `/proc/<pid>/stat` (the parser the BLAST plug-in's CPU accounting uses).
+pub use gepsea_blast::tools::proc_stat;
 
-/// `pid`'s [`ProcStat`]; `None` once the process is gone.
-pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name, which may itself hold spaces and parentheses.
-    let (head, tail) = s.rsplit_once(')')?;
-    let comm = head.split_once('(')?.1.to_string();
-    let f: Vec<&str> = tail.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
-    let hz = ticks_per_second();
-    // Counted from the state: utime, stime, cutime, cstime (11-14), starttime (19).
-    Some(ProcStat { comm, own: (ticks(11) + ticks(12)) / hz, waited: (ticks(13) + ticks(14)) / hz, started: ticks(19) / hz })
-}
-
-/// Seconds since boot, the clock of [`ProcStat::started`].
+/// Seconds since boot, the clock of `ProcStat::started` ([`proc_stat`]).
 pub fn uptime_seconds() -> Option<f64> {
     std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()
 }

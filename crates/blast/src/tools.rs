@@ -159,21 +159,47 @@ fn output_counting_cpu(c: &mut Command) -> std::io::Result<Output> {
 }
 
 /// User and system time of exited (not yet reaped) process `pid`, its reaped
-/// children's included: fields 14–17 of `/proc/PID/stat`, in clock ticks.
+/// children's included.
 fn exited_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat_cpu_seconds(&stat, rustix::param::clock_ticks_per_second())
+    proc_stat(pid).map(|s| s.own + s.waited)
 }
 
-/// Fields 14–17 of a `/proc/PID/stat` line (utime, stime, cutime, cstime), in seconds.
-/// The command name (field 2) may hold spaces and parentheses: fields are counted from
+/// What `/proc/PID/stat` says of a process: for the CPU accounting of the programs
+/// run here, and for the benchmarks' samplers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcStat {
+    /// The command name (the program's file name, up to 15 bytes).
+    pub comm: String,
+    /// CPU seconds of the process itself, and of the children it has waited for.
+    pub own: f64,
+    pub waited: f64,
+    /// When it started, in seconds since boot (`/proc/uptime`'s clock).
+    pub started: f64,
+}
+
+/// `pid`'s [`ProcStat`]; `None` once the process is gone (or reaped).
+pub fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_proc_stat(&stat, rustix::param::clock_ticks_per_second() as f64)
+}
+
+/// A `/proc/PID/stat` line read with `ticks_per_second` clock ticks a second. The
+/// command name (field 2) may hold spaces and parentheses: the fields are counted from
 /// its last `)`.
-fn stat_cpu_seconds(stat: &str, ticks_per_second: u64) -> Option<f64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    // `rest` starts at field 3 (the state).
-    let ticks: Option<Vec<u64>> = rest.split_whitespace().skip(11).take(4).map(|f| f.parse().ok()).collect();
-    let ticks = ticks.filter(|t| t.len() == 4)?;
-    Some(ticks.iter().sum::<u64>() as f64 / ticks_per_second.max(1) as f64)
+fn parse_proc_stat(stat: &str, ticks_per_second: f64) -> Option<ProcStat> {
+    let (head, tail) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let f: Vec<&str> = tail.split_whitespace().collect();
+    // Counted from the state (field 3): utime, stime, cutime, cstime (11-14),
+    // starttime (19).
+    let ticks = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok());
+    let hz = ticks_per_second.max(1.0);
+    Some(ProcStat {
+        comm,
+        own: (ticks(11)? + ticks(12)?) / hz,
+        waited: (ticks(13)? + ticks(14)?) / hz,
+        started: ticks(19).unwrap_or(0.0) / hz,
+    })
 }
 
 /// BLAST+'s own complaint in `stderr`: its first error line (BLAST+ prints its whole
@@ -207,11 +233,12 @@ mod tests {
     #[test]
     fn a_stat_line_gives_its_cpu_fields_whatever_the_command_name() {
         // A real line's shape: pid, (comm), state, then fields 4.. ; utime 123,
-        // stime 45, cutime 6, cstime 7 (fields 14-17).
+        // stime 45, cutime 6, cstime 7 (fields 14-17), starttime 99 (field 22).
         let line = "4242 (blast (x) y) Z 1 4242 4242 0 -1 4194560 300 0 0 0 123 45 6 7 20 0 1 0 99 0 0";
-        assert_eq!(stat_cpu_seconds(line, 100), Some(1.81));
-        assert_eq!(stat_cpu_seconds("4242 (short) Z 1 2 3", 100), None);
-        assert_eq!(stat_cpu_seconds("no parenthesis", 100), None);
+        let st = parse_proc_stat(line, 100.0).unwrap();
+        assert_eq!((st.comm.as_str(), st.own, st.waited, st.started), ("blast (x) y", 1.68, 0.13, 0.99));
+        assert_eq!(parse_proc_stat("4242 (short) Z 1 2 3", 100.0), None);
+        assert_eq!(parse_proc_stat("no parenthesis", 100.0), None);
     }
 
     #[test]
