@@ -9,6 +9,7 @@ use gepsea_blast::{db, search};
 
 mod agent_cmd;
 mod logging;
+mod malloc_policy;
 mod paramedic_cmd;
 
 #[derive(Parser)]
@@ -251,12 +252,14 @@ struct WorkerArgs {
 /// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
 /// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
 fn main() -> std::process::ExitCode {
+    // Before any thread is started (see the module).
+    let malloc = malloc_policy::apply();
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 2 && (args[1] == "--version" || args[1] == "-V") {
         print_version();
         return std::process::ExitCode::SUCCESS;
     }
-    match run() {
+    match run(malloc) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gepsea: error: {}", gepsea_net::error::one_line(e.as_ref()));
@@ -294,10 +297,11 @@ fn stop_on_signals() -> Result<()> {
     Ok(())
 }
 
-fn run() -> Result<()> {
+fn run(malloc: malloc_policy::Applied) -> Result<()> {
     let cli = Cli::parse();
     let default_level = if matches!(&cli.cmd, Cmd::Agent(a) if a.action.is_none()) { "info" } else { "warn" };
     logging::init(cli.verbose, cli.quiet, default_level);
+    tracing::debug!(?malloc, "malloc policy (keep freed memory for reuse)");
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {
             let o = db::FormatOptions {
