@@ -12,6 +12,10 @@
 //! - the agents' own CPU: their start and idle cost are measured on a group of agents
 //!   left alone before each node count's runs, and the rest of the calibration run's own
 //!   CPU is charged per task ([`AgentOwn`]);
+//! - the rest of the machine's CPU in the calibration run (the workers, the master, the
+//!   kernel, the storage link: what this machine was busy with besides the agents and
+//!   the master's statistics runs) is charged per task on the shared cores, in
+//!   validation only ([`rest_of_machine_cpu`]);
 //! - the launch's fixed cost (start-up, agents meeting, final assembly) is the part of
 //!   the smallest run's wall time the model does not play, and is held constant;
 //! - link rate and task round trip are set from `bench net` / `bench agent` figures.
@@ -165,10 +169,14 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
 /// those two (about 3 CPU-s from 4 to 36 nodes, in the agents' loops and event
 /// threads) is not charged; each run's measured and modelled own CPU are reported
 /// side by side.
+///
+/// Besides the agents, the calibration run measures the rest of the machine per task
+/// ([`rest_of_machine_cpu`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct AgentOwn {
     per_task: f64,
     idle_cores_each: f64,
+    rest_per_task: f64,
 }
 
 impl AgentOwn {
@@ -183,7 +191,8 @@ impl AgentOwn {
             - tasks_cpu(cal, work, arch, compress_rate)
             - cal.agent_start_cpu_seconds
             - idle_cores_each * cal.nodes as f64 * cal.wall_seconds;
-        AgentOwn { per_task: rest.max(0.0) / task_count(work).max(1) as f64, idle_cores_each }
+        let tasks = task_count(work).max(1) as f64;
+        AgentOwn { per_task: rest.max(0.0) / tasks, idle_cores_each, rest_per_task: rest_of_machine_cpu(cal).unwrap_or(0.0) / tasks }
     }
 
     /// The model's costs for playing `run`.
@@ -192,9 +201,27 @@ impl AgentOwn {
             agent_own_cores: self.idle_cores_each,
             agent_cpu_per_task: self.per_task,
             agent_start_cpu: run.agent_start_cpu_seconds / run.nodes.max(1) as f64,
+            rest_cpu_per_task: self.rest_per_task,
             ..base.clone()
         }
     }
+}
+
+/// CPU seconds this machine was busy during `run` besides its agents (with the BLAST+
+/// programs they ran) and the master's statistics runs ahead: the workers handing their
+/// archives over, the master itself, the kernel's networking, the storage link's
+/// `ssh`, the sampler. At 4 nodes the cores have room for it; at 36 on 2 cores they
+/// have none, and the 36-node runs of 2026-11-29 measured 7.3–10.1 CPU-s of it that
+/// the model did not play (a tenth of those runs' wall time). `None` where the
+/// machine's CPU was not measured (a run saved before it was kept) or there are no
+/// agents.
+fn rest_of_machine_cpu(run: &Row) -> Option<f64> {
+    if run.machine_busy_seconds <= 0.0 || run.variant_index == 0 {
+        return None;
+    }
+    let agents = run.agent_cpu_percent / 100.0 * run.wall_seconds * run.nodes as f64;
+    let ahead: f64 = run.trace.batches.iter().map(|b| b.stats_ahead_cpu_seconds).sum();
+    Some((run.machine_busy_seconds - agents - ahead).max(0.0))
 }
 
 /// Every search task of the workload: fragments and whole-database fallbacks.
@@ -270,6 +297,7 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         agent_own_cores: 0.0,
         agent_cpu_per_task: 0.0,
         agent_start_cpu: 0.0,
+        rest_cpu_per_task: 0.0,
         fixed_seconds: 0.0,
     };
     eprintln!(
@@ -300,14 +328,15 @@ pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
         let own = AgentOwn::calibrate(cal, runs, &work, arch(v), compress_rate);
         if own != AgentOwn::default() {
             eprintln!(
-                "bench cluster model: {}: the agents' own CPU {:.1} ms per task and {:.3} % of a core per agent, besides their start as measured (from {} nodes: {:.1} CPU-s in {:.1} s, {:.2} of them starting)",
+                "bench cluster model: {}: the agents' own CPU {:.1} ms per task and {:.3} % of a core per agent, besides their start as measured (from {} nodes: {:.1} CPU-s in {:.1} s, {:.2} of them starting); the rest of the machine {:.1} ms per task",
                 cal.variant,
                 1e3 * own.per_task,
                 100.0 * own.idle_cores_each,
                 cal.nodes,
                 cal.agent_own_cpu_seconds,
                 cal.wall_seconds,
-                cal.agent_start_cpu_seconds
+                cal.agent_start_cpu_seconds,
+                1e3 * own.rest_per_task
             );
         }
         let played = model::simulate(&work, cal.nodes, arch(v), &own.costs(cal, &base_costs));
@@ -524,6 +553,7 @@ pub(crate) mod tests {
         let own = AgentOwn::calibrate(&cal, &runs, &work, dynamic, 1e8);
         assert!((own.per_task - 6.5).abs() < 1e-9, "{own:?}");
         assert!((own.idle_cores_each - 0.01).abs() < 1e-12);
+        assert_eq!(own.rest_per_task, 0.0, "the machine's CPU was not measured");
         // Without compression its 5 s stay the agents' own.
         let plain = Arch::Agents { assign: Assign::Dynamic, compress: false };
         assert!((AgentOwn::calibrate(&cal, &runs, &work, plain, 1e8).per_task - 9.0).abs() < 1e-9);
@@ -539,6 +569,7 @@ pub(crate) mod tests {
             agent_own_cores: 0.0,
             agent_cpu_per_task: 0.0,
             agent_start_cpu: 0.0,
+            rest_cpu_per_task: 0.0,
             fixed_seconds: 0.0,
         };
         let costs = own.costs(&big, &base);
@@ -549,6 +580,40 @@ pub(crate) mod tests {
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 0.0, 0), &runs, &work, dynamic, 1e8), AgentOwn::default());
         // Never below zero.
         assert_eq!(AgentOwn::calibrate(&row(4, 100.0, 1.0, 0), &runs, &work, dynamic, 1e8).per_task, 0.0);
+    }
+
+    #[test]
+    fn the_rest_of_the_machine_is_what_it_was_busy_with_besides_the_agents_and_the_statistics_ahead() {
+        use gepsea_blast::trace::BatchTrace;
+        // 4 agents at 10 % for 100 s (40 CPU-s, their BLAST+ runs included), the master's
+        // statistics runs ahead 8 CPU-s: of 60 CPU-s busy, 12 were the rest's.
+        let ahead = |cpu| BatchTrace { stats_ahead_cpu_seconds: cpu, ..Default::default() };
+        let trace = RunTrace { batches: vec![ahead(5.0), ahead(3.0)], ..Default::default() };
+        let cal = Row { machine_busy_seconds: 60.0, agent_cpu_percent: 10.0, trace, ..row(4, 100.0, 30.0, 0) };
+        assert_eq!(rest_of_machine_cpu(&cal), Some(12.0));
+        // Over its 2 tasks, charged to every run played from it.
+        let work = vec![BatchWork { fragments: vec![(1.0, 0, 0.0), (1.0, 0, 0.0)], ..Default::default() }];
+        let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        let own = AgentOwn::calibrate(&cal, std::slice::from_ref(&cal), &work, dynamic, 1e8);
+        assert_eq!(own.rest_per_task, 6.0);
+        let base = Costs {
+            link_bytes_per_second: 1e9,
+            compress_bytes_per_second: 1e8,
+            compress_ratio: 10.0,
+            take_seconds: 0.0,
+            shared_cores: Some(2),
+            agent_own_cores: 0.0,
+            agent_cpu_per_task: 0.0,
+            agent_start_cpu: 0.0,
+            rest_cpu_per_task: 0.0,
+            fixed_seconds: 0.0,
+        };
+        assert_eq!(own.costs(&row(36, 20.0, 0.0, 0), &base).rest_cpu_per_task, 6.0);
+        // Not measured, or mpiBLAST (no agents to tell apart).
+        assert_eq!(rest_of_machine_cpu(&Row { machine_busy_seconds: 0.0, ..cal.clone() }), None);
+        assert_eq!(rest_of_machine_cpu(&Row { variant_index: 0, ..cal.clone() }), None);
+        // Never below zero.
+        assert_eq!(rest_of_machine_cpu(&Row { machine_busy_seconds: 30.0, ..cal }), Some(0.0));
     }
 
     #[test]

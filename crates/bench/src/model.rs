@@ -104,6 +104,12 @@ pub struct Costs {
     /// CPU seconds one agent spends starting (process, shared memory, meeting the
     /// others), on the cores the agents' work runs on, from the start.
     pub agent_start_cpu: f64,
+    /// CPU seconds the rest of the machine spends per task when the nodes are emulated
+    /// on it (the workers handing their archives over, the master, the kernel's
+    /// networking, the storage link's `ssh`): it takes the shared cores as each search
+    /// ends, but holds up no agent. Only with `shared_cores`: on a real cluster it runs
+    /// on the workers', the master's and the storage node's own cores.
+    pub rest_cpu_per_task: f64,
     /// Launch, start-up, final assembly: everything that does not depend on the tasks.
     pub fixed_seconds: f64,
 }
@@ -380,6 +386,9 @@ pub fn simulate(workload: &[BatchWork], workers: usize, arch: Arch, costs: &Cost
                 // task over).
                 let handle = parse + costs.agent_cpu_per_task;
                 let parsed = if handle > 0.0 { cores.run_short(t, handle) } else { t };
+                if costs.shared_cores.is_some() && costs.rest_cpu_per_task > 0.0 {
+                    cores.run_short(t, costs.rest_cpu_per_task);
+                }
                 let at = if m == w {
                     parsed
                 } else {
@@ -506,6 +515,7 @@ mod tests {
             agent_own_cores: 0.0,
             agent_cpu_per_task: 0.0,
             agent_start_cpu: 0.0,
+            rest_cpu_per_task: 0.0,
             fixed_seconds: 0.0,
         }
     }
@@ -576,6 +586,22 @@ mod tests {
         let start = Costs { agent_start_cpu: 0.5, ..alone.clone() };
         assert!((simulate(&w, 4, agents, &start).wall_seconds - 6.0).abs() < 1e-9);
         assert!((simulate(&w, 4, Arch::Mpiblast, &start).wall_seconds - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_rest_of_the_machine_takes_the_shared_cores_and_holds_up_no_agent() {
+        // Search 1 s, merge 1 s, write 3 s on one shared core. The rest of the machine
+        // takes the core for 0.5 s as the search ends: the merge, time-sliced, still
+        // ends at 2 s, but the core is busy to 2.5 s and the write ends at 5.5 s.
+        let w = vec![batch(&[1.0], 1.0, 3.0)];
+        let agents = Arch::Agents { assign: Assign::Dynamic, compress: false };
+        let shared = Costs { shared_cores: Some(1), rest_cpu_per_task: 0.5, ..costs() };
+        assert!((simulate(&w, 4, agents, &shared).wall_seconds - 5.5).abs() < 1e-9);
+        // On a real cluster it runs on other nodes' cores.
+        let own = Costs { shared_cores: None, ..shared.clone() };
+        assert!((simulate(&w, 4, agents, &own).wall_seconds - 5.0).abs() < 1e-9);
+        // The mpiBLAST master's times were traced on the machine it shared.
+        assert!((simulate(&w, 4, Arch::Mpiblast, &shared).wall_seconds - 5.0).abs() < 1e-9);
     }
 
     #[test]
