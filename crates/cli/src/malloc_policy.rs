@@ -22,7 +22,7 @@
 //!
 //! Measured on that 36-node run, glibc's defaults against the policy, alternated, four
 //! pairs (2026-11-29): the agents' own CPU 17.6–18.0 → 14.9–16.2 CPU-s, page faults
-//! machine-wide 2.62–2.70 M → 1.92–2.09 M, wall 40.68–43.45 s → 38.47–40.31 s, and the
+//! machine-wide 2.62–2.70 M → 1.92–2.00 M, wall 40.68–43.45 s → 38.47–40.31 s, and the
 //! gepsea processes' peak resident memory, summed, 3.74–3.82 → 3.35 GB: with one arena
 //! what a thread frees is no longer stranded in an arena only that thread uses. (Raising
 //! the two thresholds alone, the twenty-sixth session's trial, cut the faults by 14 %,
