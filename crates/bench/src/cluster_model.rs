@@ -524,6 +524,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// Costs with nothing charged yet, on 2 shared cores.
+    fn two_shared_cores() -> Costs {
+        Costs {
+            link_bytes_per_second: 1e9,
+            compress_bytes_per_second: 1e8,
+            compress_ratio: 10.0,
+            take_seconds: 0.0,
+            shared_cores: Some(2),
+            agent_own_cores: 0.0,
+            agent_cpu_per_task: 0.0,
+            agent_start_cpu: 0.0,
+            rest_cpu_per_task: 0.0,
+            fixed_seconds: 0.0,
+        }
+    }
+
     #[test]
     fn a_calibration_played_much_longer_than_measured_is_doubted_and_says_what_to_do() {
         assert_eq!(calibration_doubt(4, 2, 160.0, 161.8), None);
@@ -560,18 +576,7 @@ pub(crate) mod tests {
         // Played at 36 nodes for 20 s, with that size's start of 9 CPU-s measured: the
         // same tasks, 9 × 2 = 18 CPU-s idle, 11 s for the model's own work.
         let big = Row { agent_start_cpu_seconds: 9.0, ..row(36, 20.0, 0.0, 500_000_000) };
-        let base = Costs {
-            link_bytes_per_second: 1e9,
-            compress_bytes_per_second: 1e8,
-            compress_ratio: 10.0,
-            take_seconds: 0.0,
-            shared_cores: Some(2),
-            agent_own_cores: 0.0,
-            agent_cpu_per_task: 0.0,
-            agent_start_cpu: 0.0,
-            rest_cpu_per_task: 0.0,
-            fixed_seconds: 0.0,
-        };
+        let base = two_shared_cores();
         let costs = own.costs(&big, &base);
         assert!((costs.agent_start_cpu - 0.25).abs() < 1e-12);
         assert!((modelled_own_cpu(&big, &work, dynamic, &costs, 20.0) - (11.0 + 13.0 + 9.0 + 7.2)).abs() < 1e-9);
@@ -596,18 +601,7 @@ pub(crate) mod tests {
         let dynamic = Arch::Agents { assign: Assign::Dynamic, compress: false };
         let own = AgentOwn::calibrate(&cal, std::slice::from_ref(&cal), &work, dynamic, 1e8);
         assert_eq!(own.rest_per_task, 6.0);
-        let base = Costs {
-            link_bytes_per_second: 1e9,
-            compress_bytes_per_second: 1e8,
-            compress_ratio: 10.0,
-            take_seconds: 0.0,
-            shared_cores: Some(2),
-            agent_own_cores: 0.0,
-            agent_cpu_per_task: 0.0,
-            agent_start_cpu: 0.0,
-            rest_cpu_per_task: 0.0,
-            fixed_seconds: 0.0,
-        };
+        let base = two_shared_cores();
         assert_eq!(own.costs(&row(36, 20.0, 0.0, 0), &base).rest_cpu_per_task, 6.0);
         // Not measured, or mpiBLAST (no agents to tell apart).
         assert_eq!(rest_of_machine_cpu(&Row { machine_busy_seconds: 0.0, ..cal.clone() }), None);
