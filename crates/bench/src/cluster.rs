@@ -167,6 +167,14 @@ pub(crate) struct Row {
     pub trace: RunTrace,
 }
 
+impl Row {
+    /// CPU seconds of the run's agents, with the BLAST+ runs they waited for (zero
+    /// without agents): `agent_cpu_percent` of a core per node, over the run.
+    pub fn agent_cpu_seconds(&self) -> f64 {
+        self.agent_cpu_percent / 100.0 * self.nodes as f64 * self.wall_seconds
+    }
+}
+
 const VARIANTS: [(&str, &[&str]); 5] = [
     ("no agent (mpiBLAST)", &["--no-agent"]),
     ("agents, dynamic", &[]),
@@ -718,7 +726,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
-        let floor = r.agent_cpu_percent / 100.0 * r.nodes as f64 * r.wall_seconds / cores as f64;
+        let floor = r.agent_cpu_seconds() / cores as f64;
         let dash = |x: f64| if x > 0.0 { format!("{x:.1}") } else { "–".into() };
         println!(
             "| {} | {} | {:.2} | {:.2} | {:.2} | {:.1} % | {:.1} % | {:.1} % | {:.1} | {} | {} | {:.2} ({:.2}) |",

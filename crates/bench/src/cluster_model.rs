@@ -219,9 +219,8 @@ fn rest_of_machine_cpu(run: &Row) -> Option<f64> {
     if run.machine_busy_seconds <= 0.0 || run.variant_index == 0 {
         return None;
     }
-    let agents = run.agent_cpu_percent / 100.0 * run.wall_seconds * run.nodes as f64;
     let ahead: f64 = run.trace.batches.iter().map(|b| b.stats_ahead_cpu_seconds).sum();
-    Some((run.machine_busy_seconds - agents - ahead).max(0.0))
+    Some((run.machine_busy_seconds - run.agent_cpu_seconds() - ahead).max(0.0))
 }
 
 /// Every search task of the workload: fragments and whole-database fallbacks.

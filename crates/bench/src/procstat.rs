@@ -21,12 +21,6 @@ pub fn uptime_seconds() -> Option<f64> {
     std::fs::read_to_string("/proc/uptime").ok()?.split_whitespace().next()?.parse().ok()
 }
 
-/// The clock ticks `/proc` counts CPU time in, per second.
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_CLK_TCK) as f64 }
-}
-
 /// CPU seconds this machine has spent busy since boot, all cores together (user, nice,
 /// system, interrupts and stolen time from the first line of `/proc/stat`; idle and
 /// I/O wait are not busy). Differences between two reads give a window's busy CPU.
@@ -36,7 +30,7 @@ pub fn machine_busy_seconds() -> Option<f64> {
     let ticks: Vec<f64> = cpu.split_whitespace().filter_map(|x| x.parse().ok()).collect();
     // user nice system idle iowait irq softirq steal (guest time is inside user).
     let busy: f64 = [0, 1, 2, 5, 6, 7].iter().filter_map(|&i| ticks.get(i)).sum();
-    Some(busy / ticks_per_second())
+    Some(busy / rustix::param::clock_ticks_per_second() as f64)
 }
 
 /// Busy CPU seconds between unix times `from` and `to`, from `(unix time, busy

@@ -43,19 +43,20 @@ pub const OWN_MAPPING_FROM: i32 = 32 << 20;
 /// What [`apply`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Applied {
+    /// The policy is in force.
     Yes,
     /// The user's own glibc malloc settings, named, were left in charge.
-    UserSettings(String),
+    UserSettings(&'static str),
     /// glibc refused a setting (not glibc, or a glibc without it).
     Refused(&'static str),
 }
 
 /// The user's glibc malloc setting that keeps the policy off, if any.
-pub(crate) fn user_setting(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+pub(crate) fn user_setting(var: impl Fn(&str) -> Option<String>) -> Option<&'static str> {
     if var("GLIBC_TUNABLES").is_some_and(|t| t.contains("glibc.malloc.")) {
-        return Some("GLIBC_TUNABLES".into());
+        return Some("GLIBC_TUNABLES");
     }
-    ["MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"].into_iter().find(|v| var(v).is_some()).map(String::from)
+    ["MALLOC_ARENA_MAX", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_"].into_iter().find(|v| var(v).is_some())
 }
 
 /// Applies the policy to this process. Call it before the process starts a thread:
