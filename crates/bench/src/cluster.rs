@@ -26,6 +26,8 @@ use gepsea_net::testbed::NetnsBridge;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::cluster_model::{measure_compression, Compression};
+
 /// What the cluster and ParaMEDIC benchmarks search.
 #[derive(clap::Args, Debug)]
 pub struct Workload {
@@ -469,7 +471,17 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             .with_context(|| format!("{}: no runs with traces (saved by an older gepsea-bench?)", saved.display()))?;
         let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         std::fs::create_dir_all(&out_dir)?;
-        crate::cluster_model::report(&rows, &r.join("recording"), &out_dir)?;
+        let compression = match Compression::saved(&v) {
+            Some(c) => c,
+            None => {
+                eprintln!(
+                    "bench cluster: {} holds no compression rate (saved by an older gepsea-bench): timing zstd again, so this model may differ slightly from the run's (about 0.1 %)",
+                    saved.display()
+                );
+                measure_compression(&r.join("recording"))?
+            }
+        };
+        crate::cluster_model::report(&rows, compression, &out_dir)?;
         return Ok(());
     }
     // SAFETY: no preconditions.
@@ -750,10 +762,12 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     }
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
     std::fs::create_dir_all(&out_dir)?;
+    // Timed once, with the runs over, and saved: `--model-only` plays the same costs.
+    let compression = recording.as_deref().map(measure_compression).transpose()?;
     std::fs::write(
         &a.json,
         serde_json::to_string_pretty(
-            &json!({"queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "runs": rows}),
+            &json!({"queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "compression": compression, "runs": rows}),
         )?,
     )?;
     crate::plots::lines(&out_dir.join("cluster_wall.png"), "Wall time (s)", "emulated nodes", &series(&rows, |r| r.wall_seconds))?;
@@ -775,8 +789,8 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         "emulated nodes",
         &series(&rows, |r| r.agent_cpu_percent).into_iter().filter(|(n, _)| !n.starts_with("no agent")).collect::<Vec<_>>(),
     )?;
-    if let Some(r) = &recording {
-        crate::cluster_model::report(&rows, r, &out_dir)?;
+    if let Some(c) = compression {
+        crate::cluster_model::report(&rows, c, &out_dir)?;
     }
     eprintln!("bench cluster: JSON {} and plots cluster_*.png in {}", a.json.display(), out_dir.display());
     Ok(())

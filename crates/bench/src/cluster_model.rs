@@ -31,7 +31,7 @@ use std::time::Instant;
 use crate::cluster::Row;
 use anyhow::{bail, Result};
 use gepsea_blast::trace::RunTrace;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{self, Arch, Assign, BatchWork, Costs};
 
@@ -131,8 +131,29 @@ pub fn workload(trace: &RunTrace, times: Times) -> Vec<BatchWork> {
     out
 }
 
-/// zstd -3 over the recording's archives (up to 64 MB of them): bytes/s and ratio.
-pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
+/// zstd -3 on the recording's archives, as the agents compress: what the model charges
+/// for compressing. Measured once, after a replay's runs, and saved in its JSON, so
+/// that `--model-only` plays the same costs again: timed anew on every call, the rate
+/// moved by a few per cent (541 against 560 MB/s), and the model's walls by about 0.1 %.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Compression {
+    /// Raw bytes compressed per second.
+    pub bytes_per_second: f64,
+    /// Raw bytes over compressed bytes.
+    pub ratio: f64,
+}
+
+impl Compression {
+    /// The rate saved in a replay's JSON (`None` in one saved before it was kept, or
+    /// holding no usable rate).
+    pub fn saved(v: &serde_json::Value) -> Option<Compression> {
+        let c: Compression = serde_json::from_value(v.get("compression")?.clone()).ok()?;
+        (c.bytes_per_second > 0.0 && c.ratio > 0.0).then_some(c)
+    }
+}
+
+/// zstd -3 over the recording's archives (up to 64 MB of them).
+pub fn measure_compression(recording: &Path) -> Result<Compression> {
     let mut raw = 0usize;
     let mut packed = 0usize;
     let mut seconds = 0.0;
@@ -149,7 +170,7 @@ pub fn measure_compression(recording: &Path) -> Result<(f64, f64)> {
     if raw == 0 {
         bail!("{}: no recorded archives to measure compression on", recording.display());
     }
-    Ok((raw as f64 / seconds.max(1e-9), raw as f64 / packed.max(1) as f64))
+    Ok(Compression { bytes_per_second: raw as f64 / seconds.max(1e-9), ratio: raw as f64 / packed.max(1) as f64 })
 }
 
 /// What the agents cost themselves besides the work the model plays apart (parsing,
@@ -282,8 +303,8 @@ fn idle_agent_cores_each(runs: &[Row]) -> f64 {
 
 /// Calibrates, validates and extrapolates; prints the tables, writes JSON and plots
 /// into `out_dir`. Returns the largest error of a validated point, in percent.
-pub fn report(runs: &[Row], recording: &Path, out_dir: &Path) -> Result<f64> {
-    let (compress_rate, compress_ratio) = measure_compression(recording)?;
+pub fn report(runs: &[Row], compression: Compression, out_dir: &Path) -> Result<f64> {
+    let Compression { bytes_per_second: compress_rate, ratio: compress_ratio } = compression;
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let base_costs = Costs {
         // `bench net`: 1 MiB streaming across a veth pair, 1.55 GB/s.
@@ -521,6 +542,20 @@ pub(crate) mod tests {
             mergers: 1,
             trace: RunTrace::default(),
         }
+    }
+
+    #[test]
+    fn model_only_reads_the_compression_a_run_saved_and_nothing_else() {
+        let c = Compression { bytes_per_second: 541.25e6, ratio: 15.7 };
+        // As `cluster::run` writes it beside the runs.
+        let saved = serde_json::json!({"serial_seconds": 1.0, "compression": Some(c), "runs": []});
+        let text = serde_json::to_string(&saved).unwrap();
+        assert_eq!(Compression::saved(&serde_json::from_str(&text).unwrap()), Some(c), "read back exactly: {text}");
+        assert_eq!(Compression::saved(&serde_json::json!({"runs": []})), None, "saved before the rate was kept");
+        let none: Option<Compression> = None;
+        assert_eq!(Compression::saved(&serde_json::json!({"compression": none})), None, "a run without a recording");
+        let broken = serde_json::json!({"compression": {"bytes_per_second": 0.0, "ratio": 15.7}});
+        assert_eq!(Compression::saved(&broken), None, "no rate to charge by");
     }
 
     /// Costs with nothing charged yet, on 2 shared cores.
