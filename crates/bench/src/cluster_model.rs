@@ -489,12 +489,12 @@ pub fn report(runs: &[Row], compression: Compression, out_dir: &Path) -> Result<
             "\nno validated point: each variant ran at one node count only, its calibration (give --nodes a small count and larger ones)"
         );
     }
-    std::fs::write(
-        out_dir.join("cluster_model.json"),
-        serde_json::to_string_pretty(&serde_json::json!({
+    crate::json_out::write(
+        &out_dir.join("cluster_model.json"),
+        &serde_json::json!({
             "compress_bytes_per_second": compress_rate, "compress_ratio": compress_ratio, "shared_cores": cores,
             "validation": points, "largest_error_percent": worst, "extrapolation": extrapolated,
-        }))?,
+        }),
     )?;
     // Measured points against the model's line, per variant.
     let mut fit: Vec<(String, Vec<(f64, f64)>)> = Vec::new();

@@ -243,7 +243,7 @@ pub fn run(a: &DbBenchArgs) -> Result<()> {
     }
     let v = result?;
     if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&v)?)?;
+        crate::json_out::write(p, &v)?;
     }
     Ok(())
 }

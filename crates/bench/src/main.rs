@@ -11,6 +11,7 @@ mod agent;
 mod cluster;
 mod cluster_model;
 mod db;
+mod json_out;
 mod model;
 mod net;
 mod net_report;

@@ -576,12 +576,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             "ratios": {"tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
             "quick": quick,
         });
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d).ok();
-        }
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(&doc)?)?;
-        std::fs::rename(&tmp, path)?;
+        crate::json_out::write(path, &doc)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -546,16 +546,16 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
     }
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
     std::fs::create_dir_all(&out_dir)?;
-    std::fs::write(
+    crate::json_out::write(
         &a.json,
-        serde_json::to_string_pretty(&json!({
+        &json!({
             "queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "fragments": a.workload.fragments,
             "compute_nodes": a.compute_nodes, "outfmt": a.outfmt, "blast_args": a.blast_args, "batch_residues": a.batch_residues,
             "replayed": a.replay.is_some(), "storage_cpu_shares": a.storage_cpu_shares,
             "output_bytes": output_bytes, "metadata_bytes": meta, "reference_search_seconds": ref_search,
             "encode_seconds": encode, "regenerate_seconds": regen, "break_even_mbit": break_even_mbit, "break_even_vs_zstd_mbit": break_even_zstd_mbit,
             "tcp": "BBR, 64 MiB buffers", "runs": rows,
-        }))?,
+        }),
     )?;
     for &rate in &a.rates_mbit {
         let series: Vec<(String, Vec<(f64, f64)>)> = VARIANTS
