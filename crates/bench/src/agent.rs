@@ -228,7 +228,7 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
             "two_nodes": {"netns": netns, "tcp_rtt_us": tcp, "remote_put_us": remote.put, "remote_lockpair_us": remote.lockpair, "loops_and_handoffs_us": loops},
             "four_nodes": {"netns": netns, "phases": four.iter().map(|(k, (us, rate))| (k.clone(), json!({"per_client_us": us, "aggregate_ops_per_s": rate}))).collect::<serde_json::Map<_, _>>(), "agent_cpu_percent": busy_pct},
         });
-        crate::json_out::write(p, &j)?;
+        crate::out::json(p, &j)?;
     }
     Ok(())
 }

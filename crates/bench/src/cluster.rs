@@ -538,7 +538,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
             if keep.is_some() {
                 record(&gepsea, &wd, &a.outfmt, &batch_residues, &blast_opts)?;
                 let w = json!({"params": params, "serial_seconds": serial, "batch_residues": batch_residues.parse::<u64>()?});
-                crate::json_out::write(&wd.join("workload.json"), &w)?;
+                crate::out::json(&wd.join("workload.json"), &w)?;
             }
             (serial, batch_residues)
         }
@@ -764,7 +764,7 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     // Timed once, with the runs over, and saved: `--model-only` plays the same costs.
     let compression = recording.as_deref().map(measure_compression).transpose()?;
-    crate::json_out::write(
+    crate::out::json(
         &a.json,
         &json!({"queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "batches": a.batches, "storage_mbit": a.storage_mbit, "fragments": a.workload.fragments, "outfmt": a.outfmt, "output_bytes": out_bytes, "serial_seconds": serial, "compression": compression, "runs": rows}),
     )?;

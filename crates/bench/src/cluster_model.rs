@@ -489,7 +489,7 @@ pub fn report(runs: &[Row], compression: Compression, out_dir: &Path) -> Result<
             "\nno validated point: each variant ran at one node count only, its calibration (give --nodes a small count and larger ones)"
         );
     }
-    crate::json_out::write(
+    crate::out::json(
         &out_dir.join("cluster_model.json"),
         &serde_json::json!({
             "compress_bytes_per_second": compress_rate, "compress_ratio": compress_ratio, "shared_cores": cores,

@@ -243,7 +243,7 @@ pub fn run(a: &DbBenchArgs) -> Result<()> {
     }
     let v = result?;
     if let Some(p) = &a.json {
-        crate::json_out::write(p, &v)?;
+        crate::out::json(p, &v)?;
     }
     Ok(())
 }

@@ -576,7 +576,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             "ratios": {"tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},
             "quick": quick,
         });
-        crate::json_out::write(path, &doc)?;
+        crate::out::json(path, &doc)?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -546,7 +546,7 @@ fn report(a: &ParamedicBenchArgs, rows: &[Row], output_bytes: u64, ref_search: f
     }
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
     std::fs::create_dir_all(&out_dir)?;
-    crate::json_out::write(
+    crate::out::json(
         &a.json,
         &json!({
             "queries": a.workload.queries, "queries_from_db": a.workload.queries_from_db, "fragments": a.workload.fragments,

@@ -61,7 +61,18 @@ where
     Y: AsRangedCoord<Value = f64>,
     Y::CoordDescType: ValueFormatter<f64>,
 {
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    crate::out::whole(path, |tmp| draw_lines_into(tmp, path, y_label, x_label, x, y, series))
+}
+
+/// [`draw_lines`] into the file `into` (`path` names the plot in errors).
+fn draw_lines_into<X, Y>(into: &Path, path: &Path, y_label: &str, x_label: &str, x: X, y: Y, series: &[Series]) -> Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let root = BitMapBackend::new(into, (900, 560)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("plotting {}: {e}", path.display());
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
@@ -105,7 +116,20 @@ pub fn stacked_bars(path: &Path, y_label: &str, categories: &[String], layers: &
     if categories.is_empty() || top <= 0.0 {
         return Err(anyhow!("{}: nothing to plot", path.display()));
     }
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    crate::out::whole(path, |into| draw_bars_into(into, path, y_label, categories, layers, mark, top))
+}
+
+/// [`stacked_bars`] into the file `into`, up to `top` (`path` names the plot in errors).
+fn draw_bars_into(
+    into: &Path,
+    path: &Path,
+    y_label: &str,
+    categories: &[String],
+    layers: &[Series1],
+    mark: Option<&Series1>,
+    top: f64,
+) -> Result<()> {
+    let root = BitMapBackend::new(into, (900, 560)).into_drawing_area();
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("plotting {}: {e}", path.display());
     root.fill(&WHITE).map_err(err)?;
     let n = categories.len() as f64;
@@ -174,3 +198,31 @@ pub fn stacked_bars(path: &Path, y_label: &str, categories: &[String], layers: &
 
 /// One named value per category.
 pub type Series1 = (String, Vec<f64>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plots_are_whole_pngs_and_a_failed_one_leaves_no_file() {
+        let d = std::env::temp_dir().join(format!("gepsea-bench-plots-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let line = d.join("wall.png");
+        lines(&line, "Wall time (s)", "nodes", &[("agents".into(), vec![(4.0, 162.8), (8.0, 83.2), (36.0, 37.0)])]).unwrap();
+        let bars = d.join("breakdown.png");
+        let layers = [("search".to_string(), vec![10.0, 20.0]), ("write".to_string(), vec![5.0, 1.0])];
+        stacked_bars(&bars, "Time (s)", &["a".into(), "b".into()], &layers, Some(&("end to end".into(), vec![12.0, 21.0]))).unwrap();
+        for p in [&line, &bars] {
+            let bytes = std::fs::read(p).unwrap();
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{} is a PNG", p.display());
+            // The image's own end: the file was written to the last byte.
+            assert_eq!(&bytes[bytes.len() - 8..bytes.len() - 4], b"IEND", "{} is whole", p.display());
+        }
+        let e = lines(&d.join("empty.png"), "y", "x", &[("none".into(), vec![])]).unwrap_err();
+        assert!(e.to_string().contains("nothing to plot"), "{e}");
+        let mut left: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["breakdown.png", "wall.png"], "no temporary or empty file");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -291,7 +291,7 @@ pub fn run(a: &SearchBenchArgs) -> Result<()> {
             .collect();
         let doc = json!({"configs": per_config, "blastp_s": ts, "blastp_single_s": t1, "perfect_split_ratios": perfect, "ratio_median": mr, "inside_blast_median": mi,
             "queries": a.queries, "fragments": a.fragments, "workers": a.workers, "outfmt": a.outfmt});
-        crate::json_out::write(p, &doc)?;
+        crate::out::json(p, &doc)?;
     }
     Ok(())
 }

@@ -153,7 +153,7 @@ pub fn run(a: &SoakArgs) -> Result<()> {
     );
     if let Some(p) = &a.json {
         let report = serde_json::json!({ "seed": a.seed, "clean_seconds": clean_s, "rounds": rounds });
-        crate::json_out::write(p, &report)?;
+        crate::out::json(p, &report)?;
     }
     let passed = rounds.iter().filter(|r| r.identical && r.leaks.is_empty()).count();
     println!("soak: {passed} passed, {} failed", rounds.len() - passed);

@@ -97,7 +97,7 @@ pub fn run(a: &SpareCoreArgs) -> Result<()> {
     println!("\nserial blastp -num_threads 2 (reference): {serial:.2} s; every output identical to it");
     if let Some(p) = &a.json {
         let doc = json!({"queries": a.queries, "fragments": a.fragments, "outfmt": a.outfmt, "serial_s": serial, "configs": rows});
-        crate::json_out::write(p, &doc)?;
+        crate::out::json(p, &doc)?;
     }
     Ok(())
 }
