@@ -89,15 +89,23 @@ thread_local! {
 /// cores), each write's wall time is stretched by all the others, and a model that
 /// books those times as work on the cores plays the contention twice (see
 /// `gepsea-bench cluster`'s model). CPU time is what the work costs wherever it runs.
+/// The wall time comes along ([`CpuClock::wall_seconds`]): the traces keep both, the
+/// mpiBLAST master's writes being played as wall time on its critical path.
 #[derive(Clone, Copy, Debug)]
 pub struct CpuClock {
+    wall_started: std::time::Instant,
     thread_started: f64,
     children_started: f64,
 }
 
 impl CpuClock {
     pub fn start() -> CpuClock {
-        CpuClock { thread_started: thread_cpu(), children_started: CHILDREN_CPU.with(Cell::get) }
+        CpuClock { wall_started: std::time::Instant::now(), thread_started: thread_cpu(), children_started: CHILDREN_CPU.with(Cell::get) }
+    }
+
+    /// Wall seconds since [`CpuClock::start`].
+    pub fn wall_seconds(&self) -> f64 {
+        self.wall_started.elapsed().as_secs_f64()
     }
 
     /// CPU seconds since [`CpuClock::start`], on this thread and its programs (call it
@@ -259,6 +267,9 @@ mod tests {
         assert!(there >= 0.05, "a program that burned CPU counted {there} s");
         assert!(there_thread < there / 2.0, "the program's CPU was counted as its thread's own: {there_thread} of {there} s");
         assert!(here.seconds() < there / 2.0, "the waiting thread was charged {} s of {there} s", here.seconds());
+        // Its wall clock ran all along: at least the program's CPU time (one thread),
+        // give or take the kernel's clock tick in which that is counted.
+        assert!(here.wall_seconds() + 0.02 >= there, "wall {} s against the program's {there} CPU-s", here.wall_seconds());
         // A failing program's output still comes back whole.
         let err = run("sh", &["-c", "echo oops >&2; exit 3"], None, None).unwrap_err().to_string();
         assert!(err.contains("oops") && err.contains("exit status: 3"), "{err}");

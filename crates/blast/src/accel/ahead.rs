@@ -104,11 +104,10 @@ impl StatsAhead {
                 continue;
             }
             let dir = stats_dir(job, batch);
-            let started = Instant::now();
-            let cpu = crate::tools::CpuClock::start();
+            let clock = crate::tools::CpuClock::start();
             match run_one(spec, job, batch, &scratch) {
                 Ok(stats) => {
-                    self.seconds.lock().insert(batch, (started.elapsed().as_secs_f64(), cpu.seconds()));
+                    self.seconds.lock().insert(batch, (clock.wall_seconds(), clock.seconds()));
                     if let Err(e) = stats.save(&dir) {
                         tracing::debug!("statistics ahead, batch {batch}: {e}");
                     }

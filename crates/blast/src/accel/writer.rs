@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use gepsea_agent::api::Api;
 use gepsea_agent::plugin::PluginError;
@@ -70,8 +69,7 @@ pub(crate) fn spawn_writers() -> crossbeam_channel::Sender<WriteJob> {
 /// the master fails the run with it).
 fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let WriteJob { spec, job, batch, hsps, done, services, scratch, piece } = w;
-    let write_started = Instant::now();
-    let write_cpu = crate::tools::CpuClock::start();
+    let write_clock = crate::tools::CpuClock::start();
     let mut part_bytes = 0;
     let mut piece_bytes = None;
     let mut stats_ahead = false;
@@ -106,9 +104,9 @@ fn write_part(w: WriteJob) -> Result<(), PluginError> {
     let _ = std::fs::remove_dir_all(&scratch);
     let done = PartDone {
         error: result.err(),
-        write_seconds: write_started.elapsed().as_secs_f64(),
-        write_cpu_seconds: write_cpu.seconds(),
-        write_thread_cpu_seconds: write_cpu.thread_seconds(),
+        write_seconds: write_clock.wall_seconds(),
+        write_cpu_seconds: write_clock.seconds(),
+        write_thread_cpu_seconds: write_clock.thread_seconds(),
         part_bytes,
         piece_bytes,
         written_unix: crate::trace::unix_now(),

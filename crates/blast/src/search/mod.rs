@@ -484,8 +484,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let mut trace = crate::trace::RunTrace::default();
     let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
         for (b, hsps) in results.take_settled() {
-            let started = Instant::now();
-            let cpu = crate::tools::CpuClock::start();
+            let clock = crate::tools::CpuClock::start();
             let spec = report::Spec {
                 program: &program,
                 blastdb: blastdb.as_ref(),
@@ -506,9 +505,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             stored.map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
             std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
             let bt = batch_trace(trace, b);
-            bt.write_seconds += started.elapsed().as_secs_f64();
-            bt.write_cpu_seconds += cpu.seconds();
-            bt.write_thread_cpu_seconds += cpu.thread_seconds();
+            bt.write_seconds += clock.wall_seconds();
+            bt.write_cpu_seconds += clock.seconds();
+            bt.write_thread_cpu_seconds += clock.thread_seconds();
             bt.part_bytes = part_bytes;
             bt.written_unix = crate::trace::unix_now();
         }
