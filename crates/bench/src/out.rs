@@ -42,7 +42,7 @@ fn temporary(path: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::collections::BTreeMap;
 
@@ -52,7 +52,8 @@ mod tests {
         d
     }
 
-    fn entries(d: &Path) -> Vec<String> {
+    /// The names in directory `d`, sorted.
+    pub(crate) fn entries(d: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         v.sort();
         v

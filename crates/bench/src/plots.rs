@@ -220,9 +220,7 @@ mod tests {
         }
         let e = lines(&d.join("empty.png"), "y", "x", &[("none".into(), vec![])]).unwrap_err();
         assert!(e.to_string().contains("nothing to plot"), "{e}");
-        let mut left: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        left.sort();
-        assert_eq!(left, ["breakdown.png", "wall.png"], "no temporary or empty file");
+        assert_eq!(crate::out::tests::entries(&d), ["breakdown.png", "wall.png"], "no temporary or empty file");
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
