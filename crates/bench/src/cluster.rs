@@ -470,7 +470,6 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         let rows: Vec<Row> = serde_json::from_value(v["runs"].clone())
             .with_context(|| format!("{}: no runs with traces (saved by an older gepsea-bench?)", saved.display()))?;
         let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-        std::fs::create_dir_all(&out_dir)?;
         let compression = match Compression::saved(&v) {
             Some(c) => c,
             None => {
@@ -761,7 +760,6 @@ pub fn run(a: &ClusterBenchArgs) -> Result<()> {
         println!("{line}");
     }
     let out_dir = a.json.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-    std::fs::create_dir_all(&out_dir)?;
     // Timed once, with the runs over, and saved: `--model-only` plays the same costs.
     let compression = recording.as_deref().map(measure_compression).transpose()?;
     crate::out::json(
