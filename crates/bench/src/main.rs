@@ -23,6 +23,7 @@ mod search;
 mod soak;
 mod spare_core;
 mod testbed;
+mod workload;
 
 #[derive(Parser)]
 #[command(name = "gepsea-bench", version, about = "gepsea's benchmarks (make bench) and testbed tools")]

@@ -41,7 +41,7 @@ use gepsea_net::testbed::WanSites;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::cluster::{run_ok, same_output, StorageMount, TempDir, Workload};
+use crate::workload::{run_ok, same_output, StorageMount, TempDir, Workload};
 
 #[derive(clap::Args, Debug)]
 pub struct ParamedicBenchArgs {

@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use gepsea_net::testbed::NetnsBridge;
 use serde::Serialize;
 
-use crate::cluster::{run_ok, same_output, TempDir, Workload};
+use crate::workload::{run_ok, same_output, TempDir, Workload};
 
 #[derive(clap::Args, Debug)]
 pub struct SoakArgs {

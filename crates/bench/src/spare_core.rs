@@ -56,7 +56,7 @@ pub fn run(a: &SpareCoreArgs) -> Result<()> {
     if cores < 2 {
         bail!("bench spare-core needs 2 cores (this machine has {cores})");
     }
-    let dir = crate::cluster::TempDir(std::env::temp_dir().join(format!("gepsea-bench-spare-{}", std::process::id())));
+    let dir = crate::workload::TempDir(std::env::temp_dir().join(format!("gepsea-bench-spare-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0)?;
     let d = &dir.0;
     let (recs, qs) = (gepsea_blast::fasta::read(&a.db)?, gepsea_blast::fasta::read(&a.query)?);
