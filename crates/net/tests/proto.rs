@@ -568,3 +568,135 @@ fn split_copy_frames_out_of_turn_break_the_protocol() {
     pump(&mut a, &mut b);
     assert_eq!(received(b.take(r)).data, &big[..]);
 }
+
+/// A pair whose messages between the two nodes go eagerly up to 400 bytes (4× the
+/// shared-memory limit, so 4 credits each).
+fn remote_eager_pair(credits: u32) -> (Proto, Proto) {
+    let (mut a, mut b) = pair(credits);
+    a.set_remote_eager(400);
+    b.set_remote_eager(400);
+    (a, b)
+}
+
+/// The next frame from `from` to `to` as a transport that reads payloads in place would
+/// see it: its header, once the decoder has it, and its payload.
+fn next_frame(from: &mut Proto, to: Addr) -> (Header, Vec<u8>) {
+    let out = from.pop_frame(to).expect("a frame to send");
+    let bytes = out.frame.to_bytes();
+    from.frame_sent(out.completes);
+    let mut d = FrameDecoder::new(1 << 20);
+    d.extend(&bytes[..bytes.len() - out.frame.payload.len() + 1]);
+    let (h, have) = d.partial_header().expect("header in, payload not yet");
+    assert_eq!(have, 1);
+    (h, out.frame.payload.to_vec())
+}
+
+#[test]
+fn between_nodes_larger_messages_go_eagerly_and_cost_credits_by_size() {
+    let (mut a, mut b) = remote_eager_pair(8);
+    let msg = |i: u8| Bytes::from(vec![i; 400]);
+    let sends: Vec<_> = (0..3).map(|i| a.isend(B, 5, msg(i))).collect();
+    assert_eq!((a.stats.eager_sent, a.stats.rendezvous_sent), (3, 0));
+    // 8 credits, 4 per message: two go, the third waits for credits to come back.
+    assert_eq!(step(&mut a, &mut b, usize::MAX), 2);
+    assert!(a.stats.credit_stalls > 0);
+    assert!(a.take(sends[2]).is_none());
+    let r: Vec<_> = (0..3).map(|_| b.irecv(Some(A), Some(5), 400)).collect();
+    pump(&mut a, &mut b);
+    for (i, r) in r.into_iter().enumerate() {
+        assert_eq!(received(b.take(r)).data, vec![i as u8; 400]);
+    }
+    // 401 bytes is past the limit: rendezvous. On one node the shared-memory limit holds.
+    a.isend(B, 5, Bytes::from(vec![0u8; 401]));
+    assert_eq!(a.stats.rendezvous_sent, 1);
+    let mut local = Proto::new(Addr::new(1, 2), ProtoConfig { eager_threshold: 100, credits: 8, chunk: 64, max_unexpected_rts: 16 });
+    local.set_remote_eager(400);
+    local.isend(A, 5, Bytes::from(vec![0u8; 101]));
+    assert_eq!(local.stats.rendezvous_sent, 1);
+    // A limit beyond all of a lane's credits is cut to them.
+    let (mut a, mut b) = remote_eager_pair(2);
+    a.set_remote_eager(1000);
+    b.set_remote_eager(1000);
+    a.isend(B, 5, Bytes::from(vec![0u8; 201]));
+    assert_eq!(a.stats.rendezvous_sent, 1);
+}
+
+#[test]
+fn an_eager_message_is_matched_at_its_header_and_read_into_the_posted_receive() {
+    let (mut a, mut b) = remote_eager_pair(8);
+    let first = b.irecv(None, None, 400);
+    let second = b.irecv(Some(A), Some(5), 400);
+    a.isend(B, 5, Bytes::from(vec![7u8; 300]));
+    let (h, payload) = next_frame(&mut a, B);
+    let dest = b.direct_destination(&h).expect("the first matching receive is claimed");
+    assert!(dest.is_empty() && dest.capacity() >= 300);
+    dest.extend_from_slice(&payload);
+    assert!(!b.cancel(first), "a claimed receive cannot be cancelled");
+    b.eager_received_in_place(&h).unwrap();
+    let m = received(b.take(first));
+    assert_eq!((m.src, m.tag, m.data), (A, 5, vec![7u8; 300]));
+    assert!(b.take(second).is_none(), "the later receive is still posted");
+    assert_eq!(b.stats.unexpected, 0);
+    a.isend(B, 5, Bytes::from_static(b"next"));
+    pump(&mut a, &mut b);
+    assert_eq!(received(b.take(second)).data, b"next");
+    // Credits came back as for a message that came whole: 8 more 4-credit messages flow.
+    let r: Vec<_> = (0..8).map(|_| b.irecv(Some(A), Some(6), 400)).collect();
+    for _ in 0..8 {
+        a.isend(B, 6, Bytes::from(vec![1u8; 400]));
+    }
+    pump(&mut a, &mut b);
+    assert!(r.into_iter().all(|r| received(b.take(r)).data == vec![1u8; 400]));
+}
+
+#[test]
+fn an_eager_message_with_no_receive_or_too_small_a_one_comes_whole() {
+    let (mut a, mut b) = remote_eager_pair(8);
+    a.isend(B, 5, Bytes::from(vec![1u8; 300]));
+    let (h, payload) = next_frame(&mut a, B);
+    assert!(b.direct_destination(&h).is_none(), "nothing posted");
+    b.on_frame(&h, &payload).unwrap();
+    assert_eq!(b.stats.unexpected, 1);
+    let r = b.irecv(Some(A), Some(5), 300);
+    assert_eq!(received(b.take(r)).data, vec![1u8; 300]);
+    let small = b.irecv(Some(A), Some(5), 100);
+    a.isend(B, 5, Bytes::from(vec![2u8; 300]));
+    let (h, payload) = next_frame(&mut a, B);
+    assert!(b.direct_destination(&h).is_none(), "too small to claim");
+    b.on_frame(&h, &payload).unwrap();
+    assert!(matches!(b.take(small), Some(Err(NetError::Truncated { len: 300, capacity: 100 }))));
+}
+
+/// A connection that breaks while an eager payload is read in place: the receive stays
+/// bound to that frame, and its replay (in place again, or whole) lands in it, not in
+/// a receive posted after it.
+#[test]
+fn a_claimed_eager_receive_waits_for_its_frame_across_a_reconnect() {
+    for whole in [false, true] {
+        let (mut a, mut b) = remote_eager_pair(8);
+        let claimed = b.irecv(Some(A), Some(5), 400);
+        a.isend(B, 5, Bytes::from(vec![3u8; 300]));
+        let (h, payload) = next_frame(&mut a, B);
+        b.direct_destination(&h).unwrap().extend_from_slice(&payload[..100]);
+        // The connection breaks: the transport cuts the buffer back.
+        b.eager_buffer(A).unwrap().clear();
+        let later = b.irecv(Some(A), Some(5), 400);
+        if whole {
+            b.on_frame(&h, &payload).unwrap();
+        } else {
+            b.direct_destination(&h).expect("the replay finds its receive").extend_from_slice(&payload);
+            b.eager_received_in_place(&h).unwrap();
+        }
+        assert_eq!(received(b.take(claimed)).data, vec![3u8; 300], "whole: {whole}");
+        assert!(b.take(later).is_none());
+    }
+    // The peer fails instead: the claimed receive fails with it.
+    let (mut a, mut b) = remote_eager_pair(8);
+    let claimed = b.irecv(None, None, 400);
+    a.isend(B, 5, Bytes::from(vec![3u8; 300]));
+    let (h, _) = next_frame(&mut a, B);
+    b.direct_destination(&h).unwrap();
+    b.peer_failed(A, "gone");
+    assert!(matches!(b.take(claimed), Some(Err(NetError::PeerFailed { .. }))));
+    assert!(b.eager_buffer(A).is_none());
+}

@@ -95,6 +95,13 @@ pub struct PortConfig {
     /// (at most `max_frame`). Each TCP piece costs a header and its checksum, and its
     /// receiver reads all but the first one straight into the posted buffer.
     pub tcp_chunk: usize,
+    /// Largest normal-channel message sent eagerly to peers on other nodes (at most
+    /// `credits × eager_threshold` of [`ProtoConfig`]; those on this node keep its
+    /// `eager_threshold`). Above it a message goes by rendezvous, whose data waits a
+    /// round trip for the receiver's answer; an eager message that finds its receive
+    /// posted is read straight into it. Encrypted links (`encrypt`) keep the
+    /// shared-memory limit: their records must be opened before a frame is decoded.
+    pub tcp_eager: usize,
     /// How long `wait` spins before sleeping.
     pub spin: Duration,
     /// After this much of its spin, `wait` yields its core between looks (spin, snooze,
@@ -148,6 +155,7 @@ impl PortConfig {
             single_copy: true,
             max_frame: 1 << 20,
             tcp_chunk: 256 << 10,
+            tcp_eager: 64 << 10,
             spin: Duration::from_micros(50),
             snooze_after: None,
             lease: Duration::from_micros(50),

@@ -383,7 +383,7 @@ impl State {
             return;
         }
         let Some((h, have)) = c.dec.partial_header() else { return };
-        if h.kind != Kind::Data || c.peer != Some(h.src) || (h.len as usize - have) < DIRECT_MIN {
+        if !matches!(h.kind, Kind::Data | Kind::Eager) || c.peer != Some(h.src) || (h.len as usize - have) < DIRECT_MIN {
             return;
         }
         let next = match c.pending.next_seq_after_held() {
@@ -410,7 +410,9 @@ impl State {
         let h = *c.direct_header()?;
         // The receive cannot go away meanwhile: started transfers are not cancellable,
         // and a failed peer's connections are gone before its requests are failed.
-        let (dest, _) = proto.rendezvous_buffer(h.src, h.id).expect("a receive in progress stays until its data is in");
+        let dest =
+            if h.kind == Kind::Eager { proto.eager_buffer(h.src) } else { proto.rendezvous_buffer(h.src, h.id).map(|(dest, _)| dest) }
+                .expect("a receive in progress stays until its data is in");
         let outcome = match c.read_direct(dest) {
             Ok(o) => o,
             Err(e) => {
@@ -606,7 +608,13 @@ impl State {
     fn forget_undelivered(&mut self, c: &TcpConn) {
         let in_place = c.pending.held().filter(|p| p.payload.is_none()).map(|p| &p.header);
         for h in in_place.chain(c.direct_header()) {
-            if let Some((dest, _)) = self.proto.rendezvous_buffer(h.src, h.id) {
+            // A claimed eager receive stays claimed: the frame's replay lands in it.
+            let dest = if h.kind == Kind::Eager {
+                self.proto.eager_buffer(h.src)
+            } else {
+                self.proto.rendezvous_buffer(h.src, h.id).map(|(dest, _)| dest)
+            };
+            if let Some(dest) = dest {
                 dest.truncate(h.offset as usize);
             }
         }
@@ -672,6 +680,10 @@ fn deliver(
     match link.recv.admit(h.seq).map_err(|e| e.to_string())? {
         Admit::Deliver => match payload {
             Some(payload) => proto.on_frame(h, payload).map_err(|e| e.to_string())?,
+            None if h.kind == Kind::Eager => {
+                proto.eager_received_in_place(h).map_err(|e| e.to_string())?;
+                stats.pieces_in_place += 1;
+            }
             None => {
                 proto.data_received_in_place(h).map_err(|e| e.to_string())?;
                 stats.pieces_in_place += 1;

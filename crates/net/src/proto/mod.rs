@@ -148,6 +148,16 @@ enum Req {
         total: usize,
         got: usize,
     },
+    /// An eager message from another node matched while its payload was still on the
+    /// way: the transport reads it straight into `buf` ([`Proto::direct_destination`]).
+    /// Bound to that frame (`seq` on `src`'s link) until it is whole, also across a
+    /// reconnect, so that its replay lands in the same receive.
+    RecvEagerInPlace {
+        src: Addr,
+        tag: u64,
+        seq: u64,
+        buf: Vec<u8>,
+    },
     /// Matched to a single-copy RTS; the transport is copying (see [`CopyJob`]).
     RecvCopy {
         src: Addr,
@@ -176,7 +186,7 @@ impl Req {
         match self {
             Req::SendEager { dst } | Req::SendRts { dst, .. } | Req::SendSplit { dst, .. } => *dst == peer,
             Req::RecvPosted { src, .. } => *src == Some(peer),
-            Req::RecvData { src, .. } | Req::RecvCopy { src, .. } => *src == peer,
+            Req::RecvData { src, .. } | Req::RecvCopy { src, .. } | Req::RecvEagerInPlace { src, .. } => *src == peer,
             Req::RecvSplit(r) => r.src() == peer,
             Req::Put { dst, .. } | Req::Get { dst, .. } => *dst == peer,
         }
@@ -282,6 +292,12 @@ pub struct Proto {
     bulk_moved: u64,
     /// Piece size for peers on other nodes ([`Proto::set_remote_chunk`]).
     remote_chunk: usize,
+    /// Eager limit of the normal channel for peers on other nodes
+    /// ([`Proto::set_remote_eager`]).
+    remote_eager: usize,
+    /// Per source, the receive an eager message is being read into in place
+    /// ([`Req::RecvEagerInPlace`]).
+    eager_in_place: HashMap<Addr, ReqId>,
 }
 
 impl Proto {
@@ -290,6 +306,8 @@ impl Proto {
         assert!(cfg.chunk > 0 && cfg.credits > 0);
         Proto {
             remote_chunk: cfg.chunk,
+            remote_eager: cfg.eager_threshold,
+            eager_in_place: HashMap::default(),
             me,
             cfg,
             peers: HashMap::default(),
@@ -400,7 +418,7 @@ impl Proto {
             let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
             return self.fail_now(Req::SendEager { dst }, e);
         }
-        if data.len() <= self.cfg.eager_threshold {
+        if data.len() <= self.eager_limit(dst, Channel::Normal) {
             let id = self.new_req(Req::SendEager { dst });
             let mut h = self.header(Kind::Eager, Channel::Normal, dst);
             h.tag = tag;
@@ -499,7 +517,7 @@ impl Proto {
     /// Takes the oldest message from the system pool.
     pub fn recv_system(&mut self) -> Option<Message> {
         let m = self.system_pool.pop_front()?;
-        self.credit_returned(m.src, SYS);
+        self.credit_returned(m.src, SYS, self.credit_cost(m.data.len()));
         Some(m)
     }
 
@@ -527,7 +545,7 @@ impl Proto {
             let u = self.unexpected.remove(pos).unwrap();
             match u {
                 Unexpected::Eager { src, tag, data } => {
-                    self.credit_returned(src, NORM);
+                    self.credit_returned(src, NORM, self.credit_cost(data.len()));
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
                     let r = if data.len() > capacity {
                         Err(NetError::Truncated { len: data.len(), capacity })
@@ -595,6 +613,34 @@ impl Proto {
     pub fn set_remote_chunk(&mut self, chunk: usize) {
         assert!(chunk > 0);
         self.remote_chunk = chunk;
+    }
+
+    /// Sends normal-channel messages of up to `limit` bytes to peers on other nodes
+    /// eagerly (those on this node keep [`ProtoConfig::eager_threshold`], where a
+    /// rendezvous is a single copy). Both ends of a link must agree: a receiver refuses
+    /// a larger eager message. An eager message costs one credit per
+    /// `eager_threshold` bytes (see [`Proto::credit_cost`]), so what a peer can park in
+    /// this port stays `credits × eager_threshold` per lane. The port sets it from
+    /// [`crate::PortConfig::tcp_eager`].
+    pub fn set_remote_eager(&mut self, limit: usize) {
+        // Never more than all of a lane's credits (it could never be sent).
+        let most = self.cfg.eager_threshold.saturating_mul(self.cfg.credits as usize);
+        self.remote_eager = limit.min(most).max(self.cfg.eager_threshold);
+    }
+
+    /// The largest message sent eagerly to `peer` on `channel`.
+    pub(crate) fn eager_limit(&self, peer: Addr, channel: Channel) -> usize {
+        if channel == Channel::Normal && peer.node != self.me.node {
+            self.remote_eager
+        } else {
+            self.cfg.eager_threshold
+        }
+    }
+
+    /// Credits an eager message of `len` bytes costs: one per `eager_threshold` bytes,
+    /// rounded up (one for every message the shared-memory limit allows).
+    pub(crate) fn credit_cost(&self, len: usize) -> u32 {
+        len.div_ceil(self.cfg.eager_threshold.max(1)).max(1) as u32
     }
 
     /// Writes `data` into `dst`'s region at `offset`.

@@ -41,10 +41,11 @@ impl Proto {
                 break;
             }
             if let Some(front) = p.msgs[l].front() {
+                let cost = (front.frame.payload.len().div_ceil(self.cfg.eager_threshold.max(1))).max(1) as u32;
                 if front.frame.header.kind != Kind::Eager {
                     out = p.msgs[l].pop_front();
-                } else if p.credits[l] > 0 {
-                    p.credits[l] -= 1;
+                } else if p.credits[l] >= cost {
+                    p.credits[l] -= cost;
                     out = p.msgs[l].pop_front();
                 } else {
                     self.stats.credit_stalls += 1;
@@ -62,11 +63,12 @@ impl Proto {
 
     /// Puts back a frame the transport could not send yet (it goes out first next time).
     pub fn unpop_frame(&mut self, peer: Addr, out: OutFrame) {
+        let cost = self.credit_cost(out.frame.payload.len());
         let p = self.peer(peer);
         let l = lane(out.frame.header.channel);
         match out.frame.header.kind {
             Kind::Eager => {
-                p.credits[l] += 1;
+                p.credits[l] += cost;
                 p.msgs[l].push_front(out);
             }
             Kind::Rts => p.msgs[l].push_front(out),
@@ -109,6 +111,7 @@ impl Proto {
                     self.events.push_back(Event::SystemMessage { src });
                 }
             }
+            (Kind::Eager, Channel::Normal) if self.eager_in_place.contains_key(&src) => self.eager_claimed_whole(h, payload)?,
             (Kind::Eager, Channel::Normal) => self.on_eager(src, h.tag, payload),
             (Kind::Rts, Channel::Normal) => {
                 let remote = if h.flags & FLAG_SINGLE_COPY != 0 {
@@ -163,6 +166,7 @@ impl Proto {
             self.complete(id, Err(err()));
         }
         self.incoming.retain(|(s, _), _| *s != peer);
+        self.eager_in_place.remove(&peer);
         self.copies.retain(|j| j.src != peer);
         self.writes.retain(|j| j.dst() != peer);
         self.unexpected.retain(|u| u.src_tag().0 != peer);
@@ -189,11 +193,11 @@ impl Proto {
         (0..len).step_by(chunk).map(|a| (a, (a + chunk).min(len))).collect()
     }
 
-    pub(super) fn credit_returned(&mut self, src: Addr, l: usize) {
+    pub(super) fn credit_returned(&mut self, src: Addr, l: usize, cost: u32) {
         let half = (self.cfg.credits / 2).max(1);
         let me = self.me;
         let p = self.peer(src);
-        p.credits_owed[l] += 1;
+        p.credits_owed[l] += cost;
         if p.credits_owed[l] >= half {
             let mut h = Header::new(Kind::Credit, Channel::Control, me, src);
             h.tag = l as u64;
@@ -213,15 +217,14 @@ impl Proto {
             return Err(NetError::Protocol { peer: src, reason: format!("eager message on the {channel:?} channel") });
         }
         let l = lane(channel);
-        if len > self.cfg.eager_threshold {
-            return Err(NetError::Protocol {
-                peer: src,
-                reason: format!("eager message of {len} bytes (the eager limit is {})", self.cfg.eager_threshold),
-            });
+        let limit = self.eager_limit(src, channel);
+        if len > limit {
+            return Err(NetError::Protocol { peer: src, reason: format!("eager message of {len} bytes (the eager limit is {limit})") });
         }
         let max = self.cfg.credits;
+        let cost = self.credit_cost(len);
         let p = self.peer(src);
-        p.unreturned[l] += 1;
+        p.unreturned[l] += cost;
         if p.unreturned[l] > max {
             return Err(NetError::Protocol { peer: src, reason: format!("sent more than its {max} eager credits") });
         }
@@ -239,7 +242,7 @@ impl Proto {
     pub(super) fn on_eager(&mut self, src: Addr, tag: u64, payload: &[u8]) {
         match self.match_posted(src, tag) {
             Some(id) => {
-                self.credit_returned(src, NORM);
+                self.credit_returned(src, NORM, self.credit_cost(payload.len()));
                 // In place: this is every small message's path.
                 self.reqs.finish_with(id, |req| {
                     let Req::RecvPosted { mut buf, .. } = req else { unreachable!("posted receives are RecvPosted") };
@@ -399,13 +402,112 @@ impl Proto {
     /// The transport appends the payload, checks it, then calls
     /// [`Proto::data_received_in_place`]; if the frame fails, it cuts the buffer back
     /// to the frame's offset (see [`Proto::rendezvous_buffer`]).
+    ///
+    /// An eager message of the normal channel is matched here, while its payload is
+    /// still on the way ([`Proto::claim_eager`]); then the transport calls
+    /// [`Proto::eager_received_in_place`] instead.
     pub fn direct_destination(&mut self, h: &Header) -> Option<&mut Vec<u8>> {
-        if h.kind != Kind::Data || h.dst != self.me {
+        if h.dst != self.me {
+            return None;
+        }
+        if h.kind == Kind::Eager {
+            return self.claim_eager(h);
+        }
+        if h.kind != Kind::Data {
             return None;
         }
         let end = (h.offset as usize).checked_add(h.len as usize)?;
         let (buf, total) = self.rendezvous_buffer(h.src, h.id)?;
         (buf.len() as u64 == h.offset && end <= total && end <= buf.capacity()).then_some(buf)
+    }
+
+    /// Matches eager message `h` (whose header has arrived, its payload not yet) to the
+    /// receive [`Proto::on_eager`] would give it once whole, the first posted one that
+    /// matches, when that receive can hold it, and binds the two: the receive leaves
+    /// the posted queue (it cannot be cancelled any more) and waits for this frame
+    /// alone, also through a reconnect, whose replay of the frame lands in it again.
+    /// Matching at the header rather than at the end is the same match: the frame is
+    /// the next one delivered from its source, and receives posted meanwhile queue
+    /// behind. `None`: no receive is posted for it (or too small); it comes whole.
+    fn claim_eager(&mut self, h: &Header) -> Option<&mut Vec<u8>> {
+        let len = h.len as usize;
+        if h.channel != Channel::Normal || h.offset != 0 || len > self.eager_limit(h.src, h.channel) {
+            return None;
+        }
+        if let Some(&id) = self.eager_in_place.get(&h.src) {
+            // The replay of a frame whose connection broke while it was read in place.
+            return match self.reqs.get_mut(id) {
+                Some(Req::RecvEagerInPlace { seq, buf, .. }) if *seq == h.seq && buf.capacity() >= len => {
+                    buf.clear();
+                    Some(buf)
+                }
+                _ => None,
+            };
+        }
+        let pos = self.posted.iter().position(|id| match self.reqs.get(*id) {
+            Some(Req::RecvPosted { src, tag, .. }) => src.is_none_or(|x| x == h.src) && tag.is_none_or(|x| x == h.tag),
+            _ => false,
+        })?;
+        let id = self.posted[pos];
+        if !matches!(self.reqs.get(id), Some(Req::RecvPosted { buf, .. }) if buf.capacity() >= len) {
+            // Too small: it fails as truncated when the whole frame is matched.
+            return None;
+        }
+        self.posted.remove(pos);
+        let Some(Req::RecvPosted { mut buf, .. }) = self.reqs.remove(id) else { unreachable!("posted receives are RecvPosted") };
+        buf.clear();
+        self.reqs.insert(id, Req::RecvEagerInPlace { src: h.src, tag: h.tag, seq: h.seq, buf });
+        self.eager_in_place.insert(h.src, id);
+        self.eager_buffer(h.src)
+    }
+
+    /// The buffer the eager message from `src` matched by [`Proto::direct_destination`]
+    /// is being read into.
+    pub fn eager_buffer(&mut self, src: Addr) -> Option<&mut Vec<u8>> {
+        let id = *self.eager_in_place.get(&src)?;
+        match self.reqs.get_mut(id) {
+            Some(Req::RecvEagerInPlace { buf, .. }) => Some(buf),
+            _ => None,
+        }
+    }
+
+    /// Eager frame `h`, whose payload the transport has read into the buffer named by
+    /// [`Proto::direct_destination`] and checked, has arrived: [`Proto::on_frame`]
+    /// for it, without the copy.
+    pub fn eager_received_in_place(&mut self, h: &Header) -> Result<(), NetError> {
+        self.stats.frames_in += 1;
+        self.eager_arrived(h.src, h.channel, h.len as usize)?;
+        let Some(id) = self.eager_in_place.remove(&h.src) else {
+            return Err(NetError::Protocol { peer: h.src, reason: format!("eager frame {} read in place without a receive", h.seq) });
+        };
+        let Some(Req::RecvEagerInPlace { src, tag, buf, .. }) = self.reqs.remove(id) else {
+            unreachable!("claimed receives are RecvEagerInPlace")
+        };
+        self.credit_returned(src, NORM, self.credit_cost(buf.len()));
+        self.complete(id, Ok(Completion::Received(Message { src, tag, data: buf })));
+        Ok(())
+    }
+
+    /// A claimed eager frame that came whole through the decoder after all (its
+    /// replay, after the connection it was read in place on broke).
+    fn eager_claimed_whole(&mut self, h: &Header, payload: &[u8]) -> Result<(), NetError> {
+        let id = self.eager_in_place.remove(&h.src).expect("checked by the caller");
+        let Some(Req::RecvEagerInPlace { src, tag, seq, mut buf }) = self.reqs.remove(id) else {
+            unreachable!("claimed receives are RecvEagerInPlace")
+        };
+        if seq != h.seq {
+            return Err(NetError::Protocol { peer: src, reason: format!("eager frame {} arrived where frame {seq} was due", h.seq) });
+        }
+        self.credit_returned(src, NORM, self.credit_cost(payload.len()));
+        buf.clear();
+        let r = if payload.len() > buf.capacity() {
+            Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
+        } else {
+            buf.extend_from_slice(payload);
+            Ok(Completion::Received(Message { src, tag, data: buf }))
+        };
+        self.complete(id, r);
+        Ok(())
     }
 
     /// The buffer rendezvous message `msg` from `src` is being received into, and the
