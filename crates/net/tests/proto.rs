@@ -700,3 +700,22 @@ fn a_claimed_eager_receive_waits_for_its_frame_across_a_reconnect() {
     assert!(matches!(b.take(claimed), Some(Err(NetError::PeerFailed { .. }))));
     assert!(b.eager_buffer(A).is_none());
 }
+
+/// Large eager messages that arrive before their receives are copied into kept
+/// buffers: a shorter one after a longer one carries nothing of it.
+#[test]
+fn unexpected_large_eager_messages_keep_their_own_bytes() {
+    let (mut a, mut b) = remote_eager_pair(64);
+    for round in 0..3u8 {
+        let lens = [400usize, 101, 250, 399];
+        for (i, &len) in lens.iter().enumerate() {
+            a.isend(B, i as u64, Bytes::from(vec![round * 10 + i as u8; len]));
+        }
+        pump(&mut a, &mut b);
+        for (i, &len) in lens.iter().enumerate() {
+            let r = b.irecv(Some(A), Some(i as u64), 400);
+            assert_eq!(received(b.take(r)).data, vec![round * 10 + i as u8; len], "round {round}, message {i}");
+        }
+    }
+    assert_eq!(b.stats.unexpected, 12);
+}

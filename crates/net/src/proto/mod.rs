@@ -298,6 +298,9 @@ pub struct Proto {
     /// Per source, the receive an eager message is being read into in place
     /// ([`Req::RecvEagerInPlace`]).
     eager_in_place: HashMap<Addr, ReqId>,
+    /// Buffers of large eager messages that arrived before their receive, kept for the
+    /// next ones ([`Proto::unexpected_copy`]).
+    spare_buffers: Vec<Vec<u8>>,
 }
 
 impl Proto {
@@ -308,6 +311,7 @@ impl Proto {
             remote_chunk: cfg.chunk,
             remote_eager: cfg.eager_threshold,
             eager_in_place: HashMap::default(),
+            spare_buffers: Vec::new(),
             me,
             cfg,
             peers: HashMap::default(),
@@ -554,6 +558,7 @@ impl Proto {
                         Ok(Completion::Received(Message { src, tag, data: buf }))
                     };
                     self.complete(id, r);
+                    self.spare(data);
                     return id;
                 }
                 Unexpected::Rts { src, tag, msg, total, remote } => {
@@ -626,6 +631,35 @@ impl Proto {
         // Never more than all of a lane's credits (it could never be sent).
         let most = self.cfg.eager_threshold.saturating_mul(self.cfg.credits as usize);
         self.remote_eager = limit.min(most).max(self.cfg.eager_threshold);
+    }
+
+    /// Buffers kept for large unexpected eager messages: a 64 KiB message that arrives
+    /// before its receive is copied out of the connection's decoder, and a fresh buffer
+    /// each time page-faulted (glibc gives freed memory of that size back), about 1,000
+    /// faults per 256 MiB stream.
+    const SPARE_BUFFERS: usize = 16;
+
+    /// A copy of `payload` for the unexpected queue, in a kept buffer when it is larger
+    /// than the shared-memory eager limit.
+    pub(crate) fn unexpected_copy(&mut self, payload: &[u8]) -> Vec<u8> {
+        if payload.len() <= self.cfg.eager_threshold {
+            return payload.to_vec();
+        }
+        let mut data = match self.spare_buffers.iter().position(|b| b.capacity() >= payload.len()) {
+            Some(i) => self.spare_buffers.swap_remove(i),
+            None => Vec::with_capacity(self.remote_eager),
+        };
+        data.clear();
+        data.extend_from_slice(payload);
+        data
+    }
+
+    /// Keeps `data`, an unexpected message's buffer whose contents were delivered, for
+    /// [`Proto::unexpected_copy`].
+    fn spare(&mut self, data: Vec<u8>) {
+        if data.capacity() > self.cfg.eager_threshold && self.spare_buffers.len() < Self::SPARE_BUFFERS {
+            self.spare_buffers.push(data);
+        }
     }
 
     /// The largest message sent eagerly to `peer` on `channel`.

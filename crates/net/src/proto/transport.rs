@@ -257,7 +257,8 @@ impl Proto {
             }
             None => {
                 self.stats.unexpected += 1;
-                self.unexpected.push_back(Unexpected::Eager { src, tag, data: payload.to_vec() });
+                let data = self.unexpected_copy(payload);
+                self.unexpected.push_back(Unexpected::Eager { src, tag, data });
             }
         }
     }
