@@ -137,6 +137,8 @@ impl Drop for StorageMount {
     }
 }
 
+/// A directory removed, with everything in it, when this goes out of scope (also when
+/// a benchmark fails half way).
 pub(crate) struct TempDir(pub PathBuf);
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -144,6 +146,7 @@ impl Drop for TempDir {
     }
 }
 
+/// Runs `c` to completion; its failure is an error carrying its stdout and stderr.
 pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
     let o = c.output().with_context(|| format!("running {c:?}"))?;
     if !o.status.success() {
@@ -152,6 +155,8 @@ pub(crate) fn run_ok(c: &mut Command) -> Result<std::process::Output> {
     Ok(o)
 }
 
+/// Whether two BLAST+ reports are the same, line for line, but for the `Posted date:`
+/// lines (the database's formatting time, which differs between two formattings).
 pub(crate) fn same_output(got: &Path, want: &Path) -> Result<bool> {
     let strip = |p: &Path| -> Result<Vec<String>> {
         Ok(std::fs::read_to_string(p)

@@ -410,9 +410,7 @@ impl State {
         let h = *c.direct_header()?;
         // The receive cannot go away meanwhile: started transfers are not cancellable,
         // and a failed peer's connections are gone before its requests are failed.
-        let dest =
-            if h.kind == Kind::Eager { proto.eager_buffer(h.src) } else { proto.rendezvous_buffer(h.src, h.id).map(|(dest, _)| dest) }
-                .expect("a receive in progress stays until its data is in");
+        let dest = proto.in_place_buffer(&h).expect("a receive in progress stays until its data is in");
         let outcome = match c.read_direct(dest) {
             Ok(o) => o,
             Err(e) => {
@@ -609,12 +607,7 @@ impl State {
         let in_place = c.pending.held().filter(|p| p.payload.is_none()).map(|p| &p.header);
         for h in in_place.chain(c.direct_header()) {
             // A claimed eager receive stays claimed: the frame's replay lands in it.
-            let dest = if h.kind == Kind::Eager {
-                self.proto.eager_buffer(h.src)
-            } else {
-                self.proto.rendezvous_buffer(h.src, h.id).map(|(dest, _)| dest)
-            };
-            if let Some(dest) = dest {
+            if let Some(dest) = self.proto.in_place_buffer(h) {
                 dest.truncate(h.offset as usize);
             }
         }

@@ -206,6 +206,24 @@ impl Unexpected {
     }
 }
 
+/// Credits an eager message of `len` bytes costs: one per `eager_threshold` bytes,
+/// rounded up (one for every message the shared-memory limit allows). A free function
+/// so that `pop_frame` can charge it while it holds a peer's state.
+fn credits_for(len: usize, eager_threshold: usize) -> u32 {
+    len.div_ceil(eager_threshold.max(1)).max(1) as u32
+}
+
+/// A receive's result once `payload` is for `buf`: the message, or truncation when
+/// `buf` cannot hold it (its capacity is the receive's limit).
+fn filled(src: Addr, tag: u64, mut buf: Vec<u8>, payload: &[u8]) -> Result<Completion, NetError> {
+    if payload.len() > buf.capacity() {
+        return Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() });
+    }
+    buf.clear();
+    buf.extend_from_slice(payload);
+    Ok(Completion::Received(Message { src, tag, data: buf }))
+}
+
 /// Index of a channel's own credit pool and message queue.
 const SYS: usize = 0;
 const NORM: usize = 1;
@@ -540,7 +558,6 @@ impl Proto {
     /// contents are replaced). Reusing buffers avoids page faults on large messages.
     pub fn irecv_into(&mut self, src: Option<Addr>, tag: Option<u64>, mut buf: Vec<u8>) -> ReqId {
         buf.clear();
-        let capacity = buf.capacity();
         let matches = |u: &Unexpected| {
             let (s, t) = u.src_tag();
             src.is_none_or(|x| x == s) && tag.is_none_or(|x| x == t)
@@ -551,13 +568,7 @@ impl Proto {
                 Unexpected::Eager { src, tag, data } => {
                     self.credit_returned(src, NORM, self.credit_cost(data.len()));
                     let id = self.new_req(Req::RecvPosted { src: Some(src), tag: Some(tag), buf: Vec::new() });
-                    let r = if data.len() > capacity {
-                        Err(NetError::Truncated { len: data.len(), capacity })
-                    } else {
-                        buf.extend_from_slice(&data);
-                        Ok(Completion::Received(Message { src, tag, data: buf }))
-                    };
-                    self.complete(id, r);
+                    self.complete(id, filled(src, tag, buf, &data));
                     self.spare(data);
                     return id;
                 }
@@ -641,7 +652,7 @@ impl Proto {
 
     /// A copy of `payload` for the unexpected queue, in a kept buffer when it is larger
     /// than the shared-memory eager limit.
-    pub(crate) fn unexpected_copy(&mut self, payload: &[u8]) -> Vec<u8> {
+    fn unexpected_copy(&mut self, payload: &[u8]) -> Vec<u8> {
         if payload.len() <= self.cfg.eager_threshold {
             return payload.to_vec();
         }
@@ -663,7 +674,7 @@ impl Proto {
     }
 
     /// The largest message sent eagerly to `peer` on `channel`.
-    pub(crate) fn eager_limit(&self, peer: Addr, channel: Channel) -> usize {
+    fn eager_limit(&self, peer: Addr, channel: Channel) -> usize {
         if channel == Channel::Normal && peer.node != self.me.node {
             self.remote_eager
         } else {
@@ -671,10 +682,9 @@ impl Proto {
         }
     }
 
-    /// Credits an eager message of `len` bytes costs: one per `eager_threshold` bytes,
-    /// rounded up (one for every message the shared-memory limit allows).
-    pub(crate) fn credit_cost(&self, len: usize) -> u32 {
-        len.div_ceil(self.cfg.eager_threshold.max(1)).max(1) as u32
+    /// Credits an eager message of `len` bytes costs ([`credits_for`]).
+    fn credit_cost(&self, len: usize) -> u32 {
+        credits_for(len, self.cfg.eager_threshold)
     }
 
     /// Writes `data` into `dst`'s region at `offset`.

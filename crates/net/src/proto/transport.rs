@@ -41,7 +41,7 @@ impl Proto {
                 break;
             }
             if let Some(front) = p.msgs[l].front() {
-                let cost = (front.frame.payload.len().div_ceil(self.cfg.eager_threshold.max(1))).max(1) as u32;
+                let cost = credits_for(front.frame.payload.len(), self.cfg.eager_threshold);
                 if front.frame.header.kind != Kind::Eager {
                     out = p.msgs[l].pop_front();
                 } else if p.credits[l] >= cost {
@@ -231,11 +231,17 @@ impl Proto {
         Ok(())
     }
 
-    pub(super) fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
-        let pos = self.posted.iter().position(|id| match self.reqs.get(*id) {
+    /// Where in the posted queue the receive a message from `src` with `tag` matches
+    /// is: the first posted one whose source and tag accept it (MPI order).
+    fn first_posted(&self, src: Addr, tag: u64) -> Option<usize> {
+        self.posted.iter().position(|id| match self.reqs.get(*id) {
             Some(Req::RecvPosted { src: s, tag: t, .. }) => s.is_none_or(|x| x == src) && t.is_none_or(|x| x == tag),
             _ => false,
-        })?;
+        })
+    }
+
+    pub(super) fn match_posted(&mut self, src: Addr, tag: u64) -> Option<ReqId> {
+        let pos = self.first_posted(src, tag)?;
         self.posted.remove(pos)
     }
 
@@ -245,13 +251,8 @@ impl Proto {
                 self.credit_returned(src, NORM, self.credit_cost(payload.len()));
                 // In place: this is every small message's path.
                 self.reqs.finish_with(id, |req| {
-                    let Req::RecvPosted { mut buf, .. } = req else { unreachable!("posted receives are RecvPosted") };
-                    if payload.len() > buf.capacity() {
-                        Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
-                    } else {
-                        buf.extend_from_slice(payload);
-                        Ok(Completion::Received(Message { src, tag, data: buf }))
-                    }
+                    let Req::RecvPosted { buf, .. } = req else { unreachable!("posted receives are RecvPosted") };
+                    filled(src, tag, buf, payload)
                 });
                 self.completed(id);
             }
@@ -445,10 +446,7 @@ impl Proto {
                 _ => None,
             };
         }
-        let pos = self.posted.iter().position(|id| match self.reqs.get(*id) {
-            Some(Req::RecvPosted { src, tag, .. }) => src.is_none_or(|x| x == h.src) && tag.is_none_or(|x| x == h.tag),
-            _ => false,
-        })?;
+        let pos = self.first_posted(h.src, h.tag)?;
         let id = self.posted[pos];
         if !matches!(self.reqs.get(id), Some(Req::RecvPosted { buf, .. }) if buf.capacity() >= len) {
             // Too small: it fails as truncated when the whole frame is matched.
@@ -490,25 +488,34 @@ impl Proto {
     }
 
     /// A claimed eager frame that came whole through the decoder after all (its
-    /// replay, after the connection it was read in place on broke).
+    /// replay, after the connection it was read in place on broke). A frame other than
+    /// the claimed one breaks the protocol, and the receive stays claimed (the peer's
+    /// failure fails it).
     fn eager_claimed_whole(&mut self, h: &Header, payload: &[u8]) -> Result<(), NetError> {
-        let id = self.eager_in_place.remove(&h.src).expect("checked by the caller");
-        let Some(Req::RecvEagerInPlace { src, tag, seq, mut buf }) = self.reqs.remove(id) else {
-            unreachable!("claimed receives are RecvEagerInPlace")
-        };
-        if seq != h.seq {
-            return Err(NetError::Protocol { peer: src, reason: format!("eager frame {} arrived where frame {seq} was due", h.seq) });
+        let id = *self.eager_in_place.get(&h.src).expect("checked by the caller");
+        match self.reqs.get(id) {
+            Some(Req::RecvEagerInPlace { seq, .. }) if *seq == h.seq => {}
+            Some(Req::RecvEagerInPlace { seq, .. }) => {
+                return Err(NetError::Protocol { peer: h.src, reason: format!("eager frame {} arrived where frame {seq} was due", h.seq) });
+            }
+            _ => unreachable!("claimed receives are RecvEagerInPlace"),
         }
+        self.eager_in_place.remove(&h.src);
+        let Some(Req::RecvEagerInPlace { src, tag, buf, .. }) = self.reqs.remove(id) else { unreachable!("checked above") };
         self.credit_returned(src, NORM, self.credit_cost(payload.len()));
-        buf.clear();
-        let r = if payload.len() > buf.capacity() {
-            Err(NetError::Truncated { len: payload.len(), capacity: buf.capacity() })
-        } else {
-            buf.extend_from_slice(payload);
-            Ok(Completion::Received(Message { src, tag, data: buf }))
-        };
-        self.complete(id, r);
+        self.complete(id, filled(src, tag, buf, payload));
         Ok(())
+    }
+
+    /// The buffer frame `h`, whose payload a transport reads outside its decoder
+    /// ([`Proto::direct_destination`]), goes into: the claimed eager receive's, or the
+    /// rendezvous receive's.
+    pub fn in_place_buffer(&mut self, h: &Header) -> Option<&mut Vec<u8>> {
+        if h.kind == Kind::Eager {
+            self.eager_buffer(h.src)
+        } else {
+            self.rendezvous_buffer(h.src, h.id).map(|(dest, _)| dest)
+        }
     }
 
     /// The buffer rendezvous message `msg` from `src` is being received into, and the
