@@ -174,12 +174,13 @@ fn prepare_inputs(db: &Path, query: &Path, count: usize, from_db: usize, d: &Pat
         if p.extension().is_some_and(|e| e == "gz") {
             Ok(run_ok(Command::new("zcat").arg(p))?.stdout)
         } else {
-            Ok(std::fs::read(p)?)
+            std::fs::read(p).with_context(|| format!("{}", p.display()))
         }
     };
-    let db_text = String::from_utf8(unzip(db)?)?;
+    let text = |p: &Path| -> Result<String> { String::from_utf8(unzip(p)?).with_context(|| format!("{}: not text", p.display())) };
+    let db_text = text(db)?;
     std::fs::write(d.join("db.fasta"), &db_text)?;
-    let q = String::from_utf8(unzip(query)?)?;
+    let q = text(query)?;
     let mut n = 0;
     let mut queries: String = q
         .lines()
