@@ -217,3 +217,35 @@ pub(crate) fn uni_plots(dir: &Path, runs: &UniRun) -> Result<()> {
     }
     Ok(())
 }
+
+/// What one checksum pass over 1 MiB costs here, µs: `(in cache, after a copy)`.
+///
+/// Every TCP message pays one CRC32C pass on each side (gepsea-net's end-to-end
+/// corruption detection; OpenMPI's TCP transport has none). The receiver checksums each
+/// piece as it lands, in cache. The sender checksums after the `writev`, once the
+/// kernel's copy into socket buffers has pushed much of the message out of cache: that
+/// is the second figure (the copy here goes to one of 32 rotating destinations, as the
+/// kernel's goes to fresh socket buffers). Builds without the checksums measured their
+/// whole share directly: 72 of 278 µs of a 1 MiB one-way on loopback
+/// (`docs/benchmarks.md`, thirtieth session).
+pub(crate) fn checksum_cost() -> (f64, f64) {
+    const MIB: usize = 1 << 20;
+    const ROUNDS: usize = 400;
+    let src: Vec<u8> = (0..MIB).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
+    let mut dsts: Vec<Vec<u8>> = (0..32).map(|_| vec![0u8; MIB]).collect();
+    let mut sink = 0u32;
+    let t = std::time::Instant::now();
+    for _ in 0..ROUNDS {
+        sink ^= gepsea_net::frame::crc32c(std::hint::black_box(&src));
+    }
+    let hot = t.elapsed().as_secs_f64() / ROUNDS as f64;
+    let mut after_copy = 0.0;
+    for i in 0..ROUNDS {
+        dsts[i % 32].copy_from_slice(&src);
+        let t = std::time::Instant::now();
+        sink ^= gepsea_net::frame::crc32c(std::hint::black_box(&src));
+        after_copy += t.elapsed().as_secs_f64();
+    }
+    std::hint::black_box(sink);
+    (hot * 1e6, after_copy / ROUNDS as f64 * 1e6)
+}
