@@ -49,6 +49,7 @@ pub use crate::reqtable::ReqId;
 use crate::reqtable::ReqTable;
 
 mod copy;
+mod rma;
 mod transport;
 
 pub use copy::{CopyJob, Remote, WriteJob, SPLIT_MIN};
@@ -604,25 +605,6 @@ impl Proto {
         }
     }
 
-    /// Exposes a zeroed region of `len` bytes for remote put/get.
-    pub fn expose(&mut self, region: u64, len: usize) -> Result<(), NetError> {
-        if self.regions.contains_key(&region) {
-            return Err(NetError::RegionExists(region));
-        }
-        self.regions.insert(region, vec![0; len]);
-        Ok(())
-    }
-
-    /// Withdraws an exposed region; later remote accesses to it fail.
-    pub fn unexpose(&mut self, region: u64) -> Result<(), NetError> {
-        self.regions.remove(&region).map(|_| ()).ok_or(NetError::NoSuchRegion(region))
-    }
-
-    /// Local access to an exposed region.
-    pub fn region(&mut self, region: u64) -> Result<&mut Vec<u8>, NetError> {
-        self.regions.get_mut(&region).ok_or(NetError::NoSuchRegion(region))
-    }
-
     /// Cuts transfers to peers on other nodes into pieces of `chunk` bytes (those on
     /// this node keep [`ProtoConfig::chunk`], which their rings are sized for). The
     /// port sets it from [`crate::PortConfig::tcp_chunk`].
@@ -685,45 +667,6 @@ impl Proto {
     /// Credits an eager message of `len` bytes costs ([`credits_for`]).
     fn credit_cost(&self, len: usize) -> u32 {
         credits_for(len, self.cfg.eager_threshold)
-    }
-
-    /// Writes `data` into `dst`'s region at `offset`.
-    pub fn put(&mut self, dst: Addr, region: u64, offset: u64, data: Bytes) -> ReqId {
-        let len = data.len() as u64;
-        if let Some(reason) = self.failed_peers.get(&dst) {
-            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
-            return self.fail_now(Req::Put { dst, region, offset, len }, e);
-        }
-        let id = self.new_req(Req::Put { dst, region, offset, len });
-        let pieces = self.pieces(dst, data.len());
-        for (i, (a, b)) in pieces.iter().enumerate() {
-            let mut h = self.header(Kind::Put, Channel::Open, dst);
-            h.tag = region;
-            h.id = id;
-            h.offset = offset + *a as u64;
-            h.total = len;
-            if i + 1 == pieces.len() {
-                h.flags |= FLAG_LAST;
-            }
-            self.push(dst, Queue::Bulk, OutFrame { frame: Frame { header: h, payload: data.slice(a..b) }, completes: None });
-        }
-        id
-    }
-
-    /// Reads `len` bytes of `dst`'s region at `offset`.
-    pub fn get(&mut self, dst: Addr, region: u64, offset: u64, len: usize) -> ReqId {
-        if let Some(reason) = self.failed_peers.get(&dst) {
-            let e = NetError::PeerFailed { peer: dst, reason: reason.clone() };
-            return self.fail_now(Req::Get { dst, region, offset, buf: Vec::new(), got: 0 }, e);
-        }
-        let id = self.new_req(Req::Get { dst, region, offset, buf: vec![0; len], got: 0 });
-        let mut h = self.header(Kind::GetReq, Channel::Open, dst);
-        h.tag = region;
-        h.id = id;
-        h.offset = offset;
-        h.total = len as u64;
-        self.push(dst, Queue::Bulk, OutFrame { frame: Frame::control(h), completes: None });
-        id
     }
 
     /// Bytes of rendezvous messages under way (sent and not yet acknowledged, or
