@@ -617,7 +617,7 @@ impl Proto {
     /// eagerly (those on this node keep [`ProtoConfig::eager_threshold`], where a
     /// rendezvous is a single copy). Both ends of a link must agree: a receiver refuses
     /// a larger eager message. An eager message costs one credit per
-    /// `eager_threshold` bytes (see [`Proto::credit_cost`]), so what a peer can park in
+    /// `eager_threshold` bytes, rounded up, so what a peer can park in
     /// this port stays `credits × eager_threshold` per lane. The port sets it from
     /// [`crate::PortConfig::tcp_eager`].
     pub fn set_remote_eager(&mut self, limit: usize) {

@@ -406,8 +406,8 @@ impl Proto {
     /// to the frame's offset (see [`Proto::rendezvous_buffer`]).
     ///
     /// An eager message of the normal channel is matched here, while its payload is
-    /// still on the way ([`Proto::claim_eager`]); then the transport calls
-    /// [`Proto::eager_received_in_place`] instead.
+    /// still on the way (bound to the first posted receive that matches and can hold
+    /// it); then the transport calls [`Proto::eager_received_in_place`] instead.
     pub fn direct_destination(&mut self, h: &Header) -> Option<&mut Vec<u8>> {
         if h.dst != self.me {
             return None;
