@@ -619,6 +619,22 @@ fn between_nodes_larger_messages_go_eagerly_and_cost_credits_by_size() {
     b.set_remote_eager(1000);
     a.isend(B, 5, Bytes::from(vec![0u8; 201]));
     assert_eq!(a.stats.rendezvous_sent, 1);
+    // The receiver holds its peer to the same limit, and counts credits by size.
+    use gepsea_net::frame::{Channel, Kind};
+    let eager = |len: usize| {
+        let mut h = Header::new(Kind::Eager, Channel::Normal, A, B);
+        h.len = len as u32;
+        h
+    };
+    let (_, mut b) = remote_eager_pair(8);
+    let e = b.on_frame(&eager(401), &[0u8; 401]).unwrap_err();
+    assert!(e.to_string().contains("eager message of 401 bytes (the eager limit is 400)"), "{e}");
+    let (_, mut b) = remote_eager_pair(8);
+    for _ in 0..2 {
+        b.on_frame(&eager(400), &[0u8; 400]).unwrap();
+    }
+    let e = b.on_frame(&eager(1), b"x").unwrap_err();
+    assert!(e.to_string().contains("more than its 8 eager credits"), "{e}");
 }
 
 #[test]

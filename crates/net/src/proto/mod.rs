@@ -633,14 +633,17 @@ impl Proto {
     const SPARE_BUFFERS: usize = 16;
 
     /// A copy of `payload` for the unexpected queue, in a kept buffer when it is larger
-    /// than the shared-memory eager limit.
+    /// than the shared-memory eager limit. A new buffer holds the credits the message
+    /// cost (its length rounded up to `eager_threshold`), so the memory parked stays
+    /// within the credit bound, plus the kept buffers.
     fn unexpected_copy(&mut self, payload: &[u8]) -> Vec<u8> {
-        if payload.len() <= self.cfg.eager_threshold {
+        let threshold = self.cfg.eager_threshold;
+        if payload.len() <= threshold {
             return payload.to_vec();
         }
         let mut data = match self.spare_buffers.iter().position(|b| b.capacity() >= payload.len()) {
             Some(i) => self.spare_buffers.swap_remove(i),
-            None => Vec::with_capacity(self.remote_eager),
+            None => Vec::with_capacity(payload.len().next_multiple_of(threshold)),
         };
         data.clear();
         data.extend_from_slice(payload);
