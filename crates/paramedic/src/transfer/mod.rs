@@ -20,7 +20,7 @@
 //! key, objects travel in clear; a site with a key refuses them (and the reverse).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use gepsea_net::{Addr, NetError, Port};
@@ -29,6 +29,13 @@ use sha2::{Digest, Sha256};
 
 use gepsea_blast::ship::PartOf;
 
+mod noise;
+
+#[cfg(test)]
+use noise::NOISE_CHUNK;
+use noise::{open_body, random_bytes, seal_body, sealed_len, NOISE_MAX, NOISE_TAG};
+pub use noise::{Key, KeyError};
+
 const TAG_HEADER: u64 = 0x504d_0001;
 const TAG_BODY: u64 = 0x504d_0002;
 const TAG_ACK: u64 = 0x504d_0003;
@@ -36,16 +43,6 @@ const TAG_HANDSHAKE: u64 = 0x504d_0004;
 
 /// The storage site's port (node id chosen far from compute nodes' ids).
 pub const STORAGE: Addr = Addr::new(0x7fff_0000, 0);
-
-/// Noise pattern of an encrypted transfer: `NN` (fresh ephemeral keys on both sides,
-/// so every object has its own session keys and forward secrecy) with a pre-shared key
-/// mixed in before the first message (`psk0`), which authenticates both sites: only a
-/// holder of the key can start a session or answer one. One round trip, like TLS 1.3.
-const NOISE_PARAMS: &str = "Noise_NNpsk0_25519_ChaChaPoly_BLAKE2s";
-/// The largest Noise message; a body is sent as consecutive messages of this size.
-const NOISE_MAX: usize = 65535;
-const NOISE_TAG: usize = 16;
-const NOISE_CHUNK: usize = NOISE_MAX - NOISE_TAG;
 
 /// What is sent about an object before its bytes.
 #[derive(Debug, Serialize, Deserialize)]
@@ -78,92 +75,6 @@ pub struct Ack {
     /// Seconds the storage site spent, once the object had arrived, decrypting,
     /// checking, regenerating and writing it.
     pub seconds: f64,
-}
-
-/// A 32-byte key both sites hold; it encrypts and authenticates transfers.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Key([u8; 32]);
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Key(..)")
-    }
-}
-
-/// A key file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum KeyError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("{path}: a key file holds 64 hexadecimal digits (32 bytes) on one line, as `gepsea paramedic keygen` writes it")]
-    Format { path: PathBuf },
-}
-
-impl Key {
-    /// A fresh random key (from the kernel's generator).
-    pub fn generate() -> std::io::Result<Key> {
-        random_bytes().map(Key)
-    }
-
-    pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    pub fn from_hex(s: &str) -> Option<Key> {
-        let s = s.trim();
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return None;
-        }
-        let mut k = [0u8; 32];
-        for (i, b) in k.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
-        }
-        Some(Key(k))
-    }
-
-    /// Reads a key file (`gepsea paramedic keygen`).
-    pub fn read(path: &Path) -> Result<Key, KeyError> {
-        let s = std::fs::read_to_string(path).map_err(|source| KeyError::Io { path: path.into(), source })?;
-        Key::from_hex(&s).ok_or_else(|| KeyError::Format { path: path.into() })
-    }
-
-    /// Writes the key readable by its owner only, failing if `path` exists.
-    pub fn write_new(&self, path: &Path) -> Result<(), KeyError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let io = |source| KeyError::Io { path: path.into(), source };
-        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).map_err(io)?;
-        writeln!(f, "{}", self.to_hex()).map_err(io)
-    }
-
-    fn handshake(&self, initiator: bool) -> snow::HandshakeState {
-        let b = snow::Builder::new(NOISE_PARAMS.parse().expect("valid Noise parameters")).psk(0, &self.0).expect("32-byte psk");
-        if initiator { b.build_initiator() } else { b.build_responder() }.expect("supported Noise parameters")
-    }
-}
-
-/// Bytes of an encrypted body of `plain` bytes.
-fn sealed_len(plain: u64) -> u64 {
-    plain + plain.div_ceil(NOISE_CHUNK as u64) * NOISE_TAG as u64
-}
-
-fn seal_body(t: &mut snow::TransportState, plain: &[u8]) -> Vec<u8> {
-    let mut out = vec![0u8; sealed_len(plain.len() as u64) as usize];
-    let mut at = 0;
-    for chunk in plain.chunks(NOISE_CHUNK) {
-        at += t.write_message(chunk, &mut out[at..at + chunk.len() + NOISE_TAG]).expect("a chunk fits one Noise message");
-    }
-    out
-}
-
-fn open_body(t: &mut snow::TransportState, sealed: &[u8]) -> Result<Vec<u8>, snow::Error> {
-    let mut out = vec![0u8; sealed.len()];
-    let mut n = 0;
-    for chunk in sealed.chunks(NOISE_MAX) {
-        n += t.read_message(chunk, &mut out[n..])?;
-    }
-    out.truncate(n);
-    Ok(out)
 }
 
 /// A transfer failed.
@@ -291,14 +202,6 @@ pub fn send_to(
         reconnects: st.connections_established.saturating_sub(1),
         frames_resent: st.frames_replayed,
     })
-}
-
-/// `N` bytes from the kernel's random source.
-fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
-    use std::io::Read;
-    let mut b = [0u8; N];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
-    Ok(b)
 }
 
 /// A node id for one sending port: random, so that senders on many hosts, and several
