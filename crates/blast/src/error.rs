@@ -45,6 +45,8 @@ pub enum SearchError {
     OwnedOption { option: String, instead: &'static str },
     #[error("BLAST+ refused the options after --: {0}")]
     BlastOptions(String),
+    #[error("--outfmt {outfmt}: BLAST+ refused it ({reason}); see `blastp -help`, -outfmt, for the formats")]
+    Outfmt { outfmt: String, reason: String },
     #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
     Interrupted(i32),
     #[error("cannot write the output {path}: {source}")]

@@ -127,7 +127,7 @@ struct SearchArgs {
     #[arg(long)]
     out: PathBuf,
     /// Worker processes (default: number of cores).
-    #[arg(long)]
+    #[arg(long, value_parser = at_least_one)]
     workers: Option<usize>,
     /// BLAST+ output format, e.g. 6, 7, 0, 5 or "6 qseqid sseqid evalue".
     #[arg(long, default_value = "0")]
@@ -251,6 +251,16 @@ struct WorkerArgs {
 /// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
 /// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
 /// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
+/// A count that must be at least one (`--workers`): zero workers would have run as
+/// one, silently.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn main() -> std::process::ExitCode {
     // Before any thread is started (see the module).
     let malloc = malloc_policy::apply();

@@ -572,6 +572,24 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
         );
         assert!(!out.exists());
     }
+    // An output format BLAST+ does not have fails before any task runs too, in one line
+    // (BLAST+ does not report it as an option error), with and without agents; zero
+    // workers is refused rather than run as one.
+    for agents in [&[][..], &["--no-agent"][..]] {
+        let mut args = vec!["search", "--quiet", "--db", &db3, "--query", &q];
+        let o = s(&out);
+        args.extend(["--out", &o, "--outfmt", "99"]);
+        args.extend(agents);
+        let e = fails(&args, Some(&out));
+        assert!(
+            e.contains("--outfmt 99: BLAST+ refused it (Formatting choice is out of range)")
+                && !e.contains("failed twice")
+                && e.trim().lines().count() == 1,
+            "{agents:?}: {e}"
+        );
+    }
+    let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "0"], Some(&out));
+    assert!(e.contains("invalid value '0' for '--workers <WORKERS>': must be at least 1"), "{e}");
     // A BLAST+ failure in every task (taxonomy filtering of a database without taxonomy,
     // which only the real search can tell): retried once, then BLAST's own line.
     for split in SPLITS {

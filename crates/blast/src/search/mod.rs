@@ -731,7 +731,8 @@ fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
 /// with the user's options, before any worker starts: a mistyped option or a bad value
 /// fails here in a fraction of a second, with BLAST+'s own error line, instead of in
 /// every task. Only option errors count: anything else the statistics database cannot
-/// show (e.g. `-taxids`) is left to the real search.
+/// show (e.g. `-taxids`) is left to the real search, apart from an `--outfmt` number
+/// out of range.
 fn validate_options(
     program: &str,
     blastdb: &str,
@@ -751,6 +752,12 @@ fn validate_options(
         Err(ToolError::Failed { stderr, .. }) if tools::is_option_error(&stderr) => {
             Err(SearchError::BlastOptions(tools::error_lines(&stderr)))
         }
+        // A format number out of range is not an argument-parser error for BLAST+, but
+        // it fails every task the same way.
+        Err(ToolError::Failed { stderr, .. }) if stderr.contains("Formatting choice is out of range") => Err(SearchError::Outfmt {
+            outfmt: outfmt.to_string(),
+            reason: tools::error_lines(&stderr).trim_start_matches("Error: ").to_string(),
+        }),
         Err(e @ ToolError::Missing { .. }) => Err(e.into()),
         _ => Ok(()),
     }
