@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+
+use crate::logging::say;
 use clap::{Args, Subcommand};
 use gepsea_agent::server::{Agent, AgentConfig, Shutdown};
 use serde::Deserialize;
@@ -136,7 +138,7 @@ fn storage_site(a: &StorageArgs) -> Result<Option<std::sync::Arc<paramedic::stor
         objects_at_once: a.storage_objects_at_once as usize,
     };
     let p = paramedic::storage::StoragePlugin::start(cfg).with_context(|| format!("storage site on --storage-listen {listen}"))?;
-    eprintln!("gepsea agent: storage site listening on {}, writing to {}", p.listen_addr(), out.display());
+    say!("gepsea agent: storage site listening on {}, writing to {}", p.listen_addr(), out.display());
     Ok(Some(std::sync::Arc::new(p)))
 }
 

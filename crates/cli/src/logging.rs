@@ -9,8 +9,39 @@
 //! agents and workers a command spawns log at the same level.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
+
+/// `-q`: errors only. Read by [`say!`] and [`report!`], which every command's
+/// progress and summary lines go through (the log filter covers only `tracing`).
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// Whether `-q` asked for errors only.
+pub fn quiet() -> bool {
+    QUIET.load(Ordering::Relaxed)
+}
+
+/// A progress or summary line on stderr, unless `-q` asked for errors only.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if !$crate::logging::quiet() {
+            eprintln!($($t)*)
+        }
+    };
+}
+
+/// A command's summary line on stdout, unless `-q` asked for errors only (the exit
+/// status says it succeeded).
+macro_rules! report {
+    ($($t:tt)*) => {
+        if !$crate::logging::quiet() {
+            println!($($t)*)
+        }
+    };
+}
+
+pub(crate) use {report, say};
 
 /// The filter for `-v` × `verbose` or `-q` over `default`.
 pub fn level(verbose: u8, quiet: bool, default: &str) -> &'static str {
@@ -25,6 +56,7 @@ pub fn level(verbose: u8, quiet: bool, default: &str) -> &'static str {
 /// Installs the subscriber (stderr) and exports the filter to child processes. Call it
 /// first in `main`, before any thread starts (it sets an environment variable).
 pub fn init(verbose: u8, quiet: bool, default: &str) {
+    QUIET.store(quiet, Ordering::Relaxed);
     let from_env = ["RUST_LOG", "GEPSEA_LOG"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()));
     let spec = from_env.unwrap_or_else(|| level(verbose, quiet, default).to_string());
     let filter = EnvFilter::try_new(&spec).unwrap_or_else(|e| {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
+use logging::{report, say};
 
 mod agent_cmd;
 mod logging;
@@ -300,7 +301,7 @@ fn stop_on_signals() -> Result<()> {
             if search::interrupted().is_some() {
                 std::process::exit(128 + sig);
             }
-            eprintln!("gepsea search: stopping (signal {sig}): removing temporary files and stopping workers");
+            say!("gepsea search: stopping (signal {sig}): removing temporary files and stopping workers");
             search::interrupt(sig);
         }
     });
@@ -326,14 +327,14 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                 makeblastdb_args: a.makeblastdb_args,
             };
             let started = std::time::Instant::now();
-            eprintln!("gepsea db format: reading {}", a.input.display());
+            say!("gepsea db format: reading {}", a.input.display());
             let m = db::format(&o, |p| match p {
                 db::format::Progress::Scanned { sequences, residues, bytes } => {
-                    eprintln!("gepsea db format: {sequences} sequences, {residues} residues ({:.1} MB of FASTA) checked in {:.1} s; building {} fragments", bytes as f64 / 1e6, started.elapsed().as_secs_f64(), a.fragments)
+                    say!("gepsea db format: {sequences} sequences, {residues} residues ({:.1} MB of FASTA) checked in {:.1} s; building {} fragments", bytes as f64 / 1e6, started.elapsed().as_secs_f64(), a.fragments)
                 }
-                db::format::Progress::Built { done, total } => eprintln!("gepsea db format: fragment {done}/{total} built"),
+                db::format::Progress::Built { done, total } => say!("gepsea db format: fragment {done}/{total} built"),
             })?;
-            println!(
+            report!(
                 "formatted {} ({} sequences, {} residues, {}) into {} fragments in {}",
                 m.name,
                 m.sequences,
@@ -347,11 +348,11 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
         Cmd::Db { what: DbCmd::Verify(a) } => {
             let m = db::verify(&a.dir, |i, n| {
                 if i == n || i % 16 == 0 {
-                    eprintln!("gepsea db verify: {i}/{n} files checked");
+                    say!("gepsea db verify: {i}/{n} files checked");
                 }
             })?;
             let files: usize = m.fragments.iter().map(|f| f.files.len()).sum();
-            println!("{}: {} fragments, {files} files, every checksum matches", a.dir.display(), m.fragments.len());
+            report!("{}: {} fragments, {files} files, every checksum matches", a.dir.display(), m.fragments.len());
             Ok(())
         }
         Cmd::Search(a) => {
@@ -445,7 +446,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
             };
             if let Some(d) = &s.delivery {
                 if let Ok(sh) = serde_json::from_value::<paramedic::agent::Shipped>(d.clone()) {
-                    eprintln!(
+                    say!(
                         "gepsea search: {} bytes of output shipped as {} bytes of {} to {}{} by {} in {:.2} s (encoding {:.2} s); the storage site wrote {} bytes ({:.2} s there); {} reconnect(s), {} frame(s) resent",
                         sh.output_bytes,
                         sh.bytes,
@@ -471,11 +472,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                     );
                     if !sh.chosen.is_empty() {
                         let chosen: Vec<String> = sh.chosen.iter().map(|(k, n)| format!("{n} as {k}")).collect();
-                        eprintln!(
-                            "gepsea search: --ship auto sent {}; last choice: {}",
-                            chosen.join(", "),
-                            sh.reason.as_deref().unwrap_or("-")
-                        );
+                        say!("gepsea search: --ship auto sent {}; last choice: {}", chosen.join(", "), sh.reason.as_deref().unwrap_or("-"));
                     }
                 }
             }

@@ -8,6 +8,8 @@ use paramedic::trace::TracePlugin;
 use paramedic::{container, transfer};
 use paramedic::{MetadataPlugin, ZstdPlugin};
 
+use crate::logging::say;
+
 #[derive(clap::Subcommand)]
 pub enum ParamedicCmd {
     /// Turn an output file into metadata (at the compute site).
@@ -144,7 +146,7 @@ fn send_to_storage(
     key: Option<&transfer::Key>,
 ) -> Result<()> {
     let sent = transfer::send_to(to, from, name, None, container, key).with_context(|| format!("sending {name} to {to}"))?;
-    eprintln!(
+    say!(
         "gepsea paramedic: {} bytes sent to {to}{} in {:.2} s; the storage site wrote {} ({} bytes, {:.2} s there); {} reconnect(s), {} frame(s) resent",
         container.len(),
         if key.is_some() { " encrypted" } else { "" },
@@ -242,7 +244,7 @@ fn stop_cleanly_on_signal(namespace: String, out: PathBuf) -> Result<()> {
         if let Some(sig) = signals.forever().next() {
             let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&namespace));
             paramedic::storage::StorageSite::remove_temporaries(&out, std::process::id());
-            eprintln!("gepsea paramedic: storage site stopped by signal {sig}");
+            say!("gepsea paramedic: storage site stopped by signal {sig}");
             std::process::exit(128 + sig);
         }
     });
@@ -257,7 +259,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             let ns = format!("paramedic-storage{}", std::process::id());
             let port = transfer::storage_port(&ns, a.listen).with_context(|| format!("listening on {}", a.listen))?;
             stop_cleanly_on_signal(ns.clone(), a.out.clone())?;
-            eprintln!(
+            say!(
                 "gepsea paramedic: storage site listening on {}{}, writing to {}",
                 a.listen,
                 if key.is_some() { " (encrypted transfers only)" } else { "" },
@@ -271,7 +273,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                     s.acknowledged(ack);
                     let progress =
                         s.reports_in_progress.get(&ack.name).map(|(have, all)| format!("; {have} of {all} parts in")).unwrap_or_default();
-                    eprintln!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s{progress}", ack.name, ack.seconds)
+                    say!("gepsea paramedic: regenerated {} ({n} bytes) in {:.2} s{progress}", ack.name, ack.seconds)
                 }
                 Err(e) => {
                     stats.lock().acknowledged(ack);
@@ -294,7 +296,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
         }
         ParamedicCmd::Keygen(a) => {
             transfer::Key::generate().context("reading /dev/urandom")?.write_new(&a.out).context("writing the key")?;
-            eprintln!("gepsea paramedic: wrote a new key to {} (give the same file to the storage site's `serve --key` and the compute site's `--key`)", a.out.display());
+            say!("gepsea paramedic: wrote a new key to {} (give the same file to the storage site's `serve --key` and the compute site's `--key`)", a.out.display());
             Ok(())
         }
         ParamedicCmd::Encode(a) => {
@@ -316,7 +318,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             };
             let sealed = container::seal(plugin.as_ref(), &output).with_context(|| format!("encoding {}", a.output.display()))?;
             write_atomically(&a.out, &sealed)?;
-            eprintln!(
+            say!(
                 "gepsea paramedic: {} bytes of output -> {} bytes of {} metadata ({:.1}x smaller), {}",
                 output.len(),
                 sealed.len(),
@@ -335,7 +337,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                     let p = BlastPlugin::storage_site(db).with_threads(a.threads.unwrap_or_else(cores));
                     let out = container::open(&p, &data);
                     if p.last_went_per_query() {
-                        eprintln!("gepsea paramedic: the search over all subjects differed (a query overflowed BLAST's preliminary hit list): regenerated per query, {} BLAST+ runs", p.last_runs());
+                        say!("gepsea paramedic: the search over all subjects differed (a query overflowed BLAST's preliminary hit list): regenerated per query, {} BLAST+ runs", p.last_runs());
                     }
                     out
                 }
@@ -346,12 +348,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             }
             .with_context(|| format!("{}", a.metadata.display()))?;
             write_atomically(&a.out, &output)?;
-            eprintln!(
-                "gepsea paramedic: regenerated {} bytes from {} bytes of {name} metadata, {}",
-                output.len(),
-                data.len(),
-                a.out.display()
-            );
+            say!("gepsea paramedic: regenerated {} bytes from {} bytes of {name} metadata, {}", output.len(), data.len(), a.out.display());
             Ok(())
         }
     }

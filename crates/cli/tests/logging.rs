@@ -80,3 +80,49 @@ fn quiet_and_verbose_together_are_refused() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("cannot be used with"), "{}", stderr(&o));
 }
+
+#[test]
+fn quiet_silences_every_command_and_changes_nothing_it_writes() {
+    let d = tempdir("logq");
+    std::fs::write(d.0.join("db.fasta"), head(&zcat(DB_GZ), 300)).unwrap();
+    std::fs::write(d.0.join("q.fasta"), head(&zcat(QUERY_GZ), 8)).unwrap();
+    let p = |n: &str| d.0.join(n).to_string_lossy().into_owned();
+    let silent = |args: &[&str]| {
+        let mut c = gepsea();
+        c.env_remove("RUST_LOG").env_remove("GEPSEA_LOG").arg("-q").args(args);
+        let o = run_ok(c);
+        assert_eq!((stderr(&o).as_str(), String::from_utf8_lossy(&o.stdout).as_ref()), ("", ""), "-q {args:?}");
+    };
+    let noisy = |args: &[&str]| {
+        let mut c = gepsea();
+        c.env_remove("RUST_LOG").env_remove("GEPSEA_LOG").args(args);
+        let o = run_ok(c);
+        format!("{}{}", stderr(&o), String::from_utf8_lossy(&o.stdout))
+    };
+    // Each command's progress and summary lines without -q, none with it.
+    let format = |out: &str| ["db", "format", "--fragments", "2", "--input", &p("db.fasta"), "--out", out].map(str::to_string);
+    let (g, g2) = (p("g"), p("g2"));
+    let said = noisy(&format(&g).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(said.contains("gepsea db format: fragment 2/2 built") && said.contains("into 2 fragments"), "{said}");
+    silent(&format(&g2).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(noisy(&["db", "verify", &g]).contains("every checksum matches"));
+    silent(&["db", "verify", &g2]);
+    silent(&["search", "--workers", "2", "--db", &g, "--query", &p("q.fasta"), "--out", &p("hits.6"), "--outfmt", "6"]);
+    let encode = |out: &str| {
+        ["paramedic", "encode", "--output", &p("hits.6"), "--out", out, "--db", &g, "--query", &p("q.fasta"), "--outfmt", "6"]
+            .map(str::to_string)
+    };
+    let said = noisy(&encode(&p("m1")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(said.contains("bytes of blast metadata"), "{said}");
+    silent(&encode(&p("m2")).iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(noisy(&["paramedic", "decode", "--metadata", &p("m1"), "--out", &p("back1"), "--db", &g]).contains("regenerated"));
+    silent(&["paramedic", "decode", "--metadata", &p("m2"), "--out", &p("back2"), "--db", &g]);
+    silent(&["paramedic", "keygen", "--out", &p("key")]);
+    // What the quiet commands wrote is what the others did.
+    let read = |n: &str| std::fs::read(d.0.join(n)).unwrap();
+    assert_eq!(read("m1"), read("m2"));
+    assert_eq!(read("back1"), read("hits.6"));
+    assert_eq!(read("back2"), read("hits.6"));
+    assert_eq!(read("g/manifest.json"), read("g2/manifest.json"));
+    assert_eq!(read("key").len(), 65);
+}
