@@ -260,6 +260,15 @@ fn damaged_metadata_or_another_database_fails_and_writes_nothing() {
     assert!(e.contains("is not the database the compute site searched"), "{e}");
     assert!(!target.exists() && leftovers(d).is_empty());
 
+    // Metadata that records other BLAST+ options than the search's: the regenerated
+    // report differs, the storage site says so and how the search is recorded, and
+    // writes nothing.
+    let wrong = d.join("wrong-options");
+    encode(f, &out, &q, "6", &["-evalue", "1e-30"], &wrong);
+    let e = fails(decode(f, &wrong, &target));
+    assert!(e.contains("regeneration mismatch") && e.contains("the search ran as `blastp -outfmt \"6\" -evalue 1e-30`"), "{e}");
+    assert!(!target.exists() && leftovers(d).is_empty());
+
     // The intact metadata still decodes.
     run_ok(decode(f, &meta, &target));
     assert!(std::fs::read(&target).unwrap() == std::fs::read(&out).unwrap());

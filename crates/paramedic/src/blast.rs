@@ -420,8 +420,17 @@ impl MetadataPlugin for BlastPlugin {
         if matches(&m, &joined) {
             return Ok(joined);
         }
+        // The database is checked against its fingerprint and the queries travel in the
+        // metadata, so what usually differs is how `encode` was told the search ran.
+        let mut how = format!("{} -outfmt \"{}\"", m.program, m.outfmt);
+        for a in &m.blast_args {
+            how.push(' ');
+            how.push_str(a);
+        }
         Err(PluginError::Mismatch(format!(
-            "the regenerated report ({} bytes) differs from the original ({} bytes); nothing was written",
+            "the regenerated report ({} bytes) differs from the original ({} bytes); nothing was written. \
+             The metadata says the search ran as `{how}`: if it did not, encode the report again with \
+             the search's --outfmt and BLAST+ options after `--`",
             joined.len(),
             m.output_len
         )))
