@@ -49,6 +49,8 @@ pub enum SearchError {
     Outfmt { outfmt: String, reason: String },
     #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
     Interrupted(i32),
+    #[error("--out {path} is {what}: the search's output would replace it; choose another output path")]
+    OutputIsInput { path: PathBuf, what: &'static str },
     #[error("cannot write the output {path}: {source}")]
     Output { path: PathBuf, source: std::io::Error },
     #[error("{0}")]

@@ -377,5 +377,72 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     });
     let e = fails(&d.0, &["search", "--quiet", "--split", "fragments", "--fragments", "5", "--db", "g2", "--query", q, "--out", o], &out);
     assert!(e.contains("--fragments 5") && e.contains("format it again"), "{e}");
+    // An output path that is a volume's file of the BLAST database searched: refused,
+    // the volume untouched.
+    let before = snapshot(&f.join("prot"));
+    let volume_file = f.join("prot/exdb.01.psq");
+    let o2 = gepsea()
+        .current_dir(f)
+        .env_remove("BLASTDB")
+        .args(["search", "--quiet", "--db", "prot/exdb", "--query", q, "--out"])
+        .arg(&volume_file)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o2.stderr);
+    assert!(!o2.status.success() && e.contains("exdb.01.psq is a file of the database"), "{e}");
+    assert_eq!(snapshot(&f.join("prot")), before, "the volume was written to");
     assert_only(&d.0, &["broken.pal", "copy", "dup.fa", "g2", "lying.pal"]);
+}
+
+#[test]
+fn db_format_force_replaces_a_database_in_place_and_nothing_else() {
+    use std::os::unix::fs::MetadataExt;
+    let d = tempdir("force");
+    let input = d.0.join("in.fasta");
+    std::fs::write(&input, head(&zcat(QUERY_GZ), 30)).unwrap();
+    let format = |cwd: &Path, out: &str, fragments: &str, force: bool| {
+        let mut c = gepsea();
+        c.current_dir(cwd).args(["-q", "db", "format", "--fragments", fragments, "--input"]).arg(&input).args(["--out", out]);
+        if force {
+            c.arg("--force");
+        }
+        c.output().unwrap()
+    };
+    let fragments_in = |dir: &Path| std::fs::read_to_string(dir.join("manifest.json")).unwrap().matches("\"first_oid\"").count();
+    // `--out .` in an empty directory builds there; `--force` replaces that database in
+    // the same directory (a shell sitting in it keeps seeing it), leaving nothing beside.
+    let here = d.0.join("here");
+    std::fs::create_dir(&here).unwrap();
+    let inode = std::fs::metadata(&here).unwrap().ino();
+    assert!(format(&here, ".", "2", false).status.success());
+    assert_eq!(fragments_in(&here), 2);
+    assert!(format(&here, ".", "3", true).status.success());
+    assert_eq!((fragments_in(&here), std::fs::metadata(&here).unwrap().ino()), (3, inode));
+    run_ok({
+        let mut c = gepsea();
+        c.args(["-q", "db", "verify"]).arg(&here);
+        c
+    });
+    let mut beside: Vec<String> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    beside.sort();
+    assert_eq!(beside, ["here", "in.fasta"]);
+    // A directory of other things is not a database: `--force` refuses it, and leaves it
+    // as it was (this emptied the working directory before).
+    let other = d.0.join("other");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    let o = format(&other, ".", "2", true);
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("holds files but no gepsea database (no manifest.json)"), "{e}");
+    assert_eq!(std::fs::read_to_string(other.join("notes.txt")).unwrap(), "mine");
+    assert_eq!(std::fs::read_dir(&other).unwrap().count(), 1);
+    // Nor does it replace a database that holds the input it is reading.
+    let inside = here.join("in.fasta");
+    std::fs::copy(&input, &inside).unwrap();
+    let mut c = gepsea();
+    c.args(["-q", "db", "format", "--fragments", "2", "--force", "--input"]).arg(&inside).arg("--out").arg(&here);
+    let o = c.output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("lies inside --out") && e.contains("which --force would replace"), "{e}");
+    assert!(inside.is_file() && fragments_in(&here) == 3);
 }

@@ -556,6 +556,26 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     // Unwritable output path.
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
+    // An output path that names an input is refused before anything is written, and
+    // the input is intact: the query file (also through a link), a file of the
+    // database. A directory is refused before the search too (it failed at the end,
+    // after every task).
+    let q_copy = p("q-copy.fasta");
+    std::fs::copy(&q, &q_copy).unwrap();
+    std::os::unix::fs::symlink(&q_copy, p("q-link.fasta")).unwrap();
+    let manifest = f.dir.join("db3").join("manifest.json");
+    let before = (std::fs::read(&q_copy).unwrap(), std::fs::read(&manifest).unwrap());
+    for (target, what) in
+        [(q_copy.clone(), "the query file"), (p("q-link.fasta"), "the query file"), (manifest.clone(), "a file of the database")]
+    {
+        let e = fails(&["search", "--quiet", "--db", &db3, "--query", &s(&q_copy), "--out", &s(&target)], None);
+        assert!(e.contains(&format!("is {what}: the search's output would replace it")), "{e}");
+    }
+    assert_eq!(before, (std::fs::read(&q_copy).unwrap(), std::fs::read(&manifest).unwrap()));
+    std::fs::create_dir(p("a-dir")).unwrap();
+    let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("a-dir"))], None);
+    assert!(e.contains("a-dir: it is a directory"), "{e}");
+    assert!(!p(".a-dir.gepsea-work").exists(), "a refused search leaves no work directory");
     // A bad option is refused before any task runs (more in tests/programs.rs).
     for split in SPLITS {
         let o = gepsea()

@@ -282,27 +282,54 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
         return Err(DbError::ZeroFragments);
     }
     let user_args = makeblastdb_args(&o.makeblastdb_args)?;
-    if o.out.exists() {
-        let nonempty = std::fs::read_dir(o.out).map_err(io(o.out))?.next().is_some();
+    // An existing `out` by its real path: `.` or `dir/..` name a directory whose parent
+    // is not what the words say, and the new database is built beside it.
+    let out = if o.out.exists() { std::fs::canonicalize(o.out).map_err(io(o.out))? } else { o.out.to_path_buf() };
+    if out.exists() {
+        let nonempty = std::fs::read_dir(&out).map_err(io(&out))?.next().is_some();
         if nonempty && !o.force {
             return Err(DbError::NotEmpty(o.out.to_path_buf()));
+        }
+        // `--force` replaces a database, never a directory of other things (`--out .
+        // --force` emptied the working directory), nor the input being read.
+        if nonempty && !out.join("manifest.json").is_file() {
+            return Err(DbError::ForceNotADatabase(o.out.to_path_buf()));
+        }
+        if std::fs::canonicalize(o.input).is_ok_and(|input| input.starts_with(&out)) {
+            return Err(DbError::InputInsideOut { input: o.input.to_path_buf(), out: o.out.to_path_buf() });
         }
     }
     let blast_version = tools::version()?;
     // Build in a sibling temporary directory, then swap it in: a failed run leaves the
     // previous database (or nothing) behind, never half a database.
-    let parent = o.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
-    let tmp = parent.join(format!(".{}.tmp{}", o.out.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
+    let name = out.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let tmp = parent.join(format!(".{name}.tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
     let result = format_into(o, &tmp, &blast_version, &user_args, &mut progress);
     match result {
         Ok(m) => {
-            if o.out.exists() {
-                std::fs::remove_dir_all(o.out).map_err(io(o.out))?;
+            if out.exists() {
+                // Into the existing directory, which stays the same directory (a shell
+                // sitting in it, as with `--out .`, keeps seeing it): the previous
+                // database's files step aside, and come back if the new ones cannot
+                // all be moved in.
+                let old = parent.join(format!(".{name}.old{}", std::process::id()));
+                std::fs::create_dir_all(&old).map_err(io(&old))?;
+                if let Err(e) = move_entries(&out, &old).and_then(|()| move_entries(&tmp, &out)) {
+                    let _ = move_entries(&out, &tmp);
+                    let _ = move_entries(&old, &out);
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    let _ = std::fs::remove_dir_all(&old);
+                    return Err(io(&out)(e));
+                }
+                let _ = std::fs::remove_dir_all(&old);
+                let _ = std::fs::remove_dir(&tmp);
+            } else {
+                std::fs::rename(&tmp, &out).map_err(io(&out))?;
             }
-            std::fs::rename(&tmp, o.out).map_err(io(o.out))?;
             Ok(m)
         }
         Err(e) => {
@@ -310,6 +337,16 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
             Err(e)
         }
     }
+}
+
+/// Renames every entry of `from` into `to` (one file system: `to` is `from`'s
+/// sibling).
+fn move_entries(from: &Path, to: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        std::fs::rename(e.path(), to.join(e.file_name()))?;
+    }
+    Ok(())
 }
 
 /// Everything [`format`] does inside its temporary directory `tmp`.

@@ -131,6 +131,10 @@ pub enum DbError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{0} is not empty; pass --force to overwrite it")]
     NotEmpty(PathBuf),
+    #[error("{0} holds files but no gepsea database (no manifest.json): --force replaces only a database made by `gepsea db format`; choose a new or empty directory")]
+    ForceNotADatabase(PathBuf),
+    #[error("--input {input} lies inside --out {out}, which --force would replace: move the input or choose another --out")]
+    InputInsideOut { input: PathBuf, out: PathBuf },
     #[error("cannot split {sequences} sequences into {fragments} fragments: ask for at most {sequences}")]
     TooManyFragments { sequences: u64, fragments: usize },
     #[error("--fragments must be at least 1")]

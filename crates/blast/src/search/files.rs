@@ -2,8 +2,11 @@
 //! rerun), the temporary output, scratch and job directories, removed on the way out
 //! (also after a signal), and leftovers of killed runs swept when their process is gone.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Child;
+
+use crate::db::Database;
 
 pub(crate) fn work_dir_name(out_name: &str) -> String {
     format!(".{out_name}.gepsea-work")
@@ -13,6 +16,42 @@ pub(crate) fn work_dir_name(out_name: &str) -> String {
 pub(crate) fn default_work_dir(out: &Path) -> Option<PathBuf> {
     let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
+}
+
+/// Whether `a` and `b` name the same existing file (through links or other spellings
+/// of the path too).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
+}
+
+/// What an existing `out` would destroy if the search's output replaced it: the
+/// query file, or a file of the database (one in a gepsea database's directory, or of
+/// a BLAST database's volumes). `None` when `out` is none of them (or does not exist).
+pub(crate) fn clobbered_input(out: &Path, query: &Path, database: &Database) -> Option<&'static str> {
+    let meta = std::fs::metadata(out).ok()?;
+    if same_file(out, query) {
+        return Some("the query file");
+    }
+    let canonical = std::fs::canonicalize(out).ok()?;
+    let (dir, name) = (canonical.parent()?, canonical.file_name()?.to_string_lossy().into_owned());
+    let in_database = match &database.manifest.external {
+        // Everything in a gepsea database's directory is the database.
+        None => meta.is_file() && dir == database.dir,
+        // A volume `/path/name` has files `/path/name.*`.
+        Some(ext) => volumes(&ext.info).any(|v| {
+            let v = Path::new(v);
+            v.parent() == Some(dir) && v.file_name().is_some_and(|stem| name.starts_with(&format!("{}.", stem.to_string_lossy())))
+        }),
+    };
+    in_database.then_some("a file of the database")
+}
+
+/// The volume paths `blastdbcmd -info` lists after its `Volumes:` line.
+fn volumes(info: &str) -> impl Iterator<Item = &str> {
+    info.lines().skip_while(|l| l.trim() != "Volumes:").skip(1).map(str::trim).filter(|l| !l.is_empty())
 }
 
 /// Removes what a search killed outright (SIGKILL, node loss) left behind: its

@@ -244,6 +244,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let split =
         choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
     // Claim the output location first: an unwritable path fails now, not after the search.
+    if opts.out.is_dir() {
+        let source = std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory; give a file name");
+        return Err(SearchError::Output { path: opts.out.clone(), source });
+    }
     let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     // Absolute: BLAST+ tools run with the scratch directory as their working directory.
     let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
@@ -264,6 +268,9 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let database = db::resolve(&opts.db, &work_dir, fragments)?;
     if let (Some(k), None) = (opts.fragments, &database.manifest.external) {
         return Err(SearchError::FragmentsOfFormatted(k));
+    }
+    if let Some(what) = files::clobbered_input(&opts.out, &opts.query, &database) {
+        return Err(SearchError::OutputIsInput { path: opts.out.clone(), what });
     }
     let blastdb = database.blastdb_str()?;
     let manifest = database.manifest.clone();
