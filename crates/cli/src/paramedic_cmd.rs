@@ -251,6 +251,19 @@ fn stop_cleanly_on_signal(namespace: String, out: PathBuf) -> Result<()> {
     Ok(())
 }
 
+/// Refuses an `--out` that names one of the command's inputs (`flag`, path): the
+/// result would replace what it was made from.
+fn refuse_overwriting(out: &Path, inputs: &[(&str, Option<&PathBuf>)]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(o) = std::fs::metadata(out) else { return Ok(()) };
+    for (flag, input) in inputs {
+        if input.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|i| (i.dev(), i.ino()) == (o.dev(), o.ino())) {
+            bail!("--out {} is the {flag} file: writing it would destroy it; choose another path", out.display());
+        }
+    }
+    Ok(())
+}
+
 pub fn run(cmd: &ParamedicCmd) -> Result<()> {
     match cmd {
         ParamedicCmd::Serve(a) => {
@@ -300,6 +313,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             Ok(())
         }
         ParamedicCmd::Encode(a) => {
+            refuse_overwriting(&a.out, &[("--output", Some(&a.output)), ("--query", a.query.as_ref())])?;
             let output = std::fs::read(&a.output).with_context(|| format!("reading {}", a.output.display()))?;
             let plugin: Box<dyn MetadataPlugin> = match a.plugin.as_str() {
                 "zstd" => Box::new(ZstdPlugin::default()),
@@ -329,6 +343,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
             Ok(())
         }
         ParamedicCmd::Decode(a) => {
+            refuse_overwriting(&a.out, &[("--metadata", Some(&a.metadata))])?;
             let data = std::fs::read(&a.metadata).with_context(|| format!("reading {}", a.metadata.display()))?;
             let (name, _) = container::unwrap(&data).with_context(|| format!("{}", a.metadata.display()))?;
             let output = match name.as_str() {

@@ -293,6 +293,20 @@ fn zstd_plugin_round_trips_any_file() {
     c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&back);
     run_ok(c);
     assert!(std::fs::read(&back).unwrap() == data);
+    // An --out that is the command's own input is refused, and the input survives
+    // (encoding replaced the output with its metadata, decoding the metadata with
+    // nothing).
+    let mut c = gepsea();
+    c.args(["paramedic", "encode", "--plugin", "zstd", "--output"]).arg(&input).arg("--out").arg(&input);
+    assert!(fails(c).contains("input.bin is the --output file: writing it would destroy it"));
+    let mut c = gepsea();
+    c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&meta);
+    assert!(fails(c).contains("input.pmd is the --metadata file"));
+    assert!(std::fs::read(&input).unwrap() == data);
+    let mut c = gepsea();
+    c.args(["paramedic", "decode", "--metadata"]).arg(&meta).arg("--out").arg(&back);
+    run_ok(c);
+    assert!(std::fs::read(&back).unwrap() == data, "the metadata is intact");
 }
 
 /// Two sites as network namespaces joined by a veth pair, the compute site's side
