@@ -210,6 +210,22 @@ fn parse_proc_stat(stat: &str, ticks_per_second: f64) -> Option<ProcStat> {
     })
 }
 
+/// Whether process `pid` of this host is gone: no such process, or a zombie (dead,
+/// waiting to be reaped; where PID 1 does not reap, as in containers started without
+/// an init, a killed search stays one for good and would count as running).
+pub fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => proc_state_dead(&stat),
+        Err(_) => true,
+    }
+}
+
+/// Whether a `/proc/PID/stat` line's state (the field after the command name's last
+/// `)`) is a dead one: zombie or dead.
+fn proc_state_dead(stat: &str) -> bool {
+    stat.rsplit_once(')').and_then(|(_, tail)| tail.split_whitespace().next()).is_some_and(|s| s == "Z" || s == "X")
+}
+
 /// BLAST+'s own complaint in `stderr`: its first error line (BLAST+ prints its whole
 /// usage text after a bad option, and the same error twice; the user needs the one line
 /// that says what is wrong).
@@ -237,6 +253,26 @@ pub fn version() -> Result<String, ToolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn zombies_and_missing_processes_are_gone_and_running_ones_are_not() {
+        assert!(proc_state_dead("4242 (blast (x) y) Z 1 4242 4242 0 -1"));
+        assert!(proc_state_dead("4242 (a) X 1"));
+        assert!(!proc_state_dead("4242 (a) Z) S 1 4242"), "the state follows the last parenthesis");
+        assert!(!proc_state_dead("4242 (a) R 1"));
+        assert!(!process_gone(std::process::id()));
+        // A child killed and not yet waited for is a zombie.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        child.kill().unwrap();
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !process_gone(pid) {
+            assert!(std::time::Instant::now() < deadline, "the killed child never showed as gone");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+    }
 
     #[test]
     fn a_stat_line_gives_its_cpu_fields_whatever_the_command_name() {

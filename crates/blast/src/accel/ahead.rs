@@ -156,7 +156,7 @@ fn claim_abandoned(job: &Path, batch: usize) -> bool {
     let Ok(holder) = std::fs::read_to_string(claim_path(job, batch)) else { return false };
     let mut words = holder.split_whitespace();
     let (Some(host), Some(pid)) = (words.next(), words.next().and_then(|p| p.parse::<u32>().ok())) else { return false };
-    host == host_name() && !Path::new(&format!("/proc/{pid}")).exists()
+    host == host_name() && crate::tools::process_gone(pid)
 }
 
 /// The statistics of batch `batch` for its writer: the ones run ahead, waiting for

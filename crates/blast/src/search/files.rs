@@ -58,7 +58,7 @@ fn volumes(info: &str) -> impl Iterator<Item = &str> {
 /// temporary output next to `out_name`, its job directory there, its scratch and
 /// namespace directories in the temporary directory — only those whose process is gone.
 pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
-    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
+    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && crate::tools::process_gone(p));
     let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     let tmp = std::env::temp_dir();
     // A local search's namespace (`search<pid>`) lives in the user's runtime root.
