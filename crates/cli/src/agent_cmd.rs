@@ -308,7 +308,8 @@ fn status(a: &StatusArgs) -> Result<()> {
             _ => "not authenticated (no --key-file)",
         }
     );
-    println!("  ready         {} (expected nodes: {})", v["ready"], v["expected_nodes"]);
+    let expected = v["expected_nodes"].as_u64().map_or("not set (--nodes)".to_string(), |n| n.to_string());
+    println!("  ready         {} (expected nodes: {expected})", v["ready"]);
     println!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
     if v["restarted"] == true || v["rejoins"].as_u64().unwrap_or(0) > 0 {
         println!(

@@ -477,7 +477,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                 }
             }
             if let Some(p) = &a.summary_json {
-                std::fs::write(p, serde_json::to_string_pretty(&s)?).with_context(|| format!("writing {}", p.display()))?;
+                paramedic_cmd::write_atomically(p, serde_json::to_string_pretty(&s)?.as_bytes())?;
             }
             if !opts.quiet {
                 eprintln!(

@@ -124,7 +124,8 @@ pub struct DecodeArgs {
     threads: Option<usize>,
 }
 
-fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
+/// Writes a file whole or not at all (a temporary file beside it, renamed).
+pub(crate) fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     transfer::write_atomically(path, data).with_context(|| format!("writing {}", path.display()))
 }
 
