@@ -89,7 +89,8 @@ struct FormatArgs {
     /// Database name, the -db a serial run would use (default: input file name without extensions).
     #[arg(long)]
     name: Option<String>,
-    /// Replace a non-empty output directory.
+    /// Replace the database already in the output directory (a directory of other
+    /// files is refused, as is one holding --input).
     #[arg(long)]
     force: bool,
     /// Fragments built at once (default: number of cores).
