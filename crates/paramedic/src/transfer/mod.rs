@@ -90,6 +90,8 @@ pub enum TransferError {
     Refused { name: String, reason: String },
     #[error("no route to the storage site {to}: {source}")]
     NoRoute { to: SocketAddr, source: std::io::Error },
+    #[error("the storage site {to} could not be reached: {reason} (is `gepsea paramedic serve`, or an agent with --storage-listen, running there?)")]
+    Unreachable { to: SocketAddr, reason: String },
     #[error("{0}")]
     Io(String),
 }
@@ -196,12 +198,24 @@ pub fn send_to(
     let st = port.stats();
     drop(port);
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
+    let sent = sent.map_err(|e| site_named(e, storage));
     Ok(Sent {
         ack: sent?,
         seconds: started.elapsed().as_secs_f64(),
         reconnects: st.connections_established.saturating_sub(1),
         frames_resent: st.frames_replayed,
     })
+}
+
+/// A link failure names the storage site by its internal port address (`STORAGE`):
+/// say which site it was, as the user gave it.
+fn site_named(e: TransferError, storage: SocketAddr) -> TransferError {
+    match e {
+        TransferError::Net(NetError::PeerFailed { peer, reason }) if peer == STORAGE => {
+            TransferError::Unreachable { to: storage, reason: reason.replace(&STORAGE.to_string(), &storage.to_string()) }
+        }
+        e => e,
+    }
 }
 
 /// A node id for one sending port: random, so that senders on many hosts, and several
@@ -529,6 +543,22 @@ pub fn storage_port(namespace: &str, listen: SocketAddr) -> Result<Port, NetErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreachable_storage_site_is_named_as_the_user_gave_it() {
+        let to: SocketAddr = "192.0.2.7:4040".parse().unwrap();
+        let failed = NetError::PeerFailed { peer: STORAGE, reason: format!("connect to {STORAGE}: Connection refused (os error 111)") };
+        let e = site_named(TransferError::Net(failed), to).to_string();
+        assert_eq!(
+            e,
+            "the storage site 192.0.2.7:4040 could not be reached: connect to 192.0.2.7:4040: Connection refused (os error 111) \
+             (is `gepsea paramedic serve`, or an agent with --storage-listen, running there?)"
+        );
+        // Another peer's failure, and other errors, are left as they are.
+        let other = NetError::PeerFailed { peer: Addr::new(3, 1), reason: "gone".into() };
+        assert!(matches!(site_named(TransferError::Net(other), to), TransferError::Net(_)));
+        assert!(matches!(site_named(TransferError::BadName("a/b".into()), to), TransferError::BadName(_)));
+    }
     use crate::container;
     use crate::plugin::RawPlugin;
 
