@@ -416,7 +416,18 @@ fn db_format_force_replaces_a_database_in_place_and_nothing_else() {
     let inode = std::fs::metadata(&here).unwrap().ino();
     assert!(format(&here, ".", "2", false).status.success());
     assert_eq!(fragments_in(&here), 2);
+    // What a killed run left beside it (its half-built database) is swept; a live
+    // run's (this test's own pid stands for one) is not.
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let (stale, live) = (d.0.join(format!(".here.tmp{}", gone.id())), d.0.join(format!(".here.tmp{}", std::process::id())));
+    for dir in [&stale, &live] {
+        std::fs::create_dir(dir).unwrap();
+        std::fs::write(dir.join("frag00.psq"), "half").unwrap();
+    }
     assert!(format(&here, ".", "3", true).status.success());
+    assert!(!stale.exists() && live.is_dir(), "the dead run's build is swept, the live one's kept");
+    std::fs::remove_dir_all(&live).unwrap();
     assert_eq!((fragments_in(&here), std::fs::metadata(&here).unwrap().ino()), (3, inode));
     run_ok({
         let mut c = gepsea();
