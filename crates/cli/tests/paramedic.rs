@@ -429,7 +429,8 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
-        c.args(["search", "--quiet", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"])
+        // Not --quiet: the delivery's summary line is asserted below.
+        c.args(["search", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"])
             .arg(&key)
             .arg("--db")
             .arg(f.dir.0.join("db"))
