@@ -5,6 +5,16 @@
 //! merges the fragments' hits exactly, and `report` formats the merged result with
 //! BLAST+'s own formatter and restores per-query statistics. See `docs/blast.md`.
 
+/// A line on stderr for the user (progress, warnings): as `eprintln!`, but a closed or
+/// broken stderr (a reader that went away, `2>&1 | head`; a terminal hung up) is
+/// ignored instead of panicking the thread, which ended the whole search.
+macro_rules! note {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 pub mod accel;
 pub mod archive;
 pub mod cluster;

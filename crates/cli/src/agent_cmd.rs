@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::logging::say;
+use crate::logging::{emit, say};
 use clap::{Args, Subcommand};
 use gepsea_agent::server::{Agent, AgentConfig, Shutdown};
 use serde::Deserialize;
@@ -292,15 +292,15 @@ pub fn run(a: &AgentArgs) -> Result<()> {
 fn status(a: &StatusArgs) -> Result<()> {
     let json = gepsea_client::status(&a.namespace, a.node_id)?;
     if a.json {
-        println!("{json}");
+        emit!("{json}");
         return Ok(());
     }
     let v: serde_json::Value = serde_json::from_str(&json)?;
     let list = |k: &str| v[k].as_array().map(|a| a.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")).unwrap_or_default();
-    println!("agent of node {} (pid {}), namespace {}", v["node"], v["pid"], v["namespace"]);
-    println!("  listen        {}", v["listen"].as_str().unwrap_or("(none: this node only)"));
-    println!("  rendezvous    {}", v["rendezvous"].as_str().unwrap_or("(none)"));
-    println!(
+    emit!("agent of node {} (pid {}), namespace {}", v["node"], v["pid"], v["namespace"]);
+    emit!("  listen        {}", v["listen"].as_str().unwrap_or("(none: this node only)"));
+    emit!("  rendezvous    {}", v["rendezvous"].as_str().unwrap_or("(none)"));
+    emit!(
         "  peer links    {}",
         match (v["authenticated"] == true, v["encrypted"] == true) {
             (true, true) => "authenticated and encrypted",
@@ -309,20 +309,20 @@ fn status(a: &StatusArgs) -> Result<()> {
         }
     );
     let expected = v["expected_nodes"].as_u64().map_or("not set (--nodes)".to_string(), |n| n.to_string());
-    println!("  ready         {} (expected nodes: {expected})", v["ready"]);
-    println!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
+    emit!("  ready         {} (expected nodes: {expected})", v["ready"]);
+    emit!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);
     if v["restarted"] == true || v["rejoins"].as_u64().unwrap_or(0) > 0 {
-        println!(
+        emit!(
             "  restarts      {}; agents let back in: {}",
             if v["restarted"] == true { "this agent replaced a dead one of its node" } else { "this agent is its node's first" },
             v["rejoins"]
         );
     }
-    println!("  peer timeout  {} ms", v["peer_timeout_ms"]);
+    emit!("  peer timeout  {} ms", v["peer_timeout_ms"]);
     let clients = v["clients"].as_array().cloned().unwrap_or_default();
-    println!("  processes     {}", clients.len());
+    emit!("  processes     {}", clients.len());
     for c in &clients {
-        println!(
+        emit!(
             "    port {:>4}  pid {:>7}  {:<8} {}",
             c["port"],
             c["pid"],
@@ -330,43 +330,46 @@ fn status(a: &StatusArgs) -> Result<()> {
             c["name"].as_str().unwrap_or("")
         );
     }
-    println!("  board keys    {}", v["board_keys"]);
+    emit!("  board keys    {}", v["board_keys"]);
     let locks = v["locks"].as_array().cloned().unwrap_or_default();
-    println!("  locks owned   {}", locks.len());
+    emit!("  locks owned   {}", locks.len());
     for l in &locks {
-        println!("    {}: held by {} waiting {}", l["name"].as_str().unwrap_or(""), l["holders"], l["waiting"]);
+        emit!("    {}: held by {} waiting {}", l["name"].as_str().unwrap_or(""), l["holders"], l["waiting"]);
     }
-    println!(
+    emit!(
         "  cache         {} objects, {} bytes of {}",
         v["cache_objects"].as_array().map_or(0, |a| a.len()),
         v["cache_bytes"],
         v["cache_bytes_limit"]
     );
-    println!("  global memory {} blocks, {} bytes of {}", v["gma_blocks"], v["gma_bytes"], v["gma_bytes_limit"]);
-    println!("  merge streams {}", v["merge_streams"]);
+    emit!("  global memory {} blocks, {} bytes of {}", v["gma_blocks"], v["gma_bytes"], v["gma_bytes_limit"]);
+    emit!("  merge streams {}", v["merge_streams"]);
     if !v["tasks"].is_null() {
         let t = &v["tasks"];
-        println!(
+        emit!(
             "  scheduler     {} queued, {} running, {} idle takers, {} assigned so far",
-            t["queued"], t["running"], t["idle_takers"], t["assigned_total"]
+            t["queued"],
+            t["running"],
+            t["idle_takers"],
+            t["assigned_total"]
         );
     }
-    println!(
+    emit!(
         "  plug-ins      {}",
         v["plugins"]
             .as_array()
             .map(|a| a.iter().map(|p| p[0].as_str().unwrap_or("").to_string()).collect::<Vec<_>>().join(", "))
             .unwrap_or_default()
     );
-    println!(
+    emit!(
         "  in use        {}",
         v["components"].as_array().map(|a| a.iter().map(|c| c.as_str().unwrap_or("")).collect::<Vec<_>>().join(", ")).unwrap_or_default()
     );
-    println!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
+    emit!("  served        {} requests, {} agent messages", v["requests_served"], v["peer_messages"]);
     let st = &v["plugin_status"][paramedic::storage::STORAGE_PLUGIN];
     if !st.is_null() {
-        println!("  storage site  listening on {}, writing to {}", st["listen"].as_str().unwrap_or(""), st["out"].as_str().unwrap_or(""));
-        println!(
+        emit!("  storage site  listening on {}, writing to {}", st["listen"].as_str().unwrap_or(""), st["out"].as_str().unwrap_or(""));
+        emit!(
             "    objects     {} written, {} refused; {} bytes received, {} bytes regenerated in {:.2} s",
             st["objects_written"],
             st["objects_refused"],
@@ -374,12 +377,12 @@ fn status(a: &StatusArgs) -> Result<()> {
             st["bytes_regenerated"],
             st["storage_seconds"].as_f64().unwrap_or(0.0)
         );
-        println!("    reports     {} completed from parts", st["reports_completed"]);
+        emit!("    reports     {} completed from parts", st["reports_completed"]);
         for (name, p) in st["reports_in_progress"].as_object().into_iter().flatten() {
-            println!("      {name}: {} of {} parts in", p[0], p[1]);
+            emit!("      {name}: {} of {} parts in", p[0], p[1]);
         }
         if let Some(why) = st["last_refusal"].as_str() {
-            println!("    last refusal  {why}");
+            emit!("    last refusal  {why}");
         }
     }
     Ok(())

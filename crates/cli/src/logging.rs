@@ -22,13 +22,33 @@ pub fn quiet() -> bool {
     QUIET.load(Ordering::Relaxed)
 }
 
+/// A line on stderr, as `eprintln!` but never panicking: a closed or broken stderr (a
+/// reader that went away, a terminal hung up) must not end the command, nor the
+/// signal thread that stops it cleanly (a storage site whose log reader was gone
+/// ignored SIGTERM: its handler panicked on the message before it exited).
+macro_rules! tell {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 /// A progress or summary line on stderr, unless `-q` asked for errors only.
 macro_rules! say {
     ($($t:tt)*) => {
         if !$crate::logging::quiet() {
-            eprintln!($($t)*)
+            $crate::logging::tell!($($t)*)
         }
     };
+}
+
+/// A line of a command's output on stdout, as `println!` but never panicking: a
+/// reader that stopped reading (`| head -1`) is not an error of the command's.
+macro_rules! emit {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
 }
 
 /// A command's summary line on stdout, unless `-q` asked for errors only (the exit
@@ -36,12 +56,12 @@ macro_rules! say {
 macro_rules! report {
     ($($t:tt)*) => {
         if !$crate::logging::quiet() {
-            println!($($t)*)
+            $crate::logging::emit!($($t)*)
         }
     };
 }
 
-pub(crate) use {report, say};
+pub(crate) use {emit, report, say, tell};
 
 /// The filter for `-v` × `verbose` or `-q` over `default`.
 pub fn level(verbose: u8, quiet: bool, default: &str) -> &'static str {
@@ -60,7 +80,7 @@ pub fn init(verbose: u8, quiet: bool, default: &str) {
     let from_env = ["RUST_LOG", "GEPSEA_LOG"].iter().find_map(|v| std::env::var(v).ok().filter(|s| !s.trim().is_empty()));
     let spec = from_env.unwrap_or_else(|| level(verbose, quiet, default).to_string());
     let filter = EnvFilter::try_new(&spec).unwrap_or_else(|e| {
-        eprintln!("gepsea: warning: RUST_LOG={spec:?} is not a log filter ({e}); logging warnings only");
+        tell!("gepsea: warning: RUST_LOG={spec:?} is not a log filter ({e}); logging warnings only");
         EnvFilter::new("warn")
     });
     std::env::set_var("RUST_LOG", &spec);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gepsea_blast::{db, search};
-use logging::{report, say};
+use logging::{emit, report, say, tell};
 
 mod agent_cmd;
 mod logging;
@@ -274,7 +274,7 @@ fn main() -> std::process::ExitCode {
     match run(malloc) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gepsea: error: {}", gepsea_net::error::one_line(e.as_ref()));
+            tell!("gepsea: error: {}", gepsea_net::error::one_line(e.as_ref()));
             match e.downcast_ref::<search::SearchError>() {
                 Some(search::SearchError::Interrupted(sig)) => std::process::ExitCode::from((128 + sig) as u8),
                 _ => std::process::ExitCode::FAILURE,
@@ -285,10 +285,10 @@ fn main() -> std::process::ExitCode {
 
 /// gepsea's version and the BLAST+ it drives (found on PATH).
 fn print_version() {
-    println!("gepsea {}", env!("CARGO_PKG_VERSION"));
+    emit!("gepsea {}", env!("CARGO_PKG_VERSION"));
     match gepsea_blast::tools::version() {
-        Ok(v) => println!("BLAST+ {v}"),
-        Err(e) => println!("BLAST+: {e}"),
+        Ok(v) => emit!("BLAST+ {v}"),
+        Err(e) => emit!("BLAST+: {e}"),
     }
 }
 
@@ -481,7 +481,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                 paramedic_cmd::write_atomically(p, serde_json::to_string_pretty(&s)?.as_bytes())?;
             }
             if !opts.quiet {
-                eprintln!(
+                tell!(
                     "gepsea search: {} queries, {} hits, {} tasks split by {} ({} queries re-searched whole{}), {:.2} s, output {}",
                     s.queries,
                     s.hits,
@@ -493,7 +493,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                     s.output.display()
                 );
                 if let Some(a) = s.accel.as_ref().filter(|a| a.stagings.iter().any(|n| *n > 0)) {
-                    eprintln!(
+                    tell!(
                         "gepsea search: {}; workers waited {:.2} s for input; at most {} bytes staged on a node, {} staged copies removed to make room",
                         gepsea_blast::accel::describe_stagings(a.stagings),
                         a.work.input_seconds,

@@ -8,7 +8,7 @@ use paramedic::trace::TracePlugin;
 use paramedic::{container, transfer};
 use paramedic::{MetadataPlugin, ZstdPlugin};
 
-use crate::logging::say;
+use crate::logging::{say, tell};
 
 #[derive(clap::Subcommand)]
 pub enum ParamedicCmd {
@@ -291,7 +291,7 @@ pub fn run(cmd: &ParamedicCmd) -> Result<()> {
                 }
                 Err(e) => {
                     stats.lock().acknowledged(ack);
-                    eprintln!("gepsea paramedic: refused {}: {e}", ack.name)
+                    tell!("gepsea paramedic: refused {}: {e}", ack.name)
                 }
             })?;
             drop(site);

@@ -17,6 +17,42 @@ impl Drop for TempDir {
     }
 }
 
+/// A child process that is killed and reaped if the test ends, or fails, before it
+/// does: a failed assertion left a storage site running for good.
+struct Running(Option<std::process::Child>);
+
+impl Running {
+    fn spawn(mut c: Command) -> Running {
+        Running(Some(c.spawn().unwrap()))
+    }
+
+    fn child(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("not taken")
+    }
+
+    /// The child, no longer killed on drop: the test waits for it itself.
+    fn take(mut self) -> std::process::Child {
+        self.0.take().expect("not taken")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            // SIGTERM first, so that a storage site removes its runtime directory;
+            // SIGKILL if it has not ended within 5 s.
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while c.try_wait().ok().flatten().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn gepsea() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_gepsea"));
     c.env("RUST_BACKTRACE", "0");
@@ -363,7 +399,7 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
         .arg("--out")
         .arg(d.join("storage"))
         .stderr(std::process::Stdio::piped());
-    let serve = serve.spawn().unwrap();
+    let serve = Running::spawn(serve);
     std::thread::sleep(std::time::Duration::from_millis(300));
     let mut send = sites.cmd(0, env!("CARGO_BIN_EXE_gepsea"));
     send.args(["paramedic", "send", "--name", "big.bin", "--to", &listen, "--key"])
@@ -371,12 +407,12 @@ fn a_transfer_cut_midway_resumes_without_resending_what_arrived() {
         .arg("--metadata")
         .arg(d.join("big.pmd"))
         .stderr(std::process::Stdio::piped());
-    let send = send.spawn().unwrap();
+    let send = Running::spawn(send);
     std::thread::sleep(std::time::Duration::from_millis(800));
     let cut = Command::new("ip").args(["netns", "exec", &sites.ns[0], "ss", "-K", "-t", "dst", &sites.ip[1]]).output().unwrap();
     assert!(String::from_utf8_lossy(&cut.stdout).contains("ESTAB"), "no connection to cut: {}", String::from_utf8_lossy(&cut.stdout));
-    let sent = send.wait_with_output().unwrap();
-    let served = serve.wait_with_output().unwrap();
+    let sent = send.take().wait_with_output().unwrap();
+    let served = serve.take().wait_with_output().unwrap();
     let log = String::from_utf8_lossy(&sent.stderr).into_owned();
     assert!(sent.status.success(), "send: {log}\nserve: {}", String::from_utf8_lossy(&served.stderr));
     assert!(served.status.success(), "serve: {}", String::from_utf8_lossy(&served.stderr));
@@ -421,7 +457,7 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         .arg("--db")
         .arg(f.dir.0.join("replica"))
         .stderr(std::process::Stdio::piped());
-    let serve = serve.spawn().unwrap();
+    let mut serve = Running::spawn(serve);
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
     let mut sent = Vec::new();
@@ -475,8 +511,8 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         assert!(std::fs::read(d.join("storage").join(name)).unwrap() == std::fs::read(&out).unwrap(), "the storage site's {name} differs");
     }
     // SAFETY: signalling our own child by pid.
-    unsafe { libc::kill(serve.id() as i32, libc::SIGTERM) };
-    let served = serve.wait_with_output().unwrap();
+    unsafe { libc::kill(serve.child().id() as i32, libc::SIGTERM) };
+    let served = serve.take().wait_with_output().unwrap();
     let served = String::from_utf8_lossy(&served.stderr);
     assert!(!served.contains("refused") && served.contains("stopped by signal 15"), "serve: {served}");
     // The metadata is far smaller than the report it stands for.
@@ -497,7 +533,8 @@ fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
     let mut serve = gepsea();
     serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
-    let mut child = serve.spawn().unwrap();
+    let mut running = Running::spawn(serve);
+    let child = running.child();
     let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
     // It says it listens once its port is open and its signal handler installed.
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
@@ -510,5 +547,28 @@ fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     assert_eq!(status.code(), Some(128 + 15), "{rest}");
+    assert!(!runtime.exists(), "{} left behind", runtime.display());
+
+    // The same when whoever read its log has gone (its handler panicked on writing
+    // the last line to the closed pipe, and the site ran on, ignoring SIGTERM).
+    let mut serve = gepsea();
+    serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
+    let mut running = Running::spawn(serve);
+    let child = running.child();
+    let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    drop(stderr);
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(std::time::Instant::now() < deadline, "the storage site ignored SIGTERM once its log reader was gone");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(128 + 15));
     assert!(!runtime.exists(), "{} left behind", runtime.display());
 }

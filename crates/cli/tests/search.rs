@@ -677,3 +677,32 @@ fn blast_not_installed_is_reported() {
     assert!(e.contains("blastp not found") && e.contains("ncbi-blast+"), "{e}");
     assert!(!out.exists());
 }
+
+/// A search whose stderr reader goes away (`2>&1 | head -1`, a hung-up terminal)
+/// finishes its work: its progress and summary lines are not worth the search (a
+/// write to the broken pipe panicked and ended it, leaving no output).
+#[test]
+fn a_search_whose_progress_reader_went_away_still_finishes() {
+    let f = fixture();
+    let d = tempdir("noreader");
+    let out = d.0.join("hits.6");
+    for split in SPLITS {
+        let mut c = gepsea();
+        c.args(["search", "--outfmt", "6", "--workers", "2", "--db"])
+            .arg(f.dir.join("db3"))
+            .arg("--query")
+            .arg(f.dir.join("q50.fasta"))
+            .arg("--out")
+            .arg(&out)
+            .args(split)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        // The reader closes its end before a line is written.
+        drop(child.stderr.take());
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{split:?}: {status}");
+        assert!(std::fs::read(&out).unwrap() == std::fs::read(serial_ref(f, "q50", "6")).unwrap(), "{split:?}: output differs");
+        std::fs::remove_file(&out).unwrap();
+    }
+}

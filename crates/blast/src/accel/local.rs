@@ -85,7 +85,7 @@ impl StderrRelay {
             for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
                 let mut st = s.lock().unwrap();
                 if st.relay {
-                    eprintln!("{line}");
+                    note!("{line}");
                 } else {
                     st.held.push(line);
                 }
@@ -97,7 +97,7 @@ impl StderrRelay {
     fn relay_from_now(mut self) {
         let mut st = self.shared.lock().unwrap();
         for l in st.held.drain(..) {
-            eprintln!("{l}");
+            note!("{l}");
         }
         st.relay = true;
         drop(st);

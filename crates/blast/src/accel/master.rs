@@ -67,7 +67,7 @@ pub fn master(
                 // slow one (a large fragment) goes on while the tasks go out.
                 match client.finish(id, Duration::from_secs(120)) {
                     Ok(_) | Err(gepsea_agent::api::ApiError::Timeout(_)) => {}
-                    Err(e) => eprintln!("gepsea search: a fragment prefetch failed: {e}"),
+                    Err(e) => note!("gepsea search: a fragment prefetch failed: {e}"),
                 }
             }
         }
@@ -118,7 +118,7 @@ pub fn master(
             let now = agents_now()?;
             let lost: Vec<u32> = agents.iter().filter(|(n, inc)| now.get(n) != Some(inc)).map(|(n, _)| *n).collect();
             if !lost.is_empty() {
-                eprintln!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
+                note!("gepsea search: the agent of node(s) {lost:?} is gone; searching its unfinished batches again");
                 let unfinished: Vec<usize> = (0..spec.batches.len()).filter(|b| !done_batches.contains(b)).collect();
                 submit_tasks(client, spec, job, &unfinished).map_err(api_err)?;
                 stats.resubmitted_after_failure += 1;
@@ -128,7 +128,7 @@ pub fn master(
             gone.extend(&lost);
             let back: Vec<u32> = gone.iter().copied().filter(|n| now.get(n).is_some_and(|inc| agents.get(n) != Some(inc))).collect();
             if !back.is_empty() {
-                eprintln!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
+                note!("gepsea search: node(s) {back:?} rejoined with a restarted agent");
                 gone.retain(|n| !back.contains(n));
             }
             nodes = now.keys().copied().collect();
@@ -136,7 +136,7 @@ pub fn master(
             for a in client.next_adverts(64, Duration::from_secs(1)).map_err(api_err)? {
                 let d = match postcard::from_bytes::<Notice>(&a.body).map_err(|e| SearchError::Io(format!("bad notice: {e}")))? {
                     Notice::Failure(f) if f.retried => {
-                        eprintln!("gepsea search: task {} failed; retrying once", f.what);
+                        note!("gepsea search: task {} failed; retrying once", f.what);
                         continue;
                     }
                     Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
@@ -187,7 +187,7 @@ pub fn master(
         for p in prefetches {
             // Long done by now; a failed prefetch only meant a later stage did the work.
             if let Err(e) = client.finish(p, Duration::from_secs(60)) {
-                eprintln!("gepsea search: a fragment prefetch failed: {e}");
+                note!("gepsea search: a fragment prefetch failed: {e}");
             }
         }
         for (b, id) in reshipping {
@@ -331,7 +331,7 @@ impl Placement {
                 Ok(len) if Some(len) == self.lens[b] => {
                     self.placed.insert(b);
                 }
-                Ok(len) => eprintln!("gepsea search: batch {b}'s piece was {len} bytes, not {:?}; writing it again", self.lens[b]),
+                Ok(len) => note!("gepsea search: batch {b}'s piece was {len} bytes, not {:?}; writing it again", self.lens[b]),
                 Err(e) => tracing::debug!("batch {b}'s piece was not placed by its agent ({e}); the master writes it"),
             }
         }

@@ -340,7 +340,7 @@ fn run_with_agents(
                     let rank = launch.rank;
                     let same_agent = registered_with.is_some() && agent_pid(ns, node) == registered_with;
                     if same_agent || restarts == MAX_AGENT_RESTARTS || done.exists() || !dir.exists() {
-                        eprintln!("gepsea search: rank {rank}: lost the agent of node {node} ({m}); leaving the work to the other nodes");
+                        note!("gepsea search: rank {rank}: lost the agent of node {node} ({m}); leaving the work to the other nodes");
                         return Ok(None);
                     }
                     restarts += 1;
@@ -355,11 +355,11 @@ fn run_with_agents(
                         if !matches!(old.try_wait(), Ok(None)) {
                             let _ = old.wait();
                             agent.0 = Some(start_agent()?);
-                            eprintln!("gepsea search: rank {rank}: the agent of node {node} died ({m}); started it again ({restarts} of at most {MAX_AGENT_RESTARTS})");
+                            note!("gepsea search: rank {rank}: the agent of node {node} died ({m}); started it again ({restarts} of at most {MAX_AGENT_RESTARTS})");
                         }
                     }
                     if !wait_for_restart(ns, node, &done, dir) {
-                        eprintln!(
+                        note!(
                             "gepsea search: rank {rank}: the agent of node {node} did not come back; leaving the work to the other nodes"
                         );
                         return Ok(None);
@@ -382,7 +382,7 @@ fn run_with_agents(
                     let _ = old.wait();
                     restarts += 1;
                     agent.0 = Some(start_agent()?);
-                    eprintln!(
+                    note!(
                         "gepsea search: rank {}: the agent of node {node} died; started it again ({restarts} of at most {MAX_AGENT_RESTARTS})",
                         launch.rank
                     );

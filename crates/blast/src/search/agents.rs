@@ -115,7 +115,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                             alive[w] = false;
                             last = format!("worker {} exited with {st}", w + 1);
                             // Its agent saw its registration close and put its task back.
-                            eprintln!("gepsea search: worker {} died ({st}); its task is reassigned by the agents' scheduler", w + 1);
+                            note!("gepsea search: worker {} died ({st}); its task is reassigned by the agents' scheduler", w + 1);
                         }
                     }
                 }

@@ -392,7 +392,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let reusable: Vec<usize> = (0..parts.len()).filter(|&b| parts[b].is_file()).collect();
     if !reusable.is_empty() && !opts.quiet {
         let q: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
-        eprintln!(
+        note!(
             "gepsea search: resuming from {}: {} of {} batches ({q} of {} queries) are done already",
             work_dir.display(),
             reusable.len(),
@@ -578,7 +578,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     gone_at[w] = Some(Instant::now());
                     last_death = format!("worker {} exited with {st}", w + 1);
                     if let Some(t) = sched.worker_lost(w) {
-                        eprintln!("gepsea search: worker {} died ({st}); task {t} is reassigned", w + 1);
+                        note!("gepsea search: worker {} died ({st}); task {t} is reassigned", w + 1);
                     }
                 }
             }
@@ -607,7 +607,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 let what = describe(sched.task(task), &manifest);
                 match sched.failed(w) {
                     Some((_, AfterFailure::Retry)) => {
-                        eprintln!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
+                        note!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
                     }
                     _ => return Err(SearchError::TaskFailed { task, what, message }),
                 }

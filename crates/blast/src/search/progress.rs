@@ -25,7 +25,7 @@ impl Progress {
             b.set_position(done as u64);
         } else if !self.quiet {
             if let Some(line) = self.line(done) {
-                eprintln!("{line}");
+                note!("{line}");
             }
         }
     }
