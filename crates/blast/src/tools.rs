@@ -220,6 +220,31 @@ pub fn process_gone(pid: u32) -> bool {
     }
 }
 
+/// Removes every entry of `dir` named `<prefix><pid>` (for one of `prefixes`) whose
+/// process is gone ([`process_gone`]; this process's own are kept): what a run killed
+/// outright left behind, file or directory.
+pub(crate) fn remove_leftovers_of_gone(dir: &Path, prefixes: &[&str]) {
+    let gone = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && process_gone(p));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(gone)) {
+            let p = e.path();
+            let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
+        }
+    }
+}
+
+/// Whether `a` and `b` name the same existing file (through links or other spellings
+/// of the path too).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
+        _ => false,
+    }
+}
+
 /// Whether a `/proc/PID/stat` line's state (the field after the command name's last
 /// `)`) is a dead one: zombie or dead.
 fn proc_state_dead(stat: &str) -> bool {

@@ -255,10 +255,8 @@ fn stop_cleanly_on_signal(namespace: String, out: PathBuf) -> Result<()> {
 /// Refuses an `--out` that names one of the command's inputs (`flag`, path): the
 /// result would replace what it was made from.
 fn refuse_overwriting(out: &Path, inputs: &[(&str, Option<&PathBuf>)]) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(o) = std::fs::metadata(out) else { return Ok(()) };
     for (flag, input) in inputs {
-        if input.and_then(|p| std::fs::metadata(p).ok()).is_some_and(|i| (i.dev(), i.ino()) == (o.dev(), o.ino())) {
+        if input.is_some_and(|p| gepsea_blast::tools::same_file(out, p)) {
             bail!("--out {} is the {flag} file: writing it would destroy it; choose another path", out.display());
         }
     }

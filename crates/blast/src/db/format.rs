@@ -305,7 +305,10 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(io(parent))?;
     let name = out.file_name().unwrap_or_default().to_string_lossy().into_owned();
-    sweep_killed_builds(parent, &name);
+    // What a run of the same output killed outright left beside it: its half-built
+    // database, as large as the database itself. (A database that stepped aside during
+    // the final swap, `.<name>.old<pid>`, is complete and stays.)
+    tools::remove_leftovers_of_gone(parent, &[&format!(".{name}.tmp")]);
     let tmp = parent.join(format!(".{name}.tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
@@ -336,22 +339,6 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
             Err(e)
-        }
-    }
-}
-
-/// Removes what a `db format` of the same output killed outright left beside it: its
-/// half-built database (`.<name>.tmp<pid>`, as large as the database itself), when its
-/// process is gone. (A database that stepped aside during the final swap,
-/// `.<name>.old<pid>`, is complete and stays.)
-fn sweep_killed_builds(parent: &Path, name: &str) {
-    let prefix = format!(".{name}.tmp");
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
-    for e in entries.flatten() {
-        let file = e.file_name().to_string_lossy().into_owned();
-        let pid = file.strip_prefix(&prefix).and_then(|p| p.parse::<u32>().ok());
-        if pid.is_some_and(|p| p != std::process::id() && tools::process_gone(p)) {
-            let _ = std::fs::remove_dir_all(e.path());
         }
     }
 }

@@ -2,7 +2,6 @@
 //! rerun), the temporary output, scratch and job directories, removed on the way out
 //! (also after a signal), and leftovers of killed runs swept when their process is gone.
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
@@ -18,21 +17,12 @@ pub(crate) fn default_work_dir(out: &Path) -> Option<PathBuf> {
     Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
 }
 
-/// Whether `a` and `b` name the same existing file (through links or other spellings
-/// of the path too).
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    match (std::fs::metadata(a), std::fs::metadata(b)) {
-        (Ok(x), Ok(y)) => (x.dev(), x.ino()) == (y.dev(), y.ino()),
-        _ => false,
-    }
-}
-
 /// What an existing `out` would destroy if the search's output replaced it: the
 /// query file, or a file of the database (one in a gepsea database's directory, or of
 /// a BLAST database's volumes). `None` when `out` is none of them (or does not exist).
 pub(crate) fn clobbered_input(out: &Path, query: &Path, database: &Database) -> Option<&'static str> {
     let meta = std::fs::metadata(out).ok()?;
-    if same_file(out, query) {
+    if crate::tools::same_file(out, query) {
         return Some("the query file");
     }
     let canonical = std::fs::canonicalize(out).ok()?;
@@ -58,7 +48,6 @@ fn volumes(info: &str) -> impl Iterator<Item = &str> {
 /// temporary output next to `out_name`, its job directory there, its scratch and
 /// namespace directories in the temporary directory — only those whose process is gone.
 pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
-    let dead = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && crate::tools::process_gone(p));
     let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     let tmp = std::env::temp_dir();
     // A local search's namespace (`search<pid>`) lives in the user's runtime root.
@@ -70,14 +59,7 @@ pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
         (tmp.as_path(), vec!["gepsea-search-", "gepsea-search", "gepsea-report-", "gepsea-worker-"]),
         (runtime.as_path(), vec!["search"]),
     ] {
-        let Ok(entries) = std::fs::read_dir(dir) else { continue };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(dead)) {
-                let p = e.path();
-                let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-            }
-        }
+        crate::tools::remove_leftovers_of_gone(dir, &prefixes);
     }
 }
 
