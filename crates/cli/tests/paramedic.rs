@@ -525,25 +525,43 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     );
 }
 
+/// A storage site started on `listen`, once it says it listens (its port open and its
+/// signal handler installed): the process, its runtime directory and its stderr.
+fn started_site(listen: &str, out: &Path) -> (Running, PathBuf, std::io::BufReader<std::process::ChildStderr>) {
+    let mut serve = gepsea();
+    serve.args(["paramedic", "serve", "--listen", listen, "--out"]).arg(out).stderr(std::process::Stdio::piped());
+    let mut running = Running::spawn(serve);
+    let child = running.child();
+    let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    assert!(line.contains("listening on"), "{line}");
+    assert!(runtime.exists(), "no runtime directory {}", runtime.display());
+    (running, runtime, stderr)
+}
+
+/// Sends SIGTERM and waits (at most 10 s) for the process to end.
+fn stop_with_sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        assert!(std::time::Instant::now() < deadline, "the storage site did not stop on SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A storage site runs until stopped; stopped by SIGTERM it leaves no runtime directory.
 #[test]
 fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
     let f = fixture();
     let d = f.dir.0.join("stopped");
     let listen = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-    let mut serve = gepsea();
-    serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
-    let mut running = Running::spawn(serve);
-    let child = running.child();
-    let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
-    // It says it listens once its port is open and its signal handler installed.
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
-    assert!(line.contains("listening on"), "{line}");
-    assert!(runtime.exists(), "no runtime directory {}", runtime.display());
-    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    let status = child.wait().unwrap();
+    let (mut running, runtime, mut stderr) = started_site(&listen, &d);
+    let status = stop_with_sigterm(running.child());
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
     assert_eq!(status.code(), Some(128 + 15), "{rest}");
@@ -551,24 +569,8 @@ fn a_storage_site_stopped_by_a_signal_leaves_nothing_behind() {
 
     // The same when whoever read its log has gone (its handler panicked on writing
     // the last line to the closed pipe, and the site ran on, ignoring SIGTERM).
-    let mut serve = gepsea();
-    serve.args(["paramedic", "serve", "--listen", &listen, "--out"]).arg(&d).stderr(std::process::Stdio::piped());
-    let mut running = Running::spawn(serve);
-    let child = running.child();
-    let runtime = gepsea_net::namespace_dir(&format!("paramedic-storage{}", child.id()));
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stderr, &mut line).unwrap();
+    let (mut running, runtime, stderr) = started_site(&listen, &d);
     drop(stderr);
-    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(std::time::Instant::now() < deadline, "the storage site ignored SIGTERM once its log reader was gone");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
-    assert_eq!(status.code(), Some(128 + 15));
+    assert_eq!(stop_with_sigterm(running.child()).code(), Some(128 + 15));
     assert!(!runtime.exists(), "{} left behind", runtime.display());
 }
