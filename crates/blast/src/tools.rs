@@ -20,6 +20,31 @@ pub enum ToolError {
     Replay { message: String },
 }
 
+/// Makes the child get SIGTERM when the thread that started it ends, however its
+/// process ends (killed outright, by the OOM killer, or by a launcher), so that nothing
+/// a job started outlives it: a BLAST+ run of a killed search went on for as long as
+/// its batch took (hours on a large database), on the cores a rerun then wanted.
+///
+/// The signal follows the starting *thread* (`PR_SET_PDEATHSIG`), so a child must be
+/// started by a thread that outlives it: every caller here waits for its child on the
+/// thread that started it. A child whose parent died before the request took effect
+/// stops at once.
+pub fn with_parent_death(c: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: prctl, getppid and raise are async-signal-safe and touch only the child
+    // being created.
+    unsafe {
+        c.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            if libc::getppid() as u32 != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Runs `program args...` with `BLASTDB` set to `blastdb` (if given: one directory, or a
 /// search path as [`search_path`] makes), returning its output on success.
 pub fn run(program: &str, args: &[&str], blastdb: Option<&OsStr>, cwd: Option<&Path>) -> Result<Output, ToolError> {
@@ -51,7 +76,7 @@ pub fn run_env(
     env: &[(&str, &str)],
 ) -> Result<Output, ToolError> {
     let mut c = Command::new(program);
-    c.args(args).stdin(Stdio::null());
+    with_parent_death(&mut c).args(args).stdin(Stdio::null());
     c.envs(env.iter().copied());
     if let Some(d) = blastdb {
         c.env("BLASTDB", d);

@@ -181,3 +181,102 @@ fn a_changed_option_or_no_resume_reuses_nothing() {
     assert_eq!(rerun(&d.0, &out, &["--split", "queries", "--no-resume"], &[]), 0, "--no-resume reuses nothing");
     assert_identical(&out, &want, "--no-resume");
 }
+
+/// (pid, ppid, state, command name) of every process, from `/proc/PID/stat`.
+fn processes() -> Vec<(u32, u32, char, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // "pid (comm) state ppid ...": the name may hold spaces and parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let mut rest = stat[close + 1..].split_whitespace();
+        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid = rest.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+        out.push((pid, ppid, state, stat[open + 1..close].to_string()));
+    }
+    out
+}
+
+/// Every live descendant of `root`: (pid, parent, command name).
+fn descendants(root: u32) -> Vec<(u32, u32, String)> {
+    let all = processes();
+    let mut found = vec![root];
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < found.len() {
+        for (pid, ppid, state, name) in &all {
+            if *ppid == found[i] && *state != 'Z' && !found.contains(pid) {
+                found.push(*pid);
+                out.push((*pid, *ppid, name.clone()));
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Whether `pid` has ended (a zombie has: nothing reaps orphans in some containers).
+fn ended(pid: u32) -> bool {
+    processes().iter().all(|(p, _, state, _)| *p != pid || *state == 'Z')
+}
+
+/// Processes SIGKILLed on drop, so that a failed test leaves none running.
+struct KillOnDrop(Vec<u32>);
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            if !ended(pid) {
+                // SAFETY: signalling processes this test started (through the search).
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_search_takes_its_workers_and_blast_runs_with_it() {
+    let d = tempdir("killed-children");
+    setup(&d.0);
+    // A few queries, each of which BLAST+ searches for seconds with a low word
+    // threshold: the runs under way when the search is killed have long to go.
+    std::fs::write(d.0.join("q.fasta"), head(&zcat(QUERY_GZ), 8)).unwrap();
+    for mode in [&["--split", "queries"][..], &["--split", "fragments"], &["--no-agent"]] {
+        let out = d.0.join("hits.tsv");
+        let mut c = gepsea();
+        c.current_dir(&d.0)
+            .args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"])
+            .arg(&out)
+            .args(mode)
+            .args(["--", "-threshold", "5"])
+            .stderr(Stdio::null());
+        let mut search = c.spawn().unwrap();
+        let pid = search.id();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut started = descendants(pid);
+        // Both workers' BLAST+ runs (the search's own checks run BLAST+ too, briefly).
+        while started.iter().filter(|(_, parent, name)| name == "blastp" && *parent != pid).count() < 2 {
+            assert!(Instant::now() < deadline, "{mode:?}: no BLAST+ run started");
+            std::thread::sleep(Duration::from_millis(20));
+            started = descendants(pid);
+        }
+        let guard = KillOnDrop(started.iter().map(|p| p.0).collect());
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        search.wait().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut left: Vec<_> = started.clone();
+        while !left.is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            left.retain(|(p, _, _)| !ended(*p));
+        }
+        assert!(left.is_empty(), "{mode:?}: 10 s after the search was killed these of its processes still ran: {left:?} (of {started:?})");
+        drop(guard);
+        // What a killed search leaves for its rerun to sweep, swept here instead (the
+        // rerun would search for minutes).
+        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
+        for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
+            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
+        }
+    }
+}

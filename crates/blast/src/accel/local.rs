@@ -6,19 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::error::SearchError;
-
-/// Makes the child get SIGTERM when the process that started it dies, however it dies
-/// (killed, or aborted by a launcher): an agent never outlives its job.
-pub fn with_parent_death(c: &mut Command) -> &mut Command {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe and touches only the child being created.
-    unsafe {
-        c.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
-            Ok(())
-        })
-    }
-}
+pub use crate::tools::with_parent_death;
 
 /// A node agent started for a local-mode run (killed on drop).
 pub struct LocalAgent {

@@ -282,7 +282,7 @@ fn build_side_dir(
 /// (first OID, sequences, residues) of each of `k` fragments balanced by residues,
 /// from the lengths `blastdbcmd` streams in OID order.
 fn sequence_lengths(name: &str, dbtype: MolType, info: &Info, k: usize) -> Result<Vec<(u64, u64, u64)>, DbError> {
-    let mut child = Command::new("blastdbcmd")
+    let mut child = crate::tools::with_parent_death(&mut Command::new("blastdbcmd"))
         .args(["-db", name, "-dbtype", dbtype.as_str(), "-entry", "all", "-outfmt", "%l"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -590,7 +590,7 @@ fn build_fragment(
     let name = fragment_name(i, plan.ranges.len());
     let log = dir.join(format!(".{name}.log"));
     let log_file = std::fs::File::create(&log).map_err(io(&log))?;
-    let mut child = Command::new("makeblastdb")
+    let mut child = crate::tools::with_parent_death(&mut Command::new("makeblastdb"))
         .args(["-in", "-", "-dbtype", dbtype.as_str(), "-title", title, "-out", &name])
         .args(args)
         .current_dir(dir)

@@ -96,7 +96,10 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             let workers = opts.workers.max(1);
             for _ in 0..workers {
                 let mut c = Command::new(&opts.worker_exe);
-                c.args(["agent-worker", "--namespace", &a.ns, "--node", "1"]).stdin(Stdio::null()).stdout(Stdio::null());
+                tools::with_parent_death(&mut c)
+                    .args(["agent-worker", "--namespace", &a.ns, "--node", "1"])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null());
                 cleanup
                     .children
                     .push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);

@@ -460,7 +460,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             break;
         }
         let mut c = Command::new(&opts.worker_exe);
-        c.args(["worker", "--ns", &ns, "--port", &(w + 1).to_string()])
+        tools::with_parent_death(&mut c)
+            .args(["worker", "--ns", &ns, "--port", &(w + 1).to_string()])
             .arg("--scratch")
             .arg(&scratch)
             .arg("--")
