@@ -53,6 +53,8 @@ pub enum SearchError {
     OutputIsInput { path: PathBuf, what: &'static str },
     #[error("cannot write the output {path}: {source}")]
     Output { path: PathBuf, source: std::io::Error },
+    #[error("another search{} is writing {}: its work directory {} is in use. Wait for it to end, or give another --out", holder.map(|p| format!(" (pid {p})")).unwrap_or_default(), path.display(), work_dir.display())]
+    OutputBusy { path: PathBuf, work_dir: PathBuf, holder: Option<u32> },
     #[error("{0}")]
     Io(String),
     #[error("cluster launch: {0}")]

@@ -114,9 +114,14 @@ impl Compression {
 /// Opens `path`, transparently decompressing gzip, zstd and bzip2, with a read buffer
 /// of `capacity` bytes.
 pub fn open_with(path: &Path, capacity: usize) -> Result<(Box<dyn BufRead + Send>, Compression), FastaError> {
-    let io = |e| FastaError::Io { path: path.to_path_buf(), source: e };
-    let f = std::fs::File::open(path).map_err(io)?;
-    let mut r = BufReader::with_capacity(capacity, f);
+    let f = std::fs::File::open(path).map_err(|e| FastaError::Io { path: path.to_path_buf(), source: e })?;
+    decoding(f, capacity, path)
+}
+
+/// `input`, decompressed by what its first bytes say; `name` for errors.
+fn decoding(input: impl Read + Send + 'static, capacity: usize, name: &Path) -> Result<(Box<dyn BufRead + Send>, Compression), FastaError> {
+    let io = |e| FastaError::Io { path: name.to_path_buf(), source: e };
+    let mut r = BufReader::with_capacity(capacity, input);
     let kind = Compression::sniff(r.fill_buf().map_err(io)?);
     let reader: Box<dyn BufRead + Send> = match kind {
         Compression::None => Box::new(r),
@@ -125,6 +130,20 @@ pub fn open_with(path: &Path, capacity: usize) -> Result<(Box<dyn BufRead + Send
         Compression::Bzip2 => Box::new(BufReader::with_capacity(capacity, bzip2::bufread::MultiBzDecoder::new(r))),
     };
     Ok((reader, kind))
+}
+
+/// The path that stands for standard input where a command reads its input once
+/// (`gepsea search --query -`, as BLAST+'s `-query -`).
+pub const STDIN: &str = "-";
+
+/// [`read`], or standard input when `path` is [`STDIN`] (named "standard input" in
+/// errors; plain or compressed alike).
+pub fn read_or_stdin(path: &Path) -> Result<Vec<Record>, FastaError> {
+    if path.as_os_str() != STDIN {
+        return read(path);
+    }
+    let name = Path::new("standard input");
+    read_from(decoding(std::io::stdin(), 64 << 10, name)?.0, name)
 }
 
 /// Opens `path`, transparently decompressing gzip, zstd and bzip2.

@@ -287,6 +287,27 @@ pub fn error_lines(stderr: &str) -> String {
     named.or(errors.first()).copied().unwrap_or(stderr.trim()).to_string()
 }
 
+/// Below this many bytes free a file system counts as full in [`full_file_system`].
+const FULL_BELOW_BYTES: u64 = 1 << 20;
+
+/// Why a BLAST+ program that wrote into `dir` failed, when the reason is that its file
+/// system is full: BLAST+ reports a failed write as a C++ exception ("basic_ios::clear:
+/// iostream error") that does not say why. Asked before the failed run's output is
+/// removed (which frees its space again).
+pub fn full_file_system(dir: &Path) -> Option<String> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    let free = st.f_bavail.saturating_mul(st.f_frsize);
+    (free < FULL_BELOW_BYTES).then(|| format!("the file system of {} is full ({free} bytes free)", dir.display()))
+}
+
+/// `message`, followed by [`full_file_system`]'s reason for `dir` if there is one.
+pub fn with_full_file_system(message: String, dir: &Path) -> String {
+    match full_file_system(dir) {
+        Some(full) => format!("{message} ({full})"),
+        None => message,
+    }
+}
+
 /// Whether BLAST+'s `stderr` reports a bad command-line option (its argument parser's
 /// `CArgException`), as opposed to a problem with the data.
 pub fn is_option_error(stderr: &str) -> bool {

@@ -122,7 +122,7 @@ struct SearchArgs {
     /// walltime limit redoes only unfinished batches).
     #[arg(long)]
     no_resume: bool,
-    /// Query FASTA (plain or .gz).
+    /// Query FASTA (plain or compressed; - reads standard input).
     #[arg(long)]
     query: PathBuf,
     /// Output file (written completely, then renamed into place).
@@ -313,6 +313,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
     let cli = Cli::parse();
     let default_level = if matches!(&cli.cmd, Cmd::Agent(a) if a.action.is_none()) { "info" } else { "warn" };
     logging::init(cli.verbose, cli.quiet, default_level);
+    gepsea_blast::set_quiet(cli.quiet);
     tracing::debug!(?malloc, "malloc policy (keep freed memory for reuse)");
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {
@@ -363,6 +364,9 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
             // without, the search process ships the whole output at the end.
             if a.storage_site.is_some() && a.no_agent && ship == "auto" {
                 anyhow::bail!("--ship auto chooses per part from the agents' measured transfers: drop --no-agent, or choose --ship output, zstd or metadata");
+            }
+            if a.storage_site.is_some() && a.no_agent && a.query.as_os_str() == gepsea_blast::fasta::STDIN {
+                anyhow::bail!("--query -: without agents the output goes to the storage site after the search, which reads the queries again: give them as a file");
             }
             let (deliver, ship_parts) = match a.storage_site {
                 Some(storage) if a.no_agent => (

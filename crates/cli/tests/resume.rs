@@ -280,3 +280,55 @@ fn a_killed_search_takes_its_workers_and_blast_runs_with_it() {
         }
     }
 }
+
+#[test]
+fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
+    let d = tempdir("busy");
+    setup(&d.0);
+    let want = d.0.join("serial.6");
+    serial(&d.0, "6", &[], &want);
+    // The first search: two queries that BLAST+ searches for seconds each.
+    std::fs::write(d.0.join("slow.fasta"), head(&zcat(QUERY_GZ), 2)).unwrap();
+    let out = d.0.join("hits.tsv");
+    let mut c = gepsea();
+    c.current_dir(&d.0)
+        .args(["search", "--quiet", "--workers", "1", "--db", "db", "--query", "slow.fasta", "--outfmt", "6", "--out"])
+        .arg(&out)
+        .args(["--", "-threshold", "5"])
+        .stderr(Stdio::null());
+    let mut first = c.spawn().unwrap();
+    let pid = first.id();
+    let guard = KillOnDrop(vec![pid]);
+    let lock = d.0.join(".hits.tsv.gepsea-work/lock");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::fs::read_to_string(&lock).ok() != Some(pid.to_string()) {
+        assert!(Instant::now() < deadline, "the first search never took its work directory");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second is refused at once, names the first, and touches nothing of it. It used
+    // to run alongside, and the first to finish removed the work directory under the
+    // other.
+    let second = search_cmd(&d.0, &out, &[], &[]).output().unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains(&format!("another search (pid {pid}) is writing")) && err.contains("give another --out"),
+        "the refusal says who holds the output and what to do: {err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert_eq!(std::fs::read_to_string(&lock).unwrap(), pid.to_string(), "the first search's work directory is untouched");
+    assert!(!out.exists());
+    assert!(first.try_wait().unwrap().is_none(), "the first search goes on");
+    // Killed, the first lets go at once: the next search of the output runs.
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    first.wait().unwrap();
+    drop(guard);
+    run_ok(search_cmd(&d.0, &out, &[], &[]));
+    assert_identical(&out, &want, "after the first search was killed");
+    assert_eq!(entries(&d.0).iter().filter(|e| e.contains("hits.tsv")).collect::<Vec<_>>(), ["hits.tsv"]);
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
+    for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
+    }
+}

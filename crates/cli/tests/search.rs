@@ -624,6 +624,15 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
         assert!(e.contains("retrying once") && e.contains("failed twice") && e.contains("Taxonomy ID"), "{split:?}: {e}");
         assert!(!e.contains("USAGE"), "{e}");
         assert!(!out.exists());
+        // Errors only under -q: the retry is not one (it was printed all the same).
+        let o = gepsea()
+            .args(["-q", "search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"])
+            .args(split)
+            .args(["--", "-taxids", "9606"])
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && e.trim().lines().count() == 1 && e.contains("failed twice"), "{split:?}, -q: {e}");
     }
     // An agent that cannot start (a core this machine does not have) is reported at
     // once (not after the start timeout, whose error differs), in one line with the
@@ -705,4 +714,49 @@ fn a_search_whose_progress_reader_went_away_still_finishes() {
         assert!(std::fs::read(&out).unwrap() == std::fs::read(serial_ref(f, "q50", "6")).unwrap(), "{split:?}: output differs");
         std::fs::remove_file(&out).unwrap();
     }
+}
+
+#[test]
+fn queries_from_standard_input_are_searched_as_from_a_file() {
+    let f = fixture();
+    let want = serial_ref(f, "q25", "6");
+    let d = tempdir("stdin");
+    // Plain and gzip-compressed (`cat q.fasta | gepsea search --query - ...`).
+    let plain = std::fs::read(f.dir.join("q25.fasta")).unwrap();
+    let mut gzip = Command::new("gzip");
+    gzip.arg("-c").arg(f.dir.join("q25.fasta"));
+    let gz = run_ok(gzip).stdout;
+    for (what, input) in [("plain", plain), ("gzip", gz)] {
+        let out = d.0.join(format!("{what}.6"));
+        let mut c = gepsea();
+        c.args(["search", "--quiet", "--outfmt", "6", "--workers", "2", "--query", "-", "--db"])
+            .arg(f.dir.join("db3"))
+            .arg("--out")
+            .arg(&out)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), &input).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+        assert_same(&out, &want, &format!("queries on standard input, {what}"));
+    }
+    // Bad input there is named as such.
+    let mut c = gepsea();
+    c.args(["search", "--query", "-", "--db"])
+        .arg(f.dir.join("db3"))
+        .arg("--out")
+        .arg(d.0.join("bad.6"))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"MKV\n>q1\nMKV\n").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        "gepsea: error: standard input:1: sequence data before the first '>' header line"
+    );
+    assert!(!d.0.join("bad.6").exists());
 }

@@ -20,6 +20,7 @@ impl LocalAgent {
     /// with its own error as the reason.
     pub fn start(exe: &Path, namespace: &str, cpu: Option<usize>) -> Result<LocalAgent, SearchError> {
         let mut child = with_parent_death(&mut Command::new(exe))
+            .args(crate::quiet().then_some("-q"))
             .args(["agent", "--namespace", namespace, "--node-id", "1"])
             .args(cpu.map(|c| format!("--cpu={c}")))
             .stdin(Stdio::null())
@@ -73,7 +74,7 @@ impl StderrRelay {
             for line in std::io::BufReader::new(from).lines().map_while(Result::ok) {
                 let mut st = s.lock().unwrap();
                 if st.relay {
-                    note!("{line}");
+                    relay!("{line}");
                 } else {
                     st.held.push(line);
                 }
@@ -85,7 +86,7 @@ impl StderrRelay {
     fn relay_from_now(mut self) {
         let mut st = self.shared.lock().unwrap();
         for l in st.held.drain(..) {
-            note!("{l}");
+            relay!("{l}");
         }
         st.relay = true;
         drop(st);

@@ -3,7 +3,7 @@
 //! to the agent without waiting for it to be merged.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gepsea_agent::api::Api;
@@ -127,7 +127,10 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         let scratch = std::env::temp_dir();
         let out = match blastdb.and_then(|db| {
             crate::replay::run_search(spec.recording.as_ref(), &spec.program, &args, Some(&db), Some(&scratch)).map_err(|e| match e {
-                ToolError::Failed { stderr, .. } => tools::error_lines(&stderr),
+                ToolError::Failed { stderr, .. } => match part_file.as_deref().and_then(Path::parent) {
+                    Some(dir) => tools::with_full_file_system(tools::error_lines(&stderr), dir),
+                    None => tools::error_lines(&stderr),
+                },
                 other => other.to_string(),
             })
         }) {

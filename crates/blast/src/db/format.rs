@@ -616,7 +616,7 @@ fn build_fragment(
         return Err(DbError::Format(format!(
             "makeblastdb failed on fragment {name} of {} ({status}): {}",
             input.display(),
-            tools::error_lines(&stderr)
+            tools::with_full_file_system(tools::error_lines(&stderr), dir)
         )));
     }
     match copied {

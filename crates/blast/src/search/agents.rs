@@ -127,7 +127,18 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                 }
                 Ok(())
             };
-            let stats = accel::master(&client, &spec, &job, &a.tmp_out, agents_see_out, workers, |d| progress.set(d), watch)?;
+            let stats = match accel::master(&client, &spec, &job, &a.tmp_out, agents_see_out, workers, |d| progress.set(d), watch) {
+                Ok(stats) => stats,
+                Err(e) => {
+                    // The workers go before their agent: stopped after it, each printed
+                    // that it had lost the agent, above the error that ended the search.
+                    for c in cleanup.children.iter_mut() {
+                        let _ = c.kill();
+                        let _ = c.wait();
+                    }
+                    return Err(e);
+                }
+            };
             (stats, Some(agent), Some(client), workers, None)
         }
     };

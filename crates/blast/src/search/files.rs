@@ -17,6 +17,46 @@ pub(crate) fn default_work_dir(out: &Path) -> Option<PathBuf> {
     Some(std::fs::canonicalize(dir).ok()?.join(work_dir_name(&out.file_name()?.to_string_lossy())))
 }
 
+/// A search's hold on its default work directory, for as long as it lives: two
+/// searches of one output shared that directory, and the first to finish removed it
+/// under the other, which then failed with "lost contact with the agent" and a missing
+/// part. An `flock` on `work_dir/lock`, which the kernel releases however the holder
+/// ends, so a killed search's rerun takes it at once. The holder's pid is written in
+/// the file for the refusal to name.
+pub(crate) struct WorkDirLock {
+    _file: std::fs::File,
+}
+
+impl WorkDirLock {
+    /// Takes the lock, creating `work_dir` if needed. `Err(holder)`: another search
+    /// holds it. `Ok(None)`: no lock could be made (the directory cannot be created,
+    /// which the search reports itself, or a file system without locks): the search
+    /// goes on as before.
+    pub(crate) fn take(work_dir: &Path) -> Result<Option<WorkDirLock>, Option<u32>> {
+        use rustix::fs::{flock, FlockOperation};
+        use std::io::{Read, Seek, Write};
+        if std::fs::create_dir_all(work_dir).is_err() {
+            return Ok(None);
+        }
+        let path = work_dir.join("lock");
+        let Ok(mut file) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path) else {
+            return Ok(None);
+        };
+        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+                Ok(Some(WorkDirLock { _file: file }))
+            }
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                let mut text = String::new();
+                let _ = file.read_to_string(&mut text);
+                Err(text.trim().parse().ok())
+            }
+            Err(_) => Ok(None),
+        }
+    }
+}
+
 /// What an existing `out` would destroy if the search's output replaced it: the
 /// query file, or a file of the database (one in a gepsea database's directory, or of
 /// a BLAST database's volumes). `None` when `out` is none of them (or does not exist).

@@ -210,6 +210,14 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
 }
 
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
+    // Held until the work directory is removed or kept (see `files::WorkDirLock`).
+    let _lock = match opts.work_dir.is_none().then(|| default_work_dir(&opts.out)).flatten() {
+        Some(dir) => match files::WorkDirLock::take(&dir) {
+            Ok(lock) => lock,
+            Err(holder) => return Err(SearchError::OutputBusy { path: opts.out.clone(), work_dir: dir, holder }),
+        },
+        None => None,
+    };
     let result = run_checked(opts, env);
     if result.is_err() && opts.work_dir.is_none() {
         // Kept for a rerun only if it holds finished parts: a search that failed before
@@ -239,7 +247,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     if let Some(p) = &opts.program {
         program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
     }
-    let queries = fasta::read(&opts.query)?;
+    let queries = fasta::read_or_stdin(&opts.query)?;
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
     let split =
         choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
