@@ -284,7 +284,12 @@ pub fn error_lines(stderr: &str) -> String {
     // For a bad option value BLAST+ first says what failed to convert, then which
     // argument it was: the line naming the argument says more.
     let named = errors.iter().find(|l| l.starts_with("Error: Argument") || l.starts_with("Error: Unknown argument"));
-    named.or(errors.first()).copied().unwrap_or(stderr.trim()).to_string()
+    match named.or(errors.first()) {
+        Some(line) => line.to_string(),
+        // One line of the rest, as an error line is: a C++ exception's `terminate
+        // called ...` and `what(): ...` came as two.
+        None => stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" "),
+    }
 }
 
 /// Below this many bytes free a file system counts as full in [`full_file_system`].
@@ -391,6 +396,11 @@ mod tests {
         assert_eq!(error_lines(value), "Error: Argument \"evalue\". Argument cannot be converted:  `abc'");
         let db = "BLAST Database error: No alias or index file found for protein database [x] in search path [/tmp::]";
         assert_eq!(error_lines(db), db);
+        let thrown = "terminate called after throwing an instance of 'std::__ios_failure'\n  what():  basic_ios::clear: iostream error\n";
+        assert_eq!(
+            error_lines(thrown),
+            "terminate called after throwing an instance of 'std::__ios_failure' what():  basic_ios::clear: iostream error"
+        );
         assert!(!is_option_error(db));
     }
 }
