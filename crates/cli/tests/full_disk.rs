@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
+use common::{assert_identical, entries, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
 
 /// A tmpfs of `size` mounted at `at`, unmounted on drop (also when the test fails).
 struct Mounted(PathBuf);
@@ -37,12 +37,6 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
-}
-
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    v.sort();
-    v
 }
 
 #[test]

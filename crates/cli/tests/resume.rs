@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
+use common::{assert_identical, entries, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
 
 /// A formatted database, 40 queries and serial references, in `dir`.
 fn setup(dir: &Path) {
@@ -102,10 +102,13 @@ fn rerun_summary(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> serde
     v
 }
 
-fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
-    v.sort();
-    v
+/// Removes what a search killed with `pid` leaves for its rerun to sweep (its runtime
+/// namespace and scratch), where the test runs none (it would search for minutes).
+fn forget_killed_search(pid: u32) {
+    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
+    for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
+        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
+    }
 }
 
 #[test]
@@ -272,12 +275,7 @@ fn a_killed_search_takes_its_workers_and_blast_runs_with_it() {
         }
         assert!(left.is_empty(), "{mode:?}: 10 s after the search was killed these of its processes still ran: {left:?} (of {started:?})");
         drop(guard);
-        // What a killed search leaves for its rerun to sweep, swept here instead (the
-        // rerun would search for minutes).
-        let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
-        for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
-            let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
-        }
+        forget_killed_search(pid);
     }
 }
 
@@ -327,8 +325,5 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     run_ok(search_cmd(&d.0, &out, &[], &[]));
     assert_identical(&out, &want, "after the first search was killed");
     assert_eq!(entries(&d.0).iter().filter(|e| e.contains("hits.tsv")).collect::<Vec<_>>(), ["hits.tsv"]);
-    let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
-    for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
-    }
+    forget_killed_search(pid);
 }

@@ -61,6 +61,13 @@ pub fn tempdir(tag: &str) -> TempDir {
     TempDir(d)
 }
 
+/// The names in `dir`, sorted.
+pub fn entries(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    v.sort();
+    v
+}
+
 /// Byte equality with the first differing line in the failure message.
 pub fn assert_identical(got: &std::path::Path, want: &std::path::Path, what: &str) {
     let (g, w) = (std::fs::read(got).unwrap_or_else(|e| panic!("{}: {e}", got.display())), std::fs::read(want).unwrap());
