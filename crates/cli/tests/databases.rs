@@ -359,6 +359,12 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     let dbout = d.0.join("dupdb");
     let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()], &dbout);
     assert!(e.contains("dup.fa:7: duplicate sequence identifier \"a\" (first seen on line 1)"), "{e}");
+    // `db verify` given a file, not the database's directory.
+    let e = fails(&d.0, &["db", "verify", dup.to_str().unwrap()], &dbout);
+    assert_eq!(
+        e.trim(),
+        format!("gepsea: error: {} is a file, not a database directory: give the directory `gepsea db format --out` made", dup.display())
+    );
     let leftovers: Vec<_> =
         std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("tmp")).collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");

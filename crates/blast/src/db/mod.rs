@@ -141,6 +141,8 @@ pub enum DbError {
     ZeroFragments,
     #[error("{path}: not a gepsea database manifest: {reason}")]
     BadManifest { path: PathBuf, reason: String },
+    #[error("{0} is a file, not a database directory: give the directory `gepsea db format --out` made")]
+    FileNotDatabase(PathBuf),
     #[error(
         "{path}: checksum mismatch (manifest says {expected}, file has {actual}); the database was modified or damaged: format it again"
     )]
@@ -258,7 +260,10 @@ pub(crate) fn write_stats_db(dir: &Path, dbtype: MolType, title: &str, sequences
 fn read_manifest(dir: &Path) -> Result<Manifest, DbError> {
     let path = dir.join("manifest.json");
     let text = std::fs::read_to_string(&path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
+        if dir.is_file() {
+            // Not "FILE/manifest.json: Not a directory".
+            DbError::FileNotDatabase(dir.to_path_buf())
+        } else if e.kind() == std::io::ErrorKind::NotFound {
             DbError::BadManifest { path: path.clone(), reason: "missing: format the database with `gepsea db format`".into() }
         } else {
             DbError::Io { path: path.clone(), source: e }
