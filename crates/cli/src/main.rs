@@ -309,6 +309,27 @@ fn stop_on_signals() -> Result<()> {
     Ok(())
 }
 
+/// SIGINT and SIGTERM stop `db format` without leaving its half-built database (as
+/// large as the database) beside the output; while the finished one moves into place,
+/// they wait for it. A second signal ends the process at once.
+fn stop_db_format_on_signals() -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
+    std::thread::spawn(move || {
+        let mut seen = false;
+        for sig in signals.forever() {
+            if seen {
+                std::process::exit(128 + sig);
+            }
+            seen = true;
+            say!("gepsea db format: stopping (signal {sig}): removing the database being built");
+            db::format::stop_build(128 + sig);
+            say!("gepsea db format: the database is being moved into place; stopping once it is");
+        }
+    });
+    Ok(())
+}
+
 fn run(malloc: malloc_policy::Applied) -> Result<()> {
     let cli = Cli::parse();
     let default_level = if matches!(&cli.cmd, Cmd::Agent(a) if a.action.is_none()) { "info" } else { "warn" };
@@ -317,6 +338,7 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
     tracing::debug!(?malloc, "malloc policy (keep freed memory for reuse)");
     match cli.cmd {
         Cmd::Db { what: DbCmd::Format(a) } => {
+            stop_db_format_on_signals()?;
             let o = db::FormatOptions {
                 input: &a.input,
                 fragments: a.fragments,

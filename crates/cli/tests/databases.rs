@@ -463,3 +463,50 @@ fn db_format_force_replaces_a_database_in_place_and_nothing_else() {
     assert!(!o.status.success() && e.contains("lies inside --out") && e.contains("which --force would replace"), "{e}");
     assert!(inside.is_file() && fragments_in(&here) == 3);
 }
+
+#[test]
+fn db_format_stopped_by_a_signal_leaves_no_half_built_database() {
+    let d = tempdir("format-signal");
+    // Eight copies of the example database under new accessions (BLAST+ refuses
+    // repeated ones): 92 MB, so that the build is still under way when it is stopped.
+    let db = zcat(DB_GZ);
+    let mut big = String::with_capacity(8 * db.len() + (8 << 20));
+    for copy in 0..8 {
+        for line in db.lines() {
+            match line.strip_prefix('>').and_then(|l| l.split_once('|')) {
+                Some((tag, rest)) => {
+                    let (acc, rest) = rest.split_once('|').unwrap_or((rest, ""));
+                    big.push_str(&format!(">{tag}|{acc}x{copy}|{rest}\n"));
+                }
+                None => {
+                    big.push_str(line);
+                    big.push('\n');
+                }
+            }
+        }
+    }
+    let input = d.0.join("big.fasta");
+    std::fs::write(&input, big).unwrap();
+    for signal in [libc::SIGTERM, libc::SIGINT] {
+        let mut c = gepsea();
+        c.current_dir(&d.0).args(["db", "format", "--input", "big.fasta", "--fragments", "4", "--out", "big"]);
+        let child = c.stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let tmp = d.0.join(format!(".big.tmp{}", child.id()));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        // Stopped once makeblastdb has written into the build.
+        while std::fs::read_dir(&tmp).map_or(true, |mut e| e.next().is_none()) {
+            assert!(std::time::Instant::now() < deadline, "the build never started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let o = child.wait_with_output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(128 + signal), "stopped, not finished: {e}");
+        assert!(e.contains(&format!("stopping (signal {signal}): removing the database being built")), "{e}");
+        let mut left: Vec<String> =
+            std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["big.fasta"], "signal {signal}: the half-built database was left");
+    }
+}

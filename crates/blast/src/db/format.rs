@@ -312,7 +312,10 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
     let tmp = parent.join(format!(".{name}.tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    *BUILDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(tmp.clone());
     let result = format_into(o, &tmp, &blast_version, &user_args, &mut progress);
+    // From here a signal no longer removes the build: it is moved into place, or fails.
+    BUILDING.lock().unwrap_or_else(|e| e.into_inner()).take();
     match result {
         Ok(m) => {
             if out.exists() {
@@ -340,6 +343,26 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
             let _ = std::fs::remove_dir_all(&tmp);
             Err(e)
         }
+    }
+}
+
+/// The temporary directory of the build under way, while stopping would lose nothing
+/// but it: set once it is made, taken (`None`) when the finished database starts moving
+/// into place or the build fails.
+static BUILDING: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+
+/// For a signal handler (`gepsea db format` on SIGINT/SIGTERM): if a build is under way
+/// and not yet moving into place, removes its temporary directory (a database's size:
+/// nr's is hundreds of GB) and exits with `code`, holding the build's lock so that it
+/// cannot start moving meanwhile. Returns when there is nothing to remove: no build, or
+/// the finished database is moving into place, which is left to finish (stopped
+/// halfway, it would leave the old database half replaced).
+pub fn stop_build(code: i32) {
+    let mut building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(tmp) = building.take() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        // Its makeblastdb runs get SIGTERM as the process ends (`tools::with_parent_death`).
+        std::process::exit(code);
     }
 }
 
