@@ -190,6 +190,9 @@ pub fn send_to(
         Some(ip) => ip,
         None => local_ip_towards(storage).map_err(|source| TransferError::NoRoute { to: storage, source })?,
     };
+    if let Some(e) = refused(storage) {
+        return Err(TransferError::Unreachable { to: storage, reason: format!("connect to {storage}: {e}") });
+    }
     let pid = std::process::id();
     let ns = format!("paramedic-send{pid}-{}", PORTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let started = std::time::Instant::now();
@@ -205,6 +208,31 @@ pub fn send_to(
         reconnects: st.connections_established.saturating_sub(1),
         frames_resent: st.frames_replayed,
     })
+}
+
+/// How long connections refused outright are tried again before the storage site
+/// counts as not running: a site starting up listens well within it.
+const REFUSED_FOR: Duration = Duration::from_secs(5);
+
+/// The refusal, if every connection to `storage` for [`REFUSED_FOR`] is refused:
+/// nothing listens there (a wrong port, a site not started), and the transfer says so
+/// now instead of after its port's 60 s reconnect timeout (a mistyped port used to
+/// wait a minute). A connection that gets no answer at all (a host down, a firewall
+/// dropping it) is left to that timeout: over a wide-area link it may only be slow.
+/// The probe connects and closes; the storage site ignores such a connection.
+fn refused(storage: SocketAddr) -> Option<std::io::Error> {
+    let deadline = std::time::Instant::now() + REFUSED_FOR;
+    loop {
+        match std::net::TcpStream::connect_timeout(&storage, REFUSED_FOR) {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                if std::time::Instant::now() >= deadline {
+                    return Some(e);
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// A link failure names the storage site by its internal port address (`STORAGE`):
@@ -559,6 +587,20 @@ mod tests {
         assert!(matches!(site_named(TransferError::Net(other), to), TransferError::Net(_)));
         assert!(matches!(site_named(TransferError::BadName("a/b".into()), to), TransferError::BadName(_)));
     }
+
+    #[test]
+    fn a_storage_site_that_refuses_connections_fails_the_transfer_in_seconds() {
+        // A port nothing listens on: bound, then closed.
+        let to = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let started = std::time::Instant::now();
+        let e = send_to(to, None, "x", None, b"data", None).unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(e, TransferError::Unreachable { to: t, .. } if t == to), "{e}");
+        assert!(e.to_string().contains(&format!("connect to {to}: Connection refused")), "{e}");
+        // Tried again for REFUSED_FOR, not for the port's 60 s reconnect timeout.
+        assert!(took >= REFUSED_FOR && took < Duration::from_secs(30), "{took:?}");
+    }
+
     use crate::container;
     use crate::plugin::RawPlugin;
 
