@@ -46,6 +46,7 @@ pub mod cluster;
 pub mod db;
 pub mod error;
 pub mod fasta;
+pub mod output;
 pub mod parts;
 pub mod plan;
 pub mod replay;

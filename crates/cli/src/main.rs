@@ -125,7 +125,7 @@ struct SearchArgs {
     /// Query FASTA (plain or compressed; - reads standard input).
     #[arg(long)]
     query: PathBuf,
-    /// Output file (written completely, then renamed into place).
+    /// Output file (written completely, then renamed into place); - writes to standard output.
     #[arg(long)]
     out: PathBuf,
     /// Worker processes (default: number of cores).

@@ -760,3 +760,43 @@ fn queries_from_standard_input_are_searched_as_from_a_file() {
     );
     assert!(!d.0.join("bad.6").exists());
 }
+
+#[test]
+fn output_to_standard_output_a_device_or_a_link_goes_where_it_points() {
+    use std::os::unix::fs::FileTypeExt;
+    let f = fixture();
+    let want = serial_ref(f, "q25", "6");
+    let d = tempdir("destinations");
+    let search = |out: &str| {
+        let mut c = gepsea();
+        c.current_dir(&d.0)
+            .args(["search", "--quiet", "--outfmt", "6", "--workers", "2", "--query"])
+            .arg(f.dir.join("q25.fasta"))
+            .arg("--db")
+            .arg(f.dir.join("db3"))
+            .args(["--out", out]);
+        run_ok(c)
+    };
+    // `-`: standard output, byte for byte.
+    let o = search("-");
+    std::fs::write(d.0.join("stdout.6"), &o.stdout).unwrap();
+    assert_same(&d.0.join("stdout.6"), &want, "--out -");
+    // A device stays a device: renamed onto, the output replaced /dev/null itself. A
+    // null device of the test's own (as root), so that a regression replaces that one.
+    let null = d.0.join("null");
+    run_ok({
+        let mut c = Command::new("mknod");
+        c.arg(&null).args(["c", "1", "3"]);
+        c
+    });
+    search("null");
+    assert!(std::fs::metadata(&null).unwrap().file_type().is_char_device(), "the device was replaced");
+    // A link: the file it points to gets the output, the link stays.
+    std::os::unix::fs::symlink("target.6", d.0.join("link.6")).unwrap();
+    search("link.6");
+    assert!(std::fs::symlink_metadata(d.0.join("link.6")).unwrap().file_type().is_symlink());
+    assert_same(&d.0.join("target.6"), &want, "--out through a link");
+    let mut names: Vec<_> = std::fs::read_dir(&d.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["link.6", "null", "stdout.6", "target.6"]);
+}

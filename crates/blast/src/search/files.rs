@@ -96,7 +96,8 @@ pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
         (out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]),
         // Scratch of a master (`gepsea-search-`, `gepsea-report-`) or of a worker on
         // this node (`gepsea-worker-`).
-        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search", "gepsea-report-", "gepsea-worker-"]),
+        // `gepsea-stream-`: a search into standard output or a device.
+        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search", "gepsea-report-", "gepsea-worker-", "gepsea-stream-"]),
         (runtime.as_path(), vec!["search"]),
     ] {
         crate::tools::remove_leftovers_of_gone(dir, &prefixes);

@@ -20,6 +20,7 @@ use serde::Serialize;
 use crate::archive;
 use crate::db::{self, Manifest};
 use crate::fasta::{self, MolType, Record};
+use crate::output::Destination;
 use crate::report::{self};
 use crate::schedule::{AfterFailure, Scheduler, Target};
 use crate::tools::{self, ToolError};
@@ -209,7 +210,36 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
     run_with(opts, Env::Cluster { client, workers, shared })
 }
 
+/// The search into `opts.out` as [`Destination::of`] sees it: a file (a link's
+/// target), or a stream (standard output, a device, a FIFO) into which the finished
+/// output is copied from a file of a directory of its own in the temporary directory
+/// (no resume: a stream is written once). Renamed onto a device, the output replaced
+/// it (`--out /dev/null` as root made `/dev/null` a regular file).
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
+    let dest = Destination::of(&opts.out);
+    let Destination::Stream(_) = dest else {
+        return match dest.file() {
+            Some(file) if file != opts.out => run_into_file(&SearchOptions { out: file.to_path_buf(), ..opts.clone() }, env),
+            _ => run_into_file(opts, env),
+        };
+    };
+    if !matches!(env, Env::Local) {
+        let source = std::io::Error::other(
+            "not a regular file: a launched search writes its output where every node's storage sees it; give a file",
+        );
+        return Err(SearchError::Output { path: opts.out.clone(), source });
+    }
+    let dir = std::env::temp_dir().join(format!("gepsea-stream-{}", std::process::id()));
+    let _removed = files::RemoveDir(dir.clone());
+    std::fs::create_dir_all(&dir).map_err(|e| SearchError::Output { path: dir.clone(), source: e })?;
+    let inner = SearchOptions { out: dir.join("out"), resume: false, ..opts.clone() };
+    let mut summary = run_into_file(&inner, env)?;
+    dest.put(&inner.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    summary.output = opts.out.clone();
+    Ok(summary)
+}
+
+fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     // Held until the work directory is removed or kept (see `files::WorkDirLock`).
     let _lock = match opts.work_dir.is_none().then(|| default_work_dir(&opts.out)).flatten() {
         Some(dir) => match files::WorkDirLock::take(&dir) {

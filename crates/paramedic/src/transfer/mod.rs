@@ -263,14 +263,10 @@ pub trait Sink: Sync {
     fn store(&self, name: &str, part: Option<&PartOf>, container: &[u8]) -> Result<u64, String>;
 }
 
-/// Writes through a temporary file renamed into place.
+/// Writes through a temporary file renamed into place; into standard output (`-`), a
+/// device or a FIFO directly ([`gepsea_blast::output::Destination`]).
 pub fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.gepsea-tmp{}", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+    gepsea_blast::output::Destination::of(path).write(data)
 }
 
 /// Checks a received object and hands it to the sink.
