@@ -84,6 +84,8 @@ pub enum FastaError {
     BadChar { path: PathBuf, line: usize, id: String, ch: char },
     #[error("{path}:{line}: duplicate sequence identifier {id:?} (first seen on line {first})")]
     Duplicate { path: PathBuf, line: usize, id: String, first: usize },
+    #[error("{path}:{line}: sequence {id:?} has the accession {key:?} of {first_id:?} (line {first}): makeblastdb -parse_seqids takes them for one sequence and refuses both")]
+    SameAccession { path: PathBuf, line: usize, id: String, key: String, first_id: String, first: usize },
     #[error("{path}: no sequences (the file is empty or has no '>' header lines)")]
     Empty { path: PathBuf },
 }

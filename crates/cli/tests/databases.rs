@@ -359,6 +359,19 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     let dbout = d.0.join("dupdb");
     let e = fails(&d.0, &["db", "format", "--input", dup.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()], &dbout);
     assert!(e.contains("dup.fa:7: duplicate sequence identifier \"a\" (first seen on line 1)"), "{e}");
+    // One UniProt accession under two identifiers, in what become two fragments: each
+    // fragment's makeblastdb would accept its half, serial makeblastdb refuses the file.
+    let acc = d.0.join("acc.fa");
+    std::fs::write(&acc, ">sp|P12345|A_HUMAN one\nMKVL\n>other\nMKLV\n>tr|P12345|B_HUMAN two\nMKKV\n").unwrap();
+    let serial_dir = d.0.join("serial-acc");
+    std::fs::create_dir(&serial_dir).unwrap();
+    let mut serial = Command::new("makeblastdb");
+    serial.current_dir(&serial_dir).arg("-in").arg(&acc).args(["-dbtype", "prot", "-parse_seqids", "-out", "acc"]);
+    assert!(!serial.output().unwrap().status.success(), "serial makeblastdb takes them for one sequence");
+    std::fs::remove_dir_all(&serial_dir).unwrap();
+    let e = fails(&d.0, &["db", "format", "--input", acc.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()], &dbout);
+    assert!(e.contains("acc.fa:5: sequence \"tr|P12345|B_HUMAN\" has the accession \"P12345\" of \"sp|P12345|A_HUMAN\" (line 1)"), "{e}");
+    std::fs::remove_file(&acc).unwrap();
     // `db verify` given a file, not the database's directory.
     let e = fails(&d.0, &["db", "verify", dup.to_str().unwrap()], &dbout);
     assert_eq!(

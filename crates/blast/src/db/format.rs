@@ -102,6 +102,22 @@ struct Scanned {
     compression: Compression,
 }
 
+/// What `makeblastdb -parse_seqids` tells sequences apart by, where that is not the
+/// whole identifier: UniProt's `sp|ACC|NAME` and `tr|ACC|NAME` and a local `lcl|ID` go
+/// by the accession or ID, which is also the key of that accession given bare. To
+/// makeblastdb `tr|P1|a` and `tr|P1|b` are the same sequence, as are `sp|P1|a`,
+/// `tr|P1|b` and `P1`, and `lcl|x` and `x` (each pair checked with makeblastdb 2.12).
+/// Other NCBI forms (`gi|`, `ref|`, ...) are left whole. Checked across the whole input:
+/// each fragment's makeblastdb sees only its own sequences, and two in different
+/// fragments made a database that serial makeblastdb refuses.
+fn seq_id_key(id: &str) -> &str {
+    let mut fields = id.splitn(3, '|');
+    match (fields.next(), fields.next()) {
+        (Some(tag), Some(acc)) if !acc.is_empty() && ["sp", "tr", "lcl"].iter().any(|t| tag.eq_ignore_ascii_case(t)) => acc,
+        _ => id,
+    }
+}
+
 fn id_hash(id: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut h);
@@ -203,7 +219,7 @@ fn scan(input: &Path, work: &Path) -> Result<Scanned, DbError> {
     let totals = fasta::scan(reader, input, |l| {
         match l {
             Line::Header { id, offset, .. } => {
-                if let Err(e) = hashes.push(id_hash(id)) {
+                if let Err(e) = hashes.push(id_hash(seq_id_key(id))) {
                     spill_error.get_or_insert(e);
                 }
                 let last = checkpoints.last().map_or(0, |c: &Checkpoint| c.offset);
@@ -243,14 +259,27 @@ fn scan(input: &Path, work: &Path) -> Result<Scanned, DbError> {
 /// were collisions of distinct identifiers).
 fn confirm_duplicates(input: &Path, collided: &HashSet<u64>) -> Result<(), DbError> {
     let (reader, _) = fasta::open_with(input, READ_BUFFER)?;
-    let mut first: HashMap<String, usize> = HashMap::new();
+    let mut first: HashMap<String, (usize, String)> = HashMap::new();
     fasta::scan(reader, input, |l| {
         if let Line::Header { id, line, .. } = l {
-            if collided.contains(&id_hash(id)) {
-                if let Some(&f) = first.get(id) {
-                    return Err(FastaError::Duplicate { path: input.to_path_buf(), line, id: id.to_string(), first: f });
+            let key = seq_id_key(id);
+            if collided.contains(&id_hash(key)) {
+                if let Some((f, first_id)) = first.get(key) {
+                    let path = input.to_path_buf();
+                    return Err(if first_id == id {
+                        FastaError::Duplicate { path, line, id: id.to_string(), first: *f }
+                    } else {
+                        FastaError::SameAccession {
+                            path,
+                            line,
+                            id: id.to_string(),
+                            key: key.to_string(),
+                            first_id: first_id.clone(),
+                            first: *f,
+                        }
+                    });
                 }
-                first.insert(id.to_string(), line);
+                first.insert(key.to_string(), (line, id.to_string()));
             }
         }
         Ok(())
@@ -680,6 +709,20 @@ fn build_fragment(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uniprot_and_local_identifiers_are_told_apart_by_accession_as_makeblastdb_does() {
+        assert_eq!(seq_id_key("sp|P12345|A_HUMAN"), "P12345");
+        assert_eq!(seq_id_key("tr|W0FSK4|W0FSK4_9FLAV"), "W0FSK4");
+        assert_eq!(seq_id_key("SP|P12345|A_HUMAN"), "P12345");
+        assert_eq!(seq_id_key("lcl|query1"), "query1");
+        assert_eq!(seq_id_key("P12345"), "P12345", "bare: itself, the key of sp|P12345|…");
+        // Left whole: other NCBI forms, and forms with nothing after the bar.
+        assert_eq!(seq_id_key("gi|123|ref|NP_1.1|"), "gi|123|ref|NP_1.1|");
+        assert_eq!(seq_id_key("ref|NP_000001.1|"), "ref|NP_000001.1|");
+        assert_eq!(seq_id_key("sp||x"), "sp||x");
+        assert_eq!(seq_id_key("spx|P1|a"), "spx|P1|a");
+    }
 
     fn cps(res: &[u64]) -> (Vec<Checkpoint>, fasta::Totals) {
         let mut v = Vec::new();
