@@ -341,10 +341,17 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
     let tmp = parent.join(format!(".{name}.tmp{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    *BUILDING.lock().unwrap_or_else(|e| e.into_inner()) = Some(tmp.clone());
+    set_stage(Stage::Building(tmp.clone()));
     let result = format_into(o, &tmp, &blast_version, &user_args, &mut progress);
     // From here a signal no longer removes the build: it is moved into place, or fails.
-    BUILDING.lock().unwrap_or_else(|e| e.into_inner()).take();
+    set_stage(Stage::Placing);
+    let placed = place(result, &out, &tmp, parent, &name);
+    set_stage(Stage::Starting);
+    placed
+}
+
+/// Moves the finished build `tmp` into place as `out`, or removes it if the build failed.
+fn place(result: Result<Manifest, DbError>, out: &Path, tmp: &Path, parent: &Path, name: &str) -> Result<Manifest, DbError> {
     match result {
         Ok(m) => {
             if out.exists() {
@@ -354,44 +361,59 @@ pub fn format(o: &FormatOptions, mut progress: impl FnMut(Progress)) -> Result<M
                 // all be moved in.
                 let old = parent.join(format!(".{name}.old{}", std::process::id()));
                 std::fs::create_dir_all(&old).map_err(io(&old))?;
-                if let Err(e) = move_entries(&out, &old).and_then(|()| move_entries(&tmp, &out)) {
-                    let _ = move_entries(&out, &tmp);
-                    let _ = move_entries(&old, &out);
-                    let _ = std::fs::remove_dir_all(&tmp);
+                if let Err(e) = move_entries(out, &old).and_then(|()| move_entries(tmp, out)) {
+                    let _ = move_entries(out, tmp);
+                    let _ = move_entries(&old, out);
+                    let _ = std::fs::remove_dir_all(tmp);
                     let _ = std::fs::remove_dir_all(&old);
-                    return Err(io(&out)(e));
+                    return Err(io(out)(e));
                 }
                 let _ = std::fs::remove_dir_all(&old);
-                let _ = std::fs::remove_dir(&tmp);
+                let _ = std::fs::remove_dir(tmp);
             } else {
-                std::fs::rename(&tmp, &out).map_err(io(&out))?;
+                std::fs::rename(tmp, out).map_err(io(out))?;
             }
             Ok(m)
         }
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
+            let _ = std::fs::remove_dir_all(tmp);
             Err(e)
         }
     }
 }
 
-/// The temporary directory of the build under way, while stopping would lose nothing
-/// but it: set once it is made, taken (`None`) when the finished database starts moving
-/// into place or the build fails.
-static BUILDING: std::sync::Mutex<Option<PathBuf>> = std::sync::Mutex::new(None);
+/// Where [`format`] is, for a signal handler ([`stop_build`]).
+enum Stage {
+    /// Checking its arguments: nothing written yet.
+    Starting,
+    /// Building in this temporary directory: stopping loses nothing but it.
+    Building(PathBuf),
+    /// Moving the finished database into place, or failed and cleaning up.
+    Placing,
+}
 
-/// For a signal handler (`gepsea db format` on SIGINT/SIGTERM): if a build is under way
-/// and not yet moving into place, removes its temporary directory (a database's size:
-/// nr's is hundreds of GB) and exits with `code`, holding the build's lock so that it
-/// cannot start moving meanwhile. Returns when there is nothing to remove: no build, or
-/// the finished database is moving into place, which is left to finish (stopped
+static STAGE: std::sync::Mutex<Stage> = std::sync::Mutex::new(Stage::Starting);
+
+fn set_stage(stage: Stage) {
+    *STAGE.lock().unwrap_or_else(|e| e.into_inner()) = stage;
+}
+
+/// For a signal handler (`gepsea db format` on SIGINT/SIGTERM): exits with `code` at
+/// once while [`format`] is checking its arguments, and after removing the temporary
+/// directory while it builds (a database's size: nr's is hundreds of GB), holding the
+/// stage's lock so that the build cannot start moving into place meanwhile. Returns
+/// while the finished database moves into place, which is left to finish (stopped
 /// halfway, it would leave the old database half replaced).
 pub fn stop_build(code: i32) {
-    let mut building = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(tmp) = building.take() {
-        let _ = std::fs::remove_dir_all(&tmp);
-        // Its makeblastdb runs get SIGTERM as the process ends (`tools::with_parent_death`).
-        std::process::exit(code);
+    let stage = STAGE.lock().unwrap_or_else(|e| e.into_inner());
+    match &*stage {
+        Stage::Starting => std::process::exit(code),
+        Stage::Building(tmp) => {
+            let _ = std::fs::remove_dir_all(tmp);
+            // Its makeblastdb runs get SIGTERM as the process ends (`tools::with_parent_death`).
+            std::process::exit(code);
+        }
+        Stage::Placing => {}
     }
 }
 
