@@ -39,10 +39,8 @@ impl Destination {
         // A link (also one whose target does not exist yet): the file it points to.
         let mut path = out.to_path_buf();
         for _ in 0..40 {
-            let is_link = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
-            let Ok(target) = std::fs::read_link(&path).map_err(|_| ()).and_then(|t| if is_link { Ok(t) } else { Err(()) }) else {
-                break;
-            };
+            // Fails for anything but a link.
+            let Ok(target) = std::fs::read_link(&path) else { break };
             path = match path.parent() {
                 Some(dir) if target.is_relative() => dir.join(target),
                 _ => target,

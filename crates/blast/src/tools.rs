@@ -292,24 +292,18 @@ pub fn error_lines(stderr: &str) -> String {
     }
 }
 
-/// Below this many bytes free a file system counts as full in [`full_file_system`].
+/// Below this many bytes free a file system counts as full in
+/// [`with_full_file_system`].
 const FULL_BELOW_BYTES: u64 = 1 << 20;
 
-/// Why a BLAST+ program that wrote into `dir` failed, when the reason is that its file
-/// system is full: BLAST+ reports a failed write as a C++ exception ("basic_ios::clear:
-/// iostream error") that does not say why. Asked before the failed run's output is
-/// removed (which frees its space again).
-pub fn full_file_system(dir: &Path) -> Option<String> {
-    let st = rustix::fs::statvfs(dir).ok()?;
-    let free = st.f_bavail.saturating_mul(st.f_frsize);
-    (free < FULL_BELOW_BYTES).then(|| format!("the file system of {} is full ({free} bytes free)", dir.display()))
-}
-
-/// `message`, followed by [`full_file_system`]'s reason for `dir` if there is one.
+/// `message` (a BLAST+ program's failure), followed by the reason when the program
+/// wrote into `dir` and that file system is full: BLAST+ reports a failed write as a
+/// C++ exception ("basic_ios::clear: iostream error") that does not say why. Asked
+/// before the failed run's output is removed (which frees its space again).
 pub fn with_full_file_system(message: String, dir: &Path) -> String {
-    match full_file_system(dir) {
-        Some(full) => format!("{message} ({full})"),
-        None => message,
+    match rustix::fs::statvfs(dir).map(|st| st.f_bavail.saturating_mul(st.f_frsize)) {
+        Ok(free) if free < FULL_BELOW_BYTES => format!("{message} (the file system of {} is full ({free} bytes free))", dir.display()),
+        _ => message,
     }
 }
 

@@ -292,27 +292,9 @@ fn print_version() {
     }
 }
 
-/// SIGINT and SIGTERM stop a search cleanly (see [`search::interrupt`]); a second one
-/// ends the process at once.
-fn stop_on_signals() -> Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
-    std::thread::spawn(move || {
-        for sig in signals.forever() {
-            if search::interrupted().is_some() {
-                std::process::exit(128 + sig);
-            }
-            say!("gepsea search: stopping (signal {sig}): removing temporary files and stopping workers");
-            search::interrupt(sig);
-        }
-    });
-    Ok(())
-}
-
-/// SIGINT and SIGTERM stop `db format` without leaving its half-built database (as
-/// large as the database) beside the output; while the finished one moves into place,
-/// they wait for it. A second signal ends the process at once.
-fn stop_db_format_on_signals() -> Result<()> {
+/// On the first SIGINT or SIGTERM, runs `first` with the signal on a thread of its
+/// own; a second one ends the process at once (128 + signal).
+fn on_stop_signals(first: impl Fn(i32) + Send + 'static) -> Result<()> {
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).context("installing signal handlers")?;
     std::thread::spawn(move || {
@@ -322,12 +304,29 @@ fn stop_db_format_on_signals() -> Result<()> {
                 std::process::exit(128 + sig);
             }
             seen = true;
-            say!("gepsea db format: stopping (signal {sig}): removing the database being built");
-            db::format::stop_build(128 + sig);
-            say!("gepsea db format: the database is being moved into place; stopping once it is");
+            first(sig);
         }
     });
     Ok(())
+}
+
+/// SIGINT and SIGTERM stop a search cleanly (see [`search::interrupt`]).
+fn stop_on_signals() -> Result<()> {
+    on_stop_signals(|sig| {
+        say!("gepsea search: stopping (signal {sig}): removing temporary files and stopping workers");
+        search::interrupt(sig);
+    })
+}
+
+/// SIGINT and SIGTERM stop `db format` without leaving its half-built database (as
+/// large as the database) beside the output; while the finished one moves into place,
+/// they wait for it.
+fn stop_db_format_on_signals() -> Result<()> {
+    on_stop_signals(|sig| {
+        say!("gepsea db format: stopping (signal {sig}): removing the database being built");
+        db::format::stop_build(128 + sig);
+        say!("gepsea db format: the database is being moved into place; stopping once it is");
+    })
 }
 
 fn run(malloc: malloc_policy::Applied) -> Result<()> {

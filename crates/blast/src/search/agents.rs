@@ -132,10 +132,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                 Err(e) => {
                     // The workers go before their agent: stopped after it, each printed
                     // that it had lost the agent, above the error that ended the search.
-                    for c in cleanup.children.iter_mut() {
-                        let _ = c.kill();
-                        let _ = c.wait();
-                    }
+                    cleanup.stop_children();
                     return Err(e);
                 }
             };

@@ -112,12 +112,19 @@ pub(crate) struct Cleanup {
     pub(crate) namespace: PathBuf,
 }
 
-impl Drop for Cleanup {
-    fn drop(&mut self) {
+impl Cleanup {
+    /// Kills and reaps the children started so far.
+    pub(crate) fn stop_children(&mut self) {
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        self.stop_children();
         let _ = std::fs::remove_dir_all(&self.scratch);
         let _ = std::fs::remove_file(&self.tmp_out);
         // Killed workers leave their sockets behind; the namespace is ours alone.
