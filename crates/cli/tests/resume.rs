@@ -106,9 +106,15 @@ fn rerun_summary(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> serde
 /// namespace and scratch), where the test runs none (it would search for minutes).
 fn forget_killed_search(pid: u32) {
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&format!("search{pid}")));
-    for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
-        let _ = std::fs::remove_dir_all(std::env::temp_dir().join(scratch));
+    for scratch in scratch_dirs(pid) {
+        let _ = std::fs::remove_dir_all(scratch);
     }
+}
+
+/// What search `pid` keeps in the temporary directory: its scratch, its report's and
+/// its statistics runs'.
+fn scratch_dirs(pid: u32) -> [std::path::PathBuf; 3] {
+    ["search", "report", "stats"].map(|what| std::env::temp_dir().join(format!("gepsea-{what}-{pid}")))
 }
 
 #[test]
@@ -153,9 +159,9 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         // The rerun swept what the stopped search's own runtime namespace left.
         let ns = gepsea_net::namespace_dir(&format!("search{pid}"));
         assert!(!ns.exists(), "{what}: {} left after the rerun", ns.display());
-        // And its scratch in the temporary directory (the report's, next to the job's).
-        for scratch in [format!("gepsea-search-{pid}"), format!("gepsea-report-{pid}")] {
-            let p = std::env::temp_dir().join(scratch);
+        // And its scratch in the temporary directory (the report's and the statistics
+        // runs', next to the job's).
+        for p in scratch_dirs(pid) {
             assert!(!p.exists(), "{what}: {} left after the rerun", p.display());
         }
         assert_eq!(entries(&outdir), vec!["hits.tsv".to_string()], "{what}: nothing but the output after success");
@@ -288,9 +294,12 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     // The first search: two queries that BLAST+ searches for seconds each.
     std::fs::write(d.0.join("slow.fasta"), head(&zcat(QUERY_GZ), 2)).unwrap();
     let out = d.0.join("hits.tsv");
+    // Split by fragments, so that its master runs the batches' statistics ahead in a
+    // scratch directory, which the rerun has to sweep.
     let mut c = gepsea();
     c.current_dir(&d.0)
-        .args(["search", "--quiet", "--workers", "1", "--db", "db", "--query", "slow.fasta", "--outfmt", "6", "--out"])
+        .args(["search", "--quiet", "--workers", "1", "--split", "fragments", "--db", "db", "--query", "slow.fasta"])
+        .args(["--outfmt", "6", "--out"])
         .arg(&out)
         .args(["--", "-threshold", "5"])
         .stderr(Stdio::null());
@@ -298,9 +307,10 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     let pid = first.id();
     let guard = KillOnDrop(vec![pid]);
     let lock = d.0.join(".hits.tsv.gepsea-work/lock");
+    let stats = scratch_dirs(pid)[2].clone();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while std::fs::read_to_string(&lock).ok() != Some(pid.to_string()) {
-        assert!(Instant::now() < deadline, "the first search never took its work directory");
+    while std::fs::read_to_string(&lock).ok() != Some(pid.to_string()) || !stats.exists() {
+        assert!(Instant::now() < deadline, "the first search never took its work directory or ran statistics ahead");
         std::thread::sleep(Duration::from_millis(20));
     }
     // The second is refused at once, names the first, and touches nothing of it. It used
@@ -325,5 +335,10 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     run_ok(search_cmd(&d.0, &out, &[], &[]));
     assert_identical(&out, &want, "after the first search was killed");
     assert_eq!(entries(&d.0).iter().filter(|e| e.contains("hits.tsv")).collect::<Vec<_>>(), ["hits.tsv"]);
+    // The killed search's scratch was swept by the next search of the output; it used
+    // to stay in the temporary directory for good (`gepsea-stats-<pid>-<thread>`).
+    for p in scratch_dirs(pid) {
+        assert!(!p.exists(), "{} left after the next search", p.display());
+    }
     forget_killed_search(pid);
 }

@@ -32,16 +32,29 @@ pub(crate) fn alongside<R>(spec: &JobSpec, job: &Path, body: impl FnOnce(Option<
     }
     let ahead = StatsAhead::new();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(2);
+    // One directory for the threads' scratch, named by this process alone, so that a
+    // later search sweeps it if this one is killed (`search::files::sweep_stale`).
+    let scratch = scratch_dir();
+    let _remove = crate::search::files::RemoveDir(scratch.clone());
     std::thread::scope(|s| {
         for i in 0..threads {
-            let ahead = &ahead;
-            s.spawn(move || ahead.run(spec, job, i));
+            let (ahead, scratch) = (&ahead, scratch.join(i.to_string()));
+            s.spawn(move || ahead.run(spec, job, &scratch));
         }
         let r = body(Some(&ahead));
         ahead.stop();
         r
     })
 }
+
+/// Where this process's statistics runs write their scratch files (the temporary
+/// directory's `gepsea-stats-<pid>`).
+pub(crate) fn scratch_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{}", std::process::id()))
+}
+
+/// The prefix of [`scratch_dir`]'s name, before the process id.
+pub(crate) const SCRATCH_PREFIX: &str = "gepsea-stats-";
 
 /// Statistics runs ahead of the results, shared by the master and its threads.
 pub(crate) struct StatsAhead {
@@ -85,7 +98,7 @@ impl StatsAhead {
 
     /// One thread's share: batches in order until none is left or `stop`. A failure
     /// only means the writer runs the statistics itself, and says why there.
-    pub(crate) fn run(&self, spec: &JobSpec, job: &Path, thread: usize) {
+    pub(crate) fn run(&self, spec: &JobSpec, job: &Path, scratch: &Path) {
         if let Err(e) = rustix::process::setpriority_process(None, super::writer::WRITER_NICE) {
             tracing::debug!("statistics ahead: keeping this thread's priority: {e}");
         }
@@ -95,7 +108,6 @@ impl StatsAhead {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let scratch = std::env::temp_dir().join(format!("gepsea-stats-{}-{thread}", std::process::id()));
         while !self.stop.load(Ordering::SeqCst) {
             let i = self.next.fetch_add(1, Ordering::SeqCst);
             let Some(batch) = self.batches.lock().get(i).copied() else { break };
@@ -105,7 +117,7 @@ impl StatsAhead {
             }
             let dir = stats_dir(job, batch);
             let clock = crate::tools::CpuClock::start();
-            match run_one(spec, job, batch, &scratch) {
+            match run_one(spec, job, batch, scratch) {
                 Ok(stats) => {
                     self.seconds.lock().insert(batch, (clock.wall_seconds(), clock.seconds()));
                     if let Err(e) = stats.save(&dir) {
@@ -119,7 +131,7 @@ impl StatsAhead {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&scratch);
+        let _ = std::fs::remove_dir_all(scratch);
     }
 }
 
@@ -187,8 +199,8 @@ pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::
     None
 }
 
-fn run_one(spec: &JobSpec, job: &Path, batch: usize, scratch: &PathBuf) -> Result<report::Statistics, report::ReportError> {
-    std::fs::create_dir_all(scratch).map_err(|e| report::ReportError::Io { path: scratch.clone(), source: e })?;
+fn run_one(spec: &JobSpec, job: &Path, batch: usize, scratch: &Path) -> Result<report::Statistics, report::ReportError> {
+    std::fs::create_dir_all(scratch).map_err(|e| report::ReportError::Io { path: scratch.to_path_buf(), source: e })?;
     report::statistics(&spec.report_spec(&batch_file(job, batch), scratch))
 }
 

@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::plan::*;
 
-mod ahead;
+pub(crate) mod ahead;
 mod hits;
 mod local;
 mod master;

@@ -97,7 +97,18 @@ pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
         // Scratch of a master (`gepsea-search-`, `gepsea-report-`) or of a worker on
         // this node (`gepsea-worker-`).
         // `gepsea-stream-`: a search into standard output or a device.
-        (tmp.as_path(), vec!["gepsea-search-", "gepsea-search", "gepsea-report-", "gepsea-worker-", "gepsea-stream-"]),
+        // `gepsea-stats-`: a master's statistics runs ahead (`accel::ahead`).
+        (
+            tmp.as_path(),
+            vec![
+                "gepsea-search-",
+                "gepsea-search",
+                "gepsea-report-",
+                "gepsea-worker-",
+                "gepsea-stream-",
+                crate::accel::ahead::SCRATCH_PREFIX,
+            ],
+        ),
         (runtime.as_path(), vec!["search"]),
     ] {
         crate::tools::remove_leftovers_of_gone(dir, &prefixes);

@@ -26,7 +26,7 @@ use crate::schedule::{AfterFailure, Scheduler, Target};
 use crate::tools::{self, ToolError};
 
 mod agents;
-mod files;
+pub(crate) mod files;
 mod mpiblast;
 mod progress;
 
