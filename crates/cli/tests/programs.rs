@@ -323,7 +323,10 @@ fn a_signal_stops_a_search_and_leaves_nothing_behind() {
         assert_eq!(st.status.code(), Some(code), "signal {sig}: {}", String::from_utf8_lossy(&st.stderr));
         let left: Vec<_> = std::fs::read_dir(&outdir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert!(left.is_empty(), "left next to the output: {left:?}");
-        for p in [std::env::temp_dir().join(format!("gepsea-search-{pid}")), gepsea_net::namespace_dir(&format!("search{pid}"))] {
+        for p in [
+            gepsea_net::trust::user_runtime_root().join(format!("gepsea-search-{pid}")),
+            gepsea_net::namespace_dir(&format!("search{pid}")),
+        ] {
             assert!(!p.exists(), "{} was left", p.display());
         }
         let deadline = Instant::now() + Duration::from_secs(10);

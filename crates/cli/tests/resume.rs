@@ -111,10 +111,10 @@ fn forget_killed_search(pid: u32) {
     }
 }
 
-/// What search `pid` keeps in the temporary directory: its scratch, its report's and
-/// its statistics runs'.
+/// What search `pid` keeps in the user's runtime root: its scratch, its report's and its
+/// statistics runs'.
 fn scratch_dirs(pid: u32) -> [std::path::PathBuf; 3] {
-    ["search", "report", "stats"].map(|what| std::env::temp_dir().join(format!("gepsea-{what}-{pid}")))
+    ["search", "report", "stats"].map(|what| gepsea_net::trust::user_runtime_root().join(format!("gepsea-{what}-{pid}")))
 }
 
 #[test]
@@ -159,8 +159,8 @@ fn a_search_stopped_halfway_resumes_and_equals_serial_blast() {
         // The rerun swept what the stopped search's own runtime namespace left.
         let ns = gepsea_net::namespace_dir(&format!("search{pid}"));
         assert!(!ns.exists(), "{what}: {} left after the rerun", ns.display());
-        // And its scratch in the temporary directory (the report's and the statistics
-        // runs', next to the job's).
+        // And its scratch in the runtime root (the report's and the statistics runs',
+        // next to the job's).
         for p in scratch_dirs(pid) {
             assert!(!p.exists(), "{what}: {} left after the rerun", p.display());
         }

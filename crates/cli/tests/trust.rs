@@ -5,6 +5,9 @@
 //!
 //! Each case gets its own `TMPDIR`, so the tests never touch the real runtime root.
 
+mod common;
+
+use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -129,6 +132,66 @@ fn another_user_cannot_reach_the_agent() {
     // The owner still gets in.
     let mine = status();
     assert!(mine.status.success() && String::from_utf8_lossy(&mine.stdout).contains("node"), "{mine:?}");
+}
+
+/// A search's scratch (its query batches, report files, statistics runs, a stream
+/// output's file) goes into the private runtime root, never straight into the shared
+/// temporary directory, where its pid-named directories could be created first by
+/// another user and were then used as they stood. Watched from outside while each
+/// search runs: nothing but `gepsea-<uid>` ever appears in `TMPDIR`, and the root is
+/// empty again afterwards. A root open to others stops the search before it writes
+/// anything.
+#[test]
+fn scratch_stays_in_the_private_root_and_a_prepared_one_is_refused() {
+    let d = scratch("search");
+    std::fs::write(d.0.join("db.fasta"), common::head(&common::zcat(common::DB_GZ), 400)).unwrap();
+    std::fs::write(d.0.join("q.fasta"), common::head(&common::zcat(common::QUERY_GZ), 6)).unwrap();
+    let tmp = d.0.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let gepsea = || {
+        let mut c = common::gepsea();
+        c.current_dir(&d.0).env("TMPDIR", &tmp).env_remove("RUST_LOG");
+        c
+    };
+    let mut fmt = gepsea();
+    fmt.args(["db", "format", "--fragments", "2", "--input", "db.fasta", "--out", "db"]);
+    common::run_ok(fmt);
+    let root = tmp.join(format!("gepsea-{}", uid()));
+    let modes: [&[&str]; 2] = [&["--split", "fragments", "--out", "hits.tsv"], &["--no-agent", "--out", "-"]];
+    for mode in modes {
+        let mut c = gepsea();
+        c.args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6"])
+            .args(mode)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut seen = BTreeSet::new();
+        let mut scratch_seen = false;
+        while child.try_wait().unwrap().is_none() {
+            seen.extend(common::entries(&tmp));
+            scratch_seen |=
+                std::fs::read_dir(&root).is_ok_and(|r| r.flatten().any(|e| e.file_name().to_string_lossy().starts_with("gepsea-")));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{mode:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(seen, BTreeSet::from([format!("gepsea-{}", uid())]), "{mode:?}: what appeared in the shared TMPDIR");
+        assert!(scratch_seen, "{mode:?}: no scratch was ever seen in {}", root.display());
+        assert_eq!(common::entries(&root), Vec::<String>::new(), "{mode:?}: left in the runtime root");
+    }
+    assert!(std::fs::metadata(d.0.join("hits.tsv")).unwrap().len() > 0);
+    // A root someone opened up: refused in one line, nothing written.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut c = gepsea();
+    c.args(["search", "--quiet", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out", "again.tsv"]);
+    let out = c.output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success());
+    assert!(e.contains(&root.display().to_string()) && e.contains("has mode 0777"), "{e}");
+    assert_eq!(e.lines().count(), 1, "one clear line: {e}");
+    assert_eq!(common::entries(&root), Vec::<String>::new());
+    assert!(!d.0.join("again.tsv").exists());
 }
 
 /// Agents that share the job's key form the view; an agent with another key, in the

@@ -95,6 +95,18 @@ pub fn ensure_private_dir(dir: &Path) -> Result<(), NetError> {
     }
 }
 
+/// A scratch directory `name` in this user's runtime root (`$TMPDIR/gepsea-<uid>/name`),
+/// created mode 0700 or checked like a runtime directory. Scratch goes there, not
+/// straight into the shared temporary directory: a name there that holds a process id
+/// can be guessed, and a directory another user made under it in advance (open to
+/// them, or a link into their own) was used as it stood, so they could read the
+/// user's query batches and results, or swap them mid-search.
+pub fn private_scratch(name: &str) -> Result<PathBuf, NetError> {
+    let dir = user_runtime_root().join(name);
+    ensure_private_dir(&dir)?;
+    Ok(dir)
+}
+
 /// The user id of the process at the other end of a Unix socket.
 pub fn peer_uid(sock: &impl AsFd) -> std::io::Result<u32> {
     let cred = nix::sys::socket::getsockopt(sock, nix::sys::socket::sockopt::PeerCredentials)?;

@@ -218,8 +218,8 @@ impl Drop for Scratch {
 fn scratch(tag: &str) -> Result<Scratch, PluginError> {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let d = std::env::temp_dir().join(format!("gepsea-paramedic-{tag}-{}-{n}", std::process::id()));
-    std::fs::create_dir_all(&d).map_err(|e| failed(format!("{}: {e}", d.display())))?;
+    let d = gepsea_net::trust::private_scratch(&format!("gepsea-paramedic-{tag}-{}-{n}", std::process::id()))
+        .map_err(|e| failed(e.to_string()))?;
     Ok(Scratch(d))
 }
 

@@ -227,7 +227,7 @@ impl StorageSite {
 
     /// Removes what a storage site of process `pid` leaves half-done: its temporary
     /// files in `dir` (a report being assembled, an output being written) and its
-    /// regeneration scratch in the system's temporary directory (`blast.rs`). Kept parts
+    /// regeneration scratch in the user's runtime root (`blast.rs`). Kept parts
     /// stay: a restarted site resumes from them.
     pub fn remove_temporaries(dir: &Path, pid: u32) {
         let remove = |dir: &Path, is_ours: &dyn Fn(&str) -> bool| {
@@ -239,7 +239,7 @@ impl StorageSite {
         };
         let (tmp_suffix, scratch_infix) = (format!(".gepsea-tmp{pid}"), format!("-{pid}-"));
         remove(dir, &|n| n.ends_with(&tmp_suffix));
-        remove(&std::env::temp_dir(), &|n| n.starts_with("gepsea-paramedic-") && n.contains(&scratch_infix));
+        remove(&gepsea_net::trust::user_runtime_root(), &|n| n.starts_with("gepsea-paramedic-") && n.contains(&scratch_infix));
     }
 }
 

@@ -47,10 +47,11 @@ pub(crate) fn alongside<R>(spec: &JobSpec, job: &Path, body: impl FnOnce(Option<
     })
 }
 
-/// Where this process's statistics runs write their scratch files (the temporary
-/// directory's `gepsea-stats-<pid>`).
+/// Where this process's statistics runs write their scratch files: `gepsea-stats-<pid>`
+/// in this user's private runtime root (created by the first run, and checked:
+/// `gepsea_net::trust::ensure_private_dir`).
 pub(crate) fn scratch_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("{SCRATCH_PREFIX}{}", std::process::id()))
+    gepsea_net::trust::user_runtime_root().join(format!("{SCRATCH_PREFIX}{}", std::process::id()))
 }
 
 /// The prefix of [`scratch_dir`]'s name, before the process id.
@@ -200,7 +201,8 @@ pub(crate) fn for_writer(job: &Path, batch: usize, outfmt: &str, patience: std::
 }
 
 fn run_one(spec: &JobSpec, job: &Path, batch: usize, scratch: &Path) -> Result<report::Statistics, report::ReportError> {
-    std::fs::create_dir_all(scratch).map_err(|e| report::ReportError::Io { path: scratch.to_path_buf(), source: e })?;
+    gepsea_net::trust::ensure_private_dir(scratch)
+        .map_err(|e| report::ReportError::Io { path: scratch.to_path_buf(), source: std::io::Error::other(e) })?;
     report::statistics(&spec.report_spec(&batch_file(job, batch), scratch))
 }
 

@@ -86,30 +86,21 @@ fn volumes(info: &str) -> impl Iterator<Item = &str> {
 
 /// Removes what a search killed outright (SIGKILL, node loss) left behind: its
 /// temporary output next to `out_name`, its job directory there, its scratch and
-/// namespace directories in the temporary directory — only those whose process is gone.
+/// namespace directories in this user's runtime root — only those whose process is
+/// gone.
 pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
     let tmp_prefix = format!(".{out_name}.gepsea-tmp");
-    let tmp = std::env::temp_dir();
-    // A local search's namespace (`search<pid>`) lives in the user's runtime root.
     let runtime = gepsea_net::trust::user_runtime_root();
     for (dir, prefixes) in [
         (out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]),
-        // Scratch of a master (`gepsea-search-`, `gepsea-report-`) or of a worker on
-        // this node (`gepsea-worker-`).
-        // `gepsea-stream-`: a search into standard output or a device.
-        // `gepsea-stats-`: a master's statistics runs ahead (`accel::ahead`).
+        // A local search's namespace (`search<pid>`); scratch of a master
+        // (`gepsea-search-`, `gepsea-report-`, its statistics runs' `gepsea-stats-`), of
+        // a worker on this node (`gepsea-worker-`), of a search into standard output or
+        // a device (`gepsea-stream-`).
         (
-            tmp.as_path(),
-            vec![
-                "gepsea-search-",
-                "gepsea-search",
-                "gepsea-report-",
-                "gepsea-worker-",
-                "gepsea-stream-",
-                crate::accel::ahead::SCRATCH_PREFIX,
-            ],
+            runtime.as_path(),
+            vec!["search", "gepsea-search-", "gepsea-report-", "gepsea-worker-", "gepsea-stream-", crate::accel::ahead::SCRATCH_PREFIX],
         ),
-        (runtime.as_path(), vec!["search"]),
     ] {
         crate::tools::remove_leftovers_of_gone(dir, &prefixes);
     }

@@ -190,8 +190,7 @@ pub fn run_cluster_no_agent(opts: &SearchOptions, net: ClusterNet) -> Result<Sum
 
 /// A worker rank of a launched search without agents (the master is rank 0).
 pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u32) -> Result<(), SearchError> {
-    let scratch = std::env::temp_dir().join(format!("gepsea-worker-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
+    let scratch = gepsea_net::trust::private_scratch(&format!("gepsea-worker-{}", std::process::id()))?;
     let _scratch = RemoveDir(scratch.clone());
     let mut pc = PortConfig::new(&net.namespace, Addr::new(node, rank));
     pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
@@ -212,7 +211,7 @@ pub fn run_master(opts: &SearchOptions, client: &gepsea_client::Client, workers:
 
 /// The search into `opts.out` as [`Destination::of`] sees it: a file (a link's
 /// target), or a stream (standard output, a device, a FIFO) into which the finished
-/// output is copied from a file of a directory of its own in the temporary directory
+/// output is copied from a file of a private directory of its own (`gepsea-stream-<pid>`)
 /// (no resume: a stream is written once). Renamed onto a device, the output replaced
 /// it (`--out /dev/null` as root made `/dev/null` a regular file).
 fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
@@ -229,9 +228,8 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
         );
         return Err(SearchError::Output { path: opts.out.clone(), source });
     }
-    let dir = std::env::temp_dir().join(format!("gepsea-stream-{}", std::process::id()));
+    let dir = gepsea_net::trust::private_scratch(&format!("gepsea-stream-{}", std::process::id()))?;
     let _removed = files::RemoveDir(dir.clone());
-    std::fs::create_dir_all(&dir).map_err(|e| SearchError::Output { path: dir.clone(), source: e })?;
     let inner = SearchOptions { out: dir.join("out"), resume: false, ..opts.clone() };
     let mut summary = run_into_file(&inner, env)?;
     dest.put(&inner.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
@@ -356,13 +354,18 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             gepsea_net::namespace_dir(&net.namespace).join(format!("node-{}", MASTER.node)),
         ),
         _ => (
-            std::env::temp_dir().join(format!("gepsea-search-{pid}")),
+            gepsea_net::trust::user_runtime_root().join(format!("gepsea-search-{pid}")),
             format!("search{pid}"),
             gepsea_net::namespace_dir(&format!("search{pid}")),
         ),
     };
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
-    std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
+    if matches!(env, Env::ClusterNoAgent(_)) {
+        std::fs::create_dir_all(&scratch).map_err(|e| SearchError::Io(format!("{}: {e}", scratch.display())))?;
+    } else {
+        // Private: it holds the user's query batches.
+        gepsea_net::trust::ensure_private_dir(&scratch)?;
+    }
     let db_dir = database.dir.clone();
     validate_options(&program, &blastdb, &queries[0], &opts.outfmt, &opts.blast_args, &scratch)?;
 
@@ -524,8 +527,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     // Each batch's part of the report, written as soon as the batch is settled. The
     // statistics runs and the formatter work in a directory on this node: `scratch` may
     // be on the shared file system, where their files would cross the network.
-    let report_scratch = std::env::temp_dir().join(format!("gepsea-report-{pid}"));
-    std::fs::create_dir_all(&report_scratch).map_err(|e| SearchError::Io(format!("{}: {e}", report_scratch.display())))?;
+    let report_scratch = gepsea_net::trust::private_scratch(&format!("gepsea-report-{pid}"))?;
     let _report_scratch = RemoveDir(report_scratch.clone());
     let mut trace = crate::trace::RunTrace::default();
     let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
