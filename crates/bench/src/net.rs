@@ -251,7 +251,8 @@ fn gepsea_case_with(
     Ok((lat, bw))
 }
 
-fn mpi_case(refs: &Path, btl: &str, place: &Where, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+/// OpenMPI's ping-pong over `btl`; `multiple`: initialised with `MPI_THREAD_MULTIPLE`.
+fn mpi_case(refs: &Path, btl: &str, place: &Where, quick: bool, multiple: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
     // Across the veth pair each rank runs in its namespace, launched as on two hosts.
     // Each "host" would bind its rank to its own first core, which is the same core
     // here, so ranks float there as gepsea's processes do.
@@ -276,7 +277,10 @@ fn mpi_case(refs: &Path, btl: &str, place: &Where, quick: bool) -> Result<(BTree
     c.arg(refs.join("mpi_pingpong"));
     c.arg(if quick { "0.05" } else { "1" });
     c.arg(if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() });
-    let r = collect(c, &format!("mpi_pingpong ({btl})"));
+    if multiple {
+        c.arg("multiple");
+    }
+    let r = collect(c, &format!("mpi_pingpong ({btl}{})", if multiple { ", MPI_THREAD_MULTIPLE" } else { "" }));
     let _ = std::fs::remove_dir_all(&launch_dir);
     r
 }
@@ -431,21 +435,32 @@ pub fn run(args: &NetArgs) -> Result<()> {
     let reps = if quick { 1 } else { 3 };
     let mut pairs: Vec<PairedRatios> = Vec::new();
     if !args.overlap_only {
+        // OpenMPI thread-safe too, in each round beside the plain one: gepsea-net's port
+        // is always thread-safe (its event thread shares it), which costs locked
+        // instructions on a small message's path; OpenMPI's default has none.
+        let mut multiple = Vec::new();
         let (g, m) = alternate(
             reps,
             "shared memory",
             |i| gepsea_case(&netpeer, &Where::Shm, &format!("{ns}s{i}"), quick),
-            || mpi_case(&args.refs, "self,vader", &Where::Shm, quick),
+            || {
+                let plain = mpi_case(&args.refs, "self,vader", &Where::Shm, quick, false)?;
+                eprintln!("measuring OpenMPI over shared memory, MPI_THREAD_MULTIPLE ...");
+                multiple.push(mpi_case(&args.refs, "self,vader", &Where::Shm, quick, true)?);
+                Ok(plain)
+            },
         )?;
         pairs.push(PairedRatios::of("shm 8 B latency / OpenMPI shm", "<= 1.0", &g, &m, |r| r.0.get(&8)));
         pairs.push(PairedRatios::of("shm 1 MiB bandwidth / OpenMPI shm", ">= 1.0", &g, &m, |r| r.1.get(&(1 << 20))));
+        pairs.push(PairedRatios::of("shm 8 B latency / OpenMPI shm THREAD_MULTIPLE", "reference only", &g, &multiple, |r| r.0.get(&8)));
         add("gepsea shm", median_series(&g));
         add("OpenMPI shm", median_series(&m));
+        add("OpenMPI shm mt", median_series(&multiple));
         let (g, m) = alternate(
             reps,
             "TCP loopback",
             |i| gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l{i}"), quick),
-            || mpi_case(&args.refs, "self,tcp", &Where::Loopback, quick),
+            || mpi_case(&args.refs, "self,tcp", &Where::Loopback, quick, false),
         )?;
         pairs.extend(PairedRatios::tcp("lo", &g, &m));
         add("gepsea tcp lo", median_series(&g));
@@ -476,7 +491,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
                 reps,
                 "TCP across a veth pair",
                 |i| gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v{i}"), quick),
-                || mpi_case(&args.refs, "self,tcp", &Where::Veth(&n), quick),
+                || mpi_case(&args.refs, "self,tcp", &Where::Veth(&n), quick, false),
             )?;
             pairs.extend(PairedRatios::tcp("veth", &g, &m));
             add("gepsea veth", median_series(&g));
