@@ -96,11 +96,12 @@ pub(crate) fn overlap_table(overlaps: &[Overlap], rounds: usize) -> (bool, Vec<V
 }
 
 /// Draws, into `dir`: `net_latency.png` and `net_bandwidth.png` (gepsea with and
-/// without its event thread, and OpenMPI, on shared memory and TCP loopback), and
+/// without its event thread, and OpenMPI, plain and thread-safe on shared memory, on
+/// shared memory and TCP loopback), and
 /// `net_overlap.png` (the wait after 10 ms of computation, event thread vs inline).
 pub(crate) fn plots(dir: &Path, lat: &Series, bw: &Series, overlaps: &[Overlap]) -> Result<()> {
     std::fs::create_dir_all(dir)?;
-    let names = ["gepsea shm", "gepsea shm inline", "OpenMPI shm", "gepsea tcp lo", "gepsea lo inline", "OpenMPI tcp lo"];
+    let names = ["gepsea shm", "gepsea shm inline", "OpenMPI shm", "OpenMPI shm mt", "gepsea tcp lo", "gepsea lo inline", "OpenMPI tcp lo"];
     let lines = |t: &Series| -> Vec<crate::plots::Series> {
         names
             .iter()
