@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::output::Destination;
 use crate::tools::{self, ToolError};
 
 /// Record real runs, or replay recorded ones.
@@ -133,7 +134,9 @@ impl ReplayRequest {
             (_, Some(r)) => check_same(&self.dir, &r, &now)?,
             (ReplayMode::Record, None) => {
                 std::fs::create_dir_all(self.dir.join("runs")).map_err(|e| bad(e.to_string()))?;
-                write_atomic(&file, &serde_json::to_vec_pretty(&now).expect("an identity serialises")).map_err(|e| bad(e.to_string()))?;
+                Destination::of(&file)
+                    .write(&serde_json::to_vec_pretty(&now).expect("an identity serialises"))
+                    .map_err(|e| bad(e.to_string()))?;
             }
         }
         let dir = std::fs::canonicalize(&self.dir).map_err(|e| bad(e.to_string()))?;
@@ -172,13 +175,6 @@ fn check_same(dir: &Path, recorded: &Identity, now: &Identity) -> Result<(), Rep
 
 fn is_thread_option(a: &str) -> bool {
     a == "-num_threads"
-}
-
-/// Writes `data` to `path` through a temporary name in the same directory.
-fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_file_name(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, data)?;
-    std::fs::rename(&tmp, path)
 }
 
 impl Recording {
@@ -265,9 +261,9 @@ impl Recording {
                     Some(f) => std::fs::read(f).map_err(io)?,
                     None => out.stdout.clone(),
                 };
-                write_atomic(&data_path, &data).map_err(io)?;
+                Destination::of(&data_path).write(&data).map_err(io)?;
                 let meta = RunRecord { seconds, program: program.to_string(), database, to_file: out_file.is_some() };
-                write_atomic(&meta_path, &serde_json::to_vec(&meta).expect("a record serialises")).map_err(io)?;
+                Destination::of(&meta_path).write(&serde_json::to_vec(&meta).expect("a record serialises")).map_err(io)?;
                 Ok(out)
             }
             ReplayMode::Replay => {

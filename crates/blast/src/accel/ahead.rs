@@ -50,7 +50,7 @@ pub(crate) fn alongside<R>(spec: &JobSpec, job: &Path, body: impl FnOnce(Option<
 /// Where this process's statistics runs write their scratch files: `gepsea-stats-<pid>`
 /// in this user's private runtime root (created by the first run, and checked:
 /// `gepsea_net::trust::ensure_private_dir`).
-pub(crate) fn scratch_dir() -> PathBuf {
+fn scratch_dir() -> PathBuf {
     gepsea_net::trust::user_runtime_root().join(format!("{SCRATCH_PREFIX}{}", std::process::id()))
 }
 
