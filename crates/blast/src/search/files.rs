@@ -21,11 +21,14 @@ pub(crate) fn default_work_dir(out: &Path) -> Option<PathBuf> {
 /// searches of one output shared that directory, and the first to finish removed it
 /// under the other, which then failed with "lost contact with the agent" and a missing
 /// part. An `flock` on `work_dir/lock`, which the kernel releases however the holder
-/// ends, so a killed search's rerun takes it at once. The holder's pid is written in
+/// ends, so a killed search's rerun takes it at once (or within moments: see `take`). The holder's pid is written in
 /// the file for the refusal to name.
 pub(crate) struct WorkDirLock {
     _file: std::fs::File,
 }
+
+/// How long [`WorkDirLock::take`] waits for the lock of a holder that is gone.
+const GONE_HOLDER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl WorkDirLock {
     /// Takes the lock, creating `work_dir` if needed. `Err(holder)`: another search
@@ -42,17 +45,30 @@ impl WorkDirLock {
         let Ok(mut file) = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path) else {
             return Ok(None);
         };
-        match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {
-                let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
-                Ok(Some(WorkDirLock { _file: file }))
+        // A holder killed outright can leave its lock behind for a moment: a child it
+        // was starting holds a copy of the descriptor between fork and exec (or until
+        // it sees its parent gone and stops). A rerun right after the kill waits for
+        // that, up to `GONE_HOLDER_PATIENCE`, instead of being refused in the name of a
+        // dead search.
+        let deadline = std::time::Instant::now() + GONE_HOLDER_PATIENCE;
+        loop {
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => {
+                    let _ = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| write!(file, "{}", std::process::id()));
+                    return Ok(Some(WorkDirLock { _file: file }));
+                }
+                Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                    let mut text = String::new();
+                    let _ = file.rewind().and_then(|()| file.read_to_string(&mut text));
+                    let holder: Option<u32> = text.trim().parse().ok();
+                    if holder.is_some_and(crate::tools::process_gone) && std::time::Instant::now() < deadline {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                        continue;
+                    }
+                    return Err(holder);
+                }
+                Err(_) => return Ok(None),
             }
-            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
-                let mut text = String::new();
-                let _ = file.read_to_string(&mut text);
-                Err(text.trim().parse().ok())
-            }
-            Err(_) => Ok(None),
         }
     }
 }
