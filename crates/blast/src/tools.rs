@@ -249,11 +249,17 @@ pub fn process_gone(pid: u32) -> bool {
 /// process is gone ([`process_gone`]; this process's own are kept): what a run killed
 /// outright left behind, file or directory.
 pub(crate) fn remove_leftovers_of_gone(dir: &Path, prefixes: &[&str]) {
+    remove_leftovers_of_gone_if(dir, prefixes, |_| true)
+}
+
+/// [`remove_leftovers_of_gone`], for the entries `ours` also claims (a name alone does
+/// not prove whose an entry is where a user may choose names too).
+pub(crate) fn remove_leftovers_of_gone_if(dir: &Path, prefixes: &[&str], ours: impl Fn(&Path) -> bool) {
     let gone = |pid: &str| pid.parse::<u32>().is_ok_and(|p| p != std::process::id() && process_gone(p));
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(gone)) {
+        if prefixes.iter().any(|p| name.strip_prefix(p).is_some_and(gone)) && ours(&e.path()) {
             let p = e.path();
             let _ = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
         }

@@ -259,3 +259,105 @@ fn an_agent_with_another_key_cannot_join() {
     assert!(!o.status.success() && e.lines().count() == 1 && e.contains("has mode 0644"), "{e}");
     let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(&ns));
 }
+
+/// A namespace becomes a directory under the runtime root, so its name must be one
+/// plain path component: `..` would put an agent's sockets in the shared `TMPDIR`, an
+/// empty name in the root beside every namespace, and a long one failed only at the
+/// socket's bind, with its directories already made. Each is refused in one line, by
+/// the agent and by `agent status` alike, before anything is created.
+#[test]
+fn namespace_names_that_are_not_one_plain_component_are_refused() {
+    let d = scratch("names");
+    let long = "x".repeat(41);
+    for (ns, problem) in [("", "is empty"), ("../t6", "starts with '.'"), ("t6/a", "holds '/'"), (long.as_str(), "is 41 bytes long")] {
+        let want = format!("namespace {ns:?} {problem}: a namespace is 1 to 40 letters");
+        let e = refused(&d.0, ns);
+        assert!(e.contains(&want), "agent --namespace {ns:?}: {e}");
+        let o =
+            Command::new(env!("CARGO_BIN_EXE_gepsea")).env("TMPDIR", &d.0).args(["agent", "status", "--namespace", ns]).output().unwrap();
+        let e = String::from_utf8_lossy(&o.stderr).trim().to_string();
+        assert!(!o.status.success() && e.contains(&want) && e.lines().count() == 1, "agent status --namespace {ns:?}: {e}");
+    }
+    let made: Vec<String> = walkdir(&d.0);
+    assert!(made.iter().all(|p| p == &format!("gepsea-{}", uid())), "made for refused namespaces: {made:?}");
+}
+
+/// Every path under `dir`, relative to it.
+fn walkdir(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            out.push(e.path().strip_prefix(dir).unwrap().display().to_string());
+            if e.file_type().unwrap().is_dir() {
+                todo.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A search sweeps the runtime namespace a killed search left (`search<pid>`, its pid
+/// gone), but only one the search marked as its own: a user's agent may run in a
+/// namespace of that name, and its sockets were removed under it.
+#[test]
+fn a_users_namespace_named_like_a_killed_searchs_is_not_swept() {
+    let d = scratch("lookalike");
+    std::fs::write(d.0.join("db.fasta"), common::head(&common::zcat(common::DB_GZ), 200)).unwrap();
+    std::fs::write(d.0.join("q.fasta"), common::head(&common::zcat(common::QUERY_GZ), 2)).unwrap();
+    let tmp = d.0.join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let gone_pid = || {
+        let mut c = Command::new("true").spawn().unwrap();
+        c.wait().unwrap();
+        c.id()
+    };
+    let root = tmp.join(format!("gepsea-{}", uid()));
+    // The user's agent, in a namespace named as a search's of a pid that is gone.
+    let users = format!("search{}", gone_pid());
+    let _agent = Running(agent(&tmp, &users).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let sock = root.join(&users).join("node-1/agent.sock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What a search killed outright leaves: its marked namespace with a node's sockets.
+    let killed = root.join(format!("search{}", gone_pid()));
+    std::fs::create_dir_all(killed.join("node-1")).unwrap();
+    for dir in [&killed, &killed.join("node-1")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    std::fs::write(killed.join(".gepsea-search"), b"").unwrap();
+    std::fs::write(killed.join("node-1/port-1.sock"), b"").unwrap();
+    let gepsea = || {
+        let mut c = common::gepsea();
+        c.current_dir(&d.0).env("TMPDIR", &tmp).env_remove("RUST_LOG");
+        c
+    };
+    let mut fmt = gepsea();
+    fmt.args(["db", "format", "--fragments", "1", "--input", "db.fasta", "--out", "db"]);
+    common::run_ok(fmt);
+    let mut search = gepsea();
+    search.args([
+        "search",
+        "--quiet",
+        "--no-agent",
+        "--workers",
+        "1",
+        "--db",
+        "db",
+        "--query",
+        "q.fasta",
+        "--outfmt",
+        "6",
+        "--out",
+        "hits.tsv",
+    ]);
+    common::run_ok(search);
+    assert!(!killed.exists(), "the killed search's namespace was not swept");
+    assert!(sock.exists(), "the user's agent's socket in namespace {users} was swept");
+    let status = gepsea().args(["agent", "status", "--namespace", &users]).output().unwrap();
+    assert!(status.status.success(), "the user's agent no longer answers: {}", String::from_utf8_lossy(&status.stderr));
+}

@@ -102,6 +102,7 @@ struct Books {
 
 impl Client {
     pub fn connect(opts: &ConnectOptions) -> Result<Client, ClientError> {
+        gepsea_net::trust::check_namespace(&opts.namespace)?;
         let path = agent_socket(&opts.namespace, opts.node);
         let no_agent = |reason: String| ClientError::NoAgent {
             node: opts.node,
@@ -274,6 +275,7 @@ impl Services for Client {
 
 /// Asks the agent of (namespace, node) for its status without registering.
 pub fn status(namespace: &str, node: u32) -> Result<String, ClientError> {
+    gepsea_net::trust::check_namespace(namespace)?;
     let path = agent_socket(namespace, node);
     let no_agent =
         |reason: String| ClientError::NoAgent { node, namespace: namespace.to_string(), path: path.display().to_string(), reason };

@@ -28,6 +28,35 @@ pub fn user_runtime_root() -> PathBuf {
     std::env::temp_dir().join(format!("gepsea-{}", my_uid()))
 }
 
+/// The longest namespace name: with `TMPDIR=/tmp`, the longest user id, node and port
+/// numbers, a port's socket path (`/tmp/gepsea-<uid>/<namespace>/node-<n>/port-<p>.sock`)
+/// still fits the 108 bytes of a Unix socket address.
+pub const NAMESPACE_MAX: usize = 40;
+
+/// Checks a namespace's name before it becomes a directory under the runtime root.
+///
+/// A namespace is a single path component of a fixed, portable alphabet: a name with a
+/// `/` or `..` would put an agent's sockets outside its namespace (`..` into the shared
+/// `TMPDIR` itself), an empty one straight into the runtime root beside every other
+/// namespace, and a long one fails only at the socket's `bind`, after its directories
+/// were made.
+pub fn check_namespace(name: &str) -> Result<(), NetError> {
+    let bad = |problem: &str| Err(NetError::BadNamespace { name: name.to_string(), problem: problem.to_string() });
+    if name.is_empty() {
+        return bad("is empty");
+    }
+    if name.len() > NAMESPACE_MAX {
+        return bad(&format!("is {} bytes long", name.len()));
+    }
+    if name.starts_with('.') {
+        return bad("starts with '.'");
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        return bad(&format!("holds {c:?}"));
+    }
+    Ok(())
+}
+
 /// Why a file or directory is not private to this user, if it is not: another owner,
 /// or any permission for group or others. Shared by runtime directories and key files.
 pub fn not_private_because(m: &std::fs::Metadata) -> Option<String> {
@@ -160,6 +189,35 @@ mod tests {
             std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
             assert!(ensure_private_dir(&theirs).unwrap_err().to_string().contains("is owned by uid 65534"));
         }
+    }
+
+    #[test]
+    fn namespaces_are_one_portable_path_component() {
+        for good in ["gepsea", "job0123abcd", "search4711", "a", "My_run-2.b", &"x".repeat(NAMESPACE_MAX)] {
+            assert_eq!(check_namespace(good), Ok(()), "{good}");
+        }
+        let problem = |name: &str| match check_namespace(name) {
+            Err(NetError::BadNamespace { name: n, problem }) if n == name => problem,
+            other => panic!("{name:?}: {other:?}"),
+        };
+        assert_eq!(problem(""), "is empty");
+        assert_eq!(problem(".."), "starts with '.'");
+        assert_eq!(problem(".hidden"), "starts with '.'");
+        assert_eq!(problem("../x"), "starts with '.'");
+        assert_eq!(problem("a/b"), "holds '/'");
+        assert_eq!(problem("a b"), "holds ' '");
+        assert_eq!(problem("día"), "holds 'í'");
+        assert_eq!(problem(&"x".repeat(NAMESPACE_MAX + 1)), format!("is {} bytes long", NAMESPACE_MAX + 1));
+        let e = check_namespace("a/b").unwrap_err().to_string();
+        assert!(e.starts_with("namespace \"a/b\" holds '/': a namespace is 1 to 40 letters"), "{e}");
+    }
+
+    #[test]
+    fn the_longest_namespace_leaves_room_for_every_socket_path() {
+        // The longest port socket path under TMPDIR=/tmp: every number at its widest.
+        let path = format!("/tmp/gepsea-{}/{}/node-{}/port-{}.sock", u32::MAX, "x".repeat(NAMESPACE_MAX), u32::MAX, u32::MAX);
+        // sun_path holds 108 bytes, the terminating NUL included.
+        assert!(path.len() < 108, "{} bytes: {path}", path.len());
     }
 
     #[test]

@@ -418,6 +418,7 @@ impl Agent {
     /// starts the job threads.
     pub fn start(cfg: AgentConfig, registry: Registry, engine: Engine, shutdown: Arc<Shutdown>) -> Result<Agent, AgentError> {
         let me = cfg.node;
+        gepsea_net::trust::check_namespace(&cfg.namespace)?;
         let runtime_dir = namespace_dir(&cfg.namespace).join(format!("node-{me}"));
         gepsea_net::trust::ensure_private_dir(&runtime_dir)?;
         let sock_path = runtime_dir.join("agent.sock");

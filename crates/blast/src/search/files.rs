@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Child;
 
+use super::SearchError;
 use crate::db::Database;
 
 pub(crate) fn work_dir_name(out_name: &str) -> String {
@@ -100,22 +101,42 @@ fn volumes(info: &str) -> impl Iterator<Item = &str> {
     info.lines().skip_while(|l| l.trim() != "Volumes:").skip(1).map(str::trim).filter(|l| !l.is_empty())
 }
 
+/// A local search's own runtime namespace is `search<pid>`.
+pub(crate) const NAMESPACE_PREFIX: &str = "search";
+/// The file that marks a namespace as a search's own, made before anything runs in it.
+pub(crate) const NAMESPACE_MARK: &str = ".gepsea-search";
+
+/// Makes search `pid`'s own runtime namespace, private, and marks it as the search's
+/// (so that the sweep of a later search removes it if this one is killed, and nothing
+/// that merely has its name): its name and directory.
+pub(crate) fn own_namespace(pid: u32) -> Result<(String, PathBuf), SearchError> {
+    let name = format!("{NAMESPACE_PREFIX}{pid}");
+    let dir = gepsea_net::namespace_dir(&name);
+    gepsea_net::trust::ensure_private_dir(&dir)?;
+    let mark = dir.join(NAMESPACE_MARK);
+    std::fs::write(&mark, b"").map_err(|e| SearchError::Io(format!("{}: {e}", mark.display())))?;
+    Ok((name, dir))
+}
+
 /// Removes what a search killed outright (SIGKILL, node loss) left behind: its
 /// temporary output next to `out_name`, its job directory there, its scratch and
 /// namespace directories in this user's runtime root — only those whose process is
 /// gone.
 pub(crate) fn sweep_stale(out_dir: &Path, out_name: &str) {
-    let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     let runtime = gepsea_net::trust::user_runtime_root();
+    // A local search's namespace (`search<pid>`), if the search marked it as its own:
+    // a user's agents may run in a namespace of that name too.
+    crate::tools::remove_leftovers_of_gone_if(&runtime, &[NAMESPACE_PREFIX], |ns| ns.join(NAMESPACE_MARK).is_file());
+    let tmp_prefix = format!(".{out_name}.gepsea-tmp");
     for (dir, prefixes) in [
         (out_dir, vec![tmp_prefix.as_str(), ".gepsea-job-"]),
-        // A local search's namespace (`search<pid>`); scratch of a master
+        // Scratch of a master
         // (`gepsea-search-`, `gepsea-report-`, its statistics runs' `gepsea-stats-`), of
         // a worker on this node (`gepsea-worker-`), of a search into standard output or
         // a device (`gepsea-stream-`).
         (
             runtime.as_path(),
-            vec!["search", "gepsea-search-", "gepsea-report-", "gepsea-worker-", "gepsea-stream-", crate::accel::ahead::SCRATCH_PREFIX],
+            vec!["gepsea-search-", "gepsea-report-", "gepsea-worker-", "gepsea-stream-", crate::accel::ahead::SCRATCH_PREFIX],
         ),
     ] {
         crate::tools::remove_leftovers_of_gone(dir, &prefixes);

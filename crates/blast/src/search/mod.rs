@@ -353,11 +353,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             net.namespace.clone(),
             gepsea_net::namespace_dir(&net.namespace).join(format!("node-{}", MASTER.node)),
         ),
-        _ => (
-            gepsea_net::trust::user_runtime_root().join(format!("gepsea-search-{pid}")),
-            format!("search{pid}"),
-            gepsea_net::namespace_dir(&format!("search{pid}")),
-        ),
+        _ => {
+            let (name, dir) = files::own_namespace(pid)?;
+            (gepsea_net::trust::user_runtime_root().join(format!("gepsea-search-{pid}")), name, dir)
+        }
     };
     let mut cleanup = Cleanup { scratch: scratch.clone(), tmp_out: tmp_out.clone(), children: Vec::new(), namespace: ns_dir };
     if matches!(env, Env::ClusterNoAgent(_)) {

@@ -11,11 +11,19 @@ impl Port {
         if cfg.encrypt && cfg.key.is_none() {
             return Err(NetError::EncryptWithoutKey);
         }
+        crate::trust::check_namespace(&cfg.namespace)?;
         let me = cfg.addr;
         let dir = cfg.runtime_dir();
         crate::trust::ensure_private_dir(&dir)?;
         let sock_path = dir.join(format!("port-{}.sock", me.port));
-        let unix_listener = bind_unix(&sock_path, me)?;
+        let unix_listener = bind_unix(&sock_path, me).inspect_err(|_| {
+            // Leave no directories made for a port that never opened (empty ones only:
+            // other ports of the node or namespace may be using them).
+            let _ = std::fs::remove_dir(&dir);
+            if let Some(ns_dir) = dir.parent() {
+                let _ = std::fs::remove_dir(ns_dir);
+            }
+        })?;
         let tcp_listener = match cfg.listen {
             Some(a) => Some(mio::net::TcpListener::bind(a).map_err(|e| NetError::io(format!("listening on {a}"), e))?),
             None => None,
