@@ -553,6 +553,25 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     std::fs::write(&target, &bytes[..bytes.len() - 1]).unwrap();
     let e = search(&s(&copy), &q);
     assert!(e.contains(".psq") && e.contains("but the manifest says") && e.contains("truncated"), "{e}");
+    std::fs::write(&target, &bytes).unwrap();
+    // Files the manifest does not list, which every search reads: refused before any
+    // task runs, naming the file (BLAST+ failed at the first task, twice, naming none).
+    let name = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(copy.join("manifest.json")).unwrap()).unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for missing in [format!("{name}.pal"), "stats.pal".to_string(), "stats-seq.psq".to_string()] {
+        let aside = p("aside");
+        std::fs::rename(copy.join(&missing), &aside).unwrap();
+        for split in SPLITS {
+            let (db, out_path) = (s(&copy), s(&out));
+            let mut args = vec!["search", "--quiet", "--db", &db, "--query", &q, "--out", &out_path, "--outfmt", "6"];
+            args.extend(split);
+            let e = fails(&args, Some(&out));
+            assert!(e.contains(&format!("{}: missing; the database is incomplete", s(&copy.join(&missing)))), "{missing}, {split:?}: {e}");
+        }
+        std::fs::rename(&aside, copy.join(&missing)).unwrap();
+    }
     // Unwritable output path.
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");

@@ -15,7 +15,8 @@
 //!   (`FIRST_OID`/`LAST_OID`), kept in a small side directory outside the database's own
 //!   (which may be read-only).
 //!
-//! Opening a database for a search checks the manifest and every file's size; the
+//! Opening a database for a search checks the manifest, every fragment file's size and
+//! that the whole-database and statistics files are there; the
 //! SHA-256 of every file, computed once at format time, is checked on demand by
 //! [`verify`] (`gepsea db verify`): hashing a large database on every search would cost
 //! more than many searches.
@@ -300,7 +301,27 @@ pub fn open(dir: &Path) -> Result<Manifest, DbError> {
             }
         }
     }
+    for name in unlisted_files(&m) {
+        let p = dir.join(name);
+        if !p.is_file() {
+            return Err(DbError::Missing { path: p });
+        }
+    }
     Ok(m)
+}
+
+/// What every search of a database reads besides the fragments' files, which the
+/// manifest does not list: the whole database's alias (a formatted database's; a
+/// serial run's `-db`, and what a split by queries searches) and the statistics
+/// database (`stats` and its one sequence's volume). Without one of them BLAST+ failed
+/// only at the first task, twice, naming no file.
+fn unlisted_files(m: &Manifest) -> Vec<String> {
+    let l = alias_letter(m.dbtype);
+    let mut files = vec![format!("stats.{l}al"), format!("stats-seq.{l}in"), format!("stats-seq.{l}hr"), format!("stats-seq.{l}sq")];
+    if m.external.is_none() {
+        files.push(format!("{}.{l}al", m.name));
+    }
+    files
 }
 
 /// [`open`], then every fragment file against the SHA-256 the manifest recorded at
