@@ -44,7 +44,7 @@ pub struct RunArgs {
     /// This node's id (unique among the agents).
     #[arg(long, env = "GEPSEA_NODE")]
     node_id: Option<u32>,
-    /// Isolates unrelated runs on one machine.
+    /// Isolates unrelated runs on one machine (default `gepsea`; 1 to 40 letters, digits, `-`, `_` or `.`).
     #[arg(long, env = "GEPSEA_NAMESPACE")]
     namespace: Option<String>,
     /// TCP address other agents connect to (e.g. 10.0.0.5:7400; port 0: any).

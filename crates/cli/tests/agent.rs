@@ -427,6 +427,10 @@ fn c_example_offloads_its_output() {
     let out = Command::new(&exe).env("GEPSEA_NAMESPACE", "no-such-namespace").arg(&out_file).arg("10").output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no agent for node 1"), "{}", String::from_utf8_lossy(&out.stderr));
+    // A namespace that is not one plain path component, named with where it came from.
+    let out = Command::new(&exe).env("GEPSEA_NAMESPACE", "../up").arg(&out_file).arg("10").output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("GEPSEA_NAMESPACE: namespace \"../up\" starts with '.'"), "{e}");
 }
 
 fn zstd_decode(z: &[u8]) -> Vec<u8> {

@@ -45,6 +45,7 @@ impl ConnectOptions {
     /// (default 1).
     pub fn from_env(name: &str) -> Result<Self, ClientError> {
         let namespace = std::env::var("GEPSEA_NAMESPACE").unwrap_or_else(|_| "gepsea".into());
+        gepsea_net::trust::check_namespace(&namespace).map_err(|e| ClientError::Config(format!("GEPSEA_NAMESPACE: {e}")))?;
         let node = match std::env::var("GEPSEA_NODE") {
             Ok(v) => v.parse().map_err(|_| ClientError::Config(format!("GEPSEA_NODE={v:?} is not a node number")))?,
             Err(_) => 1,
