@@ -63,6 +63,10 @@ pub enum SearchError {
     TaskFailed { task: usize, what: String, message: String },
     #[error("all workers died; the last one: {0}")]
     NoWorkers(String),
+    #[error("agent: lost contact with the agent: {0}")]
+    AgentLost(String),
+    #[error("the search's agent (pid {pid}) ended ({status}); run the same command again to resume from the batches already finished")]
+    OwnAgentEnded { pid: u32, status: String },
     #[error(
         "--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)"
     )]

@@ -236,6 +236,10 @@ struct AgentWorkerArgs {
     namespace: String,
     #[arg(long)]
     node: u32,
+    /// Exit without a word when the agent goes away: the search that started this
+    /// worker reports it.
+    #[arg(long)]
+    quiet_if_agent_lost: bool,
 }
 
 #[derive(Args)]
@@ -531,7 +535,11 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
         }
         Cmd::Agent(a) => agent_cmd::run(&a),
         Cmd::Paramedic { what } => paramedic_cmd::run(&what),
-        Cmd::AgentWorker(a) => Ok(search::agent_worker(&a.namespace, a.node)?),
+        Cmd::AgentWorker(a) => match search::agent_worker(&a.namespace, a.node) {
+            // (Its client is closed already: nothing is left to drop.)
+            Err(search::SearchError::AgentLost(_)) if a.quiet_if_agent_lost => std::process::exit(1),
+            r => Ok(r?),
+        },
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.scratch, &a.blast_args)?),
     }
 }

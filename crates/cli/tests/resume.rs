@@ -342,3 +342,76 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     }
     forget_killed_search(pid);
 }
+
+/// The command line of `pid`, its arguments joined by spaces.
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()
+}
+
+/// A search whose own agent is killed (the OOM killer, an operator) ends with one error
+/// line that says so and how to go on — not one per worker that lost the agent, nor
+/// notes of workers dying — takes its processes with it, and its rerun resumes and
+/// equals serial BLAST+.
+#[test]
+fn a_search_whose_agent_is_killed_says_so_once_and_resumes() {
+    let d = tempdir("agent-killed");
+    setup(&d.0);
+    let want = d.0.join("serial.6");
+    serial(&d.0, "6", &[], &want);
+    for mode in [&["--split", "queries"][..], &["--split", "fragments"]] {
+        let out = d.0.join("hits.tsv");
+        // Not quiet: the notes a search prints are part of what is checked.
+        let mut search = gepsea()
+            .current_dir(&d.0)
+            .args(["search", "--workers", "2", "--db", "db", "--query", "q.fasta", "--outfmt", "6", "--out"])
+            .arg(&out)
+            .args(BATCHES)
+            .args(mode)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = search.id();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while finished_parts(&out) == 0 {
+            assert!(Instant::now() < deadline, "{mode:?}: no batch finished");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let family = descendants(pid);
+        let guard = KillOnDrop(family.iter().map(|p| p.0).chain([pid]).collect());
+        let agent = family.iter().map(|p| p.0).find(|&p| cmdline(p).contains(" agent --namespace ")).expect("the search's agent");
+        // SAFETY: signalling a process this test started (through the search).
+        unsafe { libc::kill(agent as i32, libc::SIGKILL) };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(st) = search.try_wait().unwrap() {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: the search did not end after its agent was killed");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut search.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(1), "{mode:?}: {stderr}");
+        let want_line = format!(
+            "gepsea: error: the search's agent (pid {agent}) ended (signal: 9 (SIGKILL)); run the same command again to resume from the batches already finished"
+        );
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert_eq!(lines.last(), Some(&want_line.as_str()), "{mode:?}: {stderr}");
+        let others: Vec<&&str> =
+            lines.iter().filter(|l| l.contains("error") || l.contains("died") || l.contains("lost") || l.contains("warn")).collect();
+        assert_eq!(others, vec![&want_line.as_str()], "{mode:?}: one error line, the search's, and no word of workers dying");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while family.iter().any(|p| !ended(p.0)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left: Vec<_> = family.iter().filter(|p| !ended(p.0)).collect();
+        assert!(left.is_empty(), "{mode:?}: still running after the search ended: {left:?}");
+        drop(guard);
+        let done = finished_parts(&out);
+        assert!(done >= 1, "{mode:?}: the finished batches were not kept");
+        let reused = rerun(&d.0, &out, mode, &[]);
+        assert!(reused as usize >= done, "{mode:?}: {done} batches were finished, {reused} reused");
+        assert_identical(&out, &want, &format!("{mode:?}, agent killed, then rerun"));
+        std::fs::remove_file(&out).unwrap();
+    }
+}

@@ -104,6 +104,26 @@ impl StderrRelay {
     }
 }
 
+impl LocalAgent {
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How the agent ended, if it has, waiting up to `patience` for it (a search that
+    /// lost contact with its agent may notice before the agent is reaped).
+    pub fn ended(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => return None,
+            }
+        }
+    }
+}
+
 impl Drop for LocalAgent {
     fn drop(&mut self) {
         // SAFETY: kill(2) on our own child's pid.

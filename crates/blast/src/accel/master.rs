@@ -34,7 +34,7 @@ pub fn master(
     mut watch: impl FnMut() -> Result<(), SearchError>,
 ) -> Result<AccelStats, SearchError> {
     super::ahead::alongside(spec, job, |ahead| {
-        let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+        let api_err = super::agent_error;
         client.subscribe(&topic(&spec.id)).map_err(api_err)?;
         // Each node's agent by incarnation: one that restarted lost what its predecessor held.
         let agents_now = || -> Result<BTreeMap<u32, u64>, SearchError> {

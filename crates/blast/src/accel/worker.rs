@@ -30,7 +30,7 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
     // serves one job after another for as long as its agent runs).
     const SPECS_KEPT: usize = 16;
     let mut specs: HashMap<PathBuf, std::rc::Rc<JobSpec>> = HashMap::new();
-    let api_err = |e: gepsea_agent::api::ApiError| SearchError::Io(format!("agent: {e}"));
+    let api_err = super::agent_error;
     // The last task's completion, sent without waiting for its answer: the agent answers
     // it from its loop, in order, before the take that follows it, so that take need not
     // wait for the answer first (one round trip through the agent less per task; on

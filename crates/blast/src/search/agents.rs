@@ -92,12 +92,14 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
         ),
         Env::ClusterNoAgent(_) => unreachable!("a run without agents never gets here"),
         Env::Local => {
-            let agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns, opts.agent_cpu)?;
+            let mut agent = accel::LocalAgent::start(&opts.worker_exe, &a.ns, opts.agent_cpu)?;
             let workers = opts.workers.max(1);
             for _ in 0..workers {
                 let mut c = Command::new(&opts.worker_exe);
                 tools::with_parent_death(&mut c)
-                    .args(["agent-worker", "--namespace", &a.ns, "--node", "1"])
+                    // The search reports its agent's end, once; its workers would each
+                    // say that they lost it (as many lines as workers, above that one).
+                    .args(["agent-worker", "--namespace", &a.ns, "--node", "1", "--quiet-if-agent-lost"])
                     .stdin(Stdio::null())
                     .stdout(Stdio::null());
                 cleanup
@@ -111,6 +113,10 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             let mut alive = vec![true; workers];
             let children = &mut cleanup.children;
             let watch = || -> Result<(), SearchError> {
+                // Workers end when their agent does: that is the news, not their exits.
+                if let Some(status) = agent.ended(Duration::ZERO) {
+                    return Err(SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() });
+                }
                 let mut last = String::new();
                 for (w, c) in children.iter_mut().enumerate() {
                     if alive[w] {
@@ -133,6 +139,11 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                     // The workers go before their agent: stopped after it, each printed
                     // that it had lost the agent, above the error that ended the search.
                     cleanup.stop_children();
+                    if matches!(e, SearchError::AgentLost(_)) {
+                        if let Some(status) = agent.ended(Duration::from_millis(500)) {
+                            return Err(SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() });
+                        }
+                    }
                     return Err(e);
                 }
             };
