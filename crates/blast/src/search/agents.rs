@@ -109,7 +109,10 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             let mut co = gepsea_client::ConnectOptions::from_env("gepsea search").map_err(|e| SearchError::Io(e.to_string()))?;
             co.namespace = a.ns.clone();
             co.node = 1;
-            let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
+            let client = gepsea_client::Client::connect(&co).map_err(|e| match agent.ended(Duration::from_millis(500)) {
+                Some(status) => SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() },
+                None => SearchError::Io(format!("connecting to the agent: {e}")),
+            })?;
             let mut alive = vec![true; workers];
             let children = &mut cleanup.children;
             let watch = || -> Result<(), SearchError> {

@@ -237,6 +237,9 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     Ok(summary)
 }
 
+/// How many times a search on one machine starts its agent again after it ended.
+const MAX_AGENT_RESTARTS: u32 = 3;
+
 fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     // Held until the work directory is removed or kept (see `files::WorkDirLock`).
     let _lock = match opts.work_dir.is_none().then(|| default_work_dir(&opts.out)).flatten() {
@@ -246,7 +249,22 @@ fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchEr
         },
         None => None,
     };
-    let result = run_checked(opts, env);
+    let local = matches!(env, Env::Local);
+    let mut result = run_checked(opts, env);
+    // A search on one machine whose agent ended under it (the OOM killer, an operator)
+    // starts again, as its rerun would: the batches already finished are reused. Not
+    // with queries from standard input, which cannot be read twice.
+    let mut restarts = 0;
+    while let Err(SearchError::OwnAgentEnded { pid, status }) = &result {
+        if !local || restarts == MAX_AGENT_RESTARTS || interrupted().is_some() || opts.query.as_os_str() == fasta::STDIN {
+            break;
+        }
+        restarts += 1;
+        note!(
+            "gepsea search: the search's agent (pid {pid}) ended ({status}); starting a new one and resuming from the batches already finished ({restarts} of {MAX_AGENT_RESTARTS} restarts)"
+        );
+        result = run_checked(opts, Env::Local);
+    }
     if result.is_err() && opts.work_dir.is_none() {
         // Kept for a rerun only if it holds finished parts: a search that failed before
         // finishing anything (a bad database, a bad option) leaves nothing behind.
