@@ -66,7 +66,13 @@ pub enum SearchError {
     #[error("agent: lost contact with the agent: {0}")]
     AgentLost(String),
     #[error("the search's agent (pid {pid}) ended ({status}); run the same command again to resume from the batches already finished")]
-    OwnAgentEnded { pid: u32, status: String },
+    OwnAgentEnded {
+        pid: u32,
+        status: String,
+        /// Ended by a signal it did not handle (SIGKILL from the OOM killer or an
+        /// operator, a crash), not by shutting down (a terminal's Ctrl-C reaches it too).
+        killed: bool,
+    },
     #[error(
         "--split queries needs the agents: the no-agent baseline is mpiBLAST's fragment search (drop --no-agent, or use --split fragments)"
     )]
@@ -75,6 +81,14 @@ pub enum SearchError {
     BadArchive { task: usize, error: archive::ArchiveError },
     #[error("--fragments {0}: a database made by `gepsea db format` keeps the fragments it was formatted with (format it again to change them); --fragments is for existing BLAST databases")]
     FragmentsOfFormatted(usize),
+}
+
+impl SearchError {
+    /// [`SearchError::OwnAgentEnded`] for the agent `pid` that ended with `status`.
+    pub(crate) fn own_agent_ended(pid: u32, status: std::process::ExitStatus) -> SearchError {
+        let killed = std::os::unix::process::ExitStatusExt::signal(&status).is_some();
+        SearchError::OwnAgentEnded { pid, status: status.to_string(), killed }
+    }
 }
 
 pub(crate) static INTERRUPTED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);

@@ -38,7 +38,7 @@ impl LocalAgent {
             if let Ok(Some(status)) = child.try_wait() {
                 // Killed, not failed: ended under the search as a running agent can be.
                 if std::os::unix::process::ExitStatusExt::signal(&status).is_some() {
-                    return Err(SearchError::OwnAgentEnded { pid: child.id(), status: status.to_string() });
+                    return Err(SearchError::own_agent_ended(child.id(), status));
                 }
                 let why = stderr.wait_last_line().unwrap_or_else(|| format!("it exited with {status}"));
                 let why = why.strip_prefix("gepsea: error: ").unwrap_or(&why);

@@ -110,7 +110,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             co.namespace = a.ns.clone();
             co.node = 1;
             let client = gepsea_client::Client::connect(&co).map_err(|e| match agent.ended(Duration::from_millis(500)) {
-                Some(status) => SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() },
+                Some(status) => SearchError::own_agent_ended(agent.pid(), status),
                 None => SearchError::Io(format!("connecting to the agent: {e}")),
             })?;
             let mut alive = vec![true; workers];
@@ -118,7 +118,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
             let watch = || -> Result<(), SearchError> {
                 // Workers end when their agent does: that is the news, not their exits.
                 if let Some(status) = agent.ended(Duration::ZERO) {
-                    return Err(SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() });
+                    return Err(SearchError::own_agent_ended(agent.pid(), status));
                 }
                 let mut last = String::new();
                 for (w, c) in children.iter_mut().enumerate() {
@@ -144,7 +144,7 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
                     cleanup.stop_children();
                     if matches!(e, SearchError::AgentLost(_)) {
                         if let Some(status) = agent.ended(Duration::from_millis(500)) {
-                            return Err(SearchError::OwnAgentEnded { pid: agent.pid(), status: status.to_string() });
+                            return Err(SearchError::own_agent_ended(agent.pid(), status));
                         }
                     }
                     return Err(e);

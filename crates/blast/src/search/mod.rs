@@ -251,11 +251,13 @@ fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchEr
     };
     let local = matches!(env, Env::Local);
     let mut result = run_checked(opts, env);
-    // A search on one machine whose agent ended under it (the OOM killer, an operator)
-    // starts again, as its rerun would: the batches already finished are reused. Not
-    // with queries from standard input, which cannot be read twice.
+    // A search on one machine whose agent was killed under it (the OOM killer, an
+    // operator) starts again, as its rerun would: the batches already finished are
+    // reused. Not an agent that shut down (a terminal's Ctrl-C reaches the agent as well
+    // as the search), and not with queries from standard input, which cannot be read
+    // twice.
     let mut restarts = 0;
-    while let Err(SearchError::OwnAgentEnded { pid, status }) = &result {
+    while let Err(SearchError::OwnAgentEnded { pid, status, killed: true }) = &result {
         if !local || restarts == MAX_AGENT_RESTARTS || interrupted().is_some() || opts.query.as_os_str() == fasta::STDIN {
             break;
         }
