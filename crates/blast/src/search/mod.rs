@@ -265,7 +265,9 @@ fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchEr
         note!(
             "gepsea search: the search's agent (pid {pid}) ended ({status}); starting a new one and resuming from the batches already finished ({restarts} of {MAX_AGENT_RESTARTS} restarts)"
         );
-        result = run_checked(opts, Env::Local);
+        // Every part there now is this process's own work (with `--no-resume`, or into a
+        // stream, the first run removed any older one of its batches): reuse it.
+        result = run_checked(&SearchOptions { resume: true, ..opts.clone() }, Env::Local);
     }
     if result.is_err() && opts.work_dir.is_none() {
         // Kept for a rerun only if it holds finished parts: a search that failed before
