@@ -54,6 +54,24 @@ impl LocalAgent {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// How the agent ended, if it has, waiting up to `patience` for it (a search that
+    /// lost contact with its agent may notice before the agent is reaped).
+    pub fn ended(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + patience;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
+                _ => return None,
+            }
+        }
+    }
 }
 
 /// Holds the agent's stderr until it serves (so that a failed start becomes one error
@@ -105,26 +123,6 @@ impl StderrRelay {
         }
         let st = self.shared.lock().unwrap();
         st.held.iter().rev().find(|l| !l.trim().is_empty()).cloned()
-    }
-}
-
-impl LocalAgent {
-    /// The agent's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// How the agent ended, if it has, waiting up to `patience` for it (a search that
-    /// lost contact with its agent may notice before the agent is reaped).
-    pub fn ended(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + patience;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-                _ => return None,
-            }
-        }
     }
 }
 
