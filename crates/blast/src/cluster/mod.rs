@@ -92,6 +92,16 @@ pub fn local_ip(cidr: Option<&str>) -> Result<IpAddr, SearchError> {
     found.ok_or_else(|| SearchError::Io(format!("no local address in {}", cidr.unwrap_or("any network (give --agent-net)"))))
 }
 
+/// Whether a worker's error is its agent's: the connection lost (the agent died), or
+/// a request the agent failed.
+fn agent_failed(e: &SearchError) -> bool {
+    match e {
+        SearchError::AgentLost(_) => true,
+        SearchError::Io(m) => m.contains("lost contact") || m.contains("agent:"),
+        _ => false,
+    }
+}
+
 /// The agents' namespace of the job writing `out`: the same on every node.
 pub fn namespace(out: &std::path::Path) -> String {
     let key = format!("{}", std::path::absolute(out).unwrap_or(out.to_path_buf()).display());
@@ -335,7 +345,8 @@ fn run_with_agents(
                 // that is still the one we registered with only answered late: leave
                 // quietly, as when it does not come back, so the launcher does not
                 // abort the job.
-                Err(SearchError::Io(m)) if m.contains("lost contact") || m.contains("agent:") => {
+                Err(e) if agent_failed(&e) => {
+                    let m = e.to_string();
                     drop(client);
                     let rank = launch.rank;
                     let same_agent = registered_with.is_some() && agent_pid(ns, node) == registered_with;
