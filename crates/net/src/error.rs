@@ -31,7 +31,7 @@ pub enum NetError {
     Io { context: String, message: String },
     #[error("key file {path}: {problem}")]
     BadKeyFile { path: String, problem: String },
-    #[error("namespace {name:?} {problem}: a namespace is 1 to {max} letters, digits, '-', '_' or '.', not starting with '.'", max = crate::trust::NAMESPACE_MAX)]
+    #[error("namespace {name:?} {problem}: a namespace is 1 to {max} letters, digits, '-', '_' or '.', not starting with '.'", max = crate::NAMESPACE_MAX)]
     BadNamespace { name: String, problem: String },
     #[error("runtime directory {path} {problem}: refusing to use it (remove it, or set TMPDIR to a directory of your own)")]
     UntrustedDirectory { path: String, problem: String },

@@ -48,6 +48,12 @@ pub mod trust;
 #[cfg(not(loom))]
 mod uio;
 
+/// The longest namespace name (`trust::check_namespace`): with `TMPDIR=/tmp`, the
+/// longest user id, node and port numbers, a port's socket path
+/// (`/tmp/gepsea-<uid>/<namespace>/node-<n>/port-<p>.sock`) still fits the 108 bytes of
+/// a Unix socket address. (Here, not in `trust`, which the loom build leaves out.)
+pub const NAMESPACE_MAX: usize = 40;
+
 pub use error::NetError;
 pub use frame::{Addr, Channel};
 #[cfg(not(loom))]

@@ -28,10 +28,7 @@ pub fn user_runtime_root() -> PathBuf {
     std::env::temp_dir().join(format!("gepsea-{}", my_uid()))
 }
 
-/// The longest namespace name: with `TMPDIR=/tmp`, the longest user id, node and port
-/// numbers, a port's socket path (`/tmp/gepsea-<uid>/<namespace>/node-<n>/port-<p>.sock`)
-/// still fits the 108 bytes of a Unix socket address.
-pub const NAMESPACE_MAX: usize = 40;
+pub use crate::NAMESPACE_MAX;
 
 /// Checks a namespace's name before it becomes a directory under the runtime root.
 ///
