@@ -51,6 +51,18 @@ struct Cluster {
     bed: NetnsBridge,
     dir: Dir,
     subnet: String,
+    /// The agents' namespaces of the jobs run (one per output), whose runtime
+    /// directories go with the cluster even when a test fails: a search that mpirun
+    /// aborted leaves its agents' sockets and staged fragments there.
+    jobs: std::cell::RefCell<Vec<String>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for ns in self.jobs.borrow().iter() {
+            let _ = std::fs::remove_dir_all(gepsea_net::namespace_dir(ns));
+        }
+    }
 }
 
 impl Cluster {
@@ -91,7 +103,7 @@ impl Cluster {
                 .arg("--out")
                 .arg(d.join("g")),
         );
-        Cluster { bed, dir, subnet }
+        Cluster { bed, dir, subnet, jobs: Default::default() }
     }
 
     /// Serial BLAST+ on both cores (its output does not depend on the thread count):
@@ -113,6 +125,7 @@ impl Cluster {
     /// 0, with neither --nodes nor --rendezvous: the processes find their nodes
     /// through the default rendezvous next to the output.
     fn mpirun(&self, map_by: &str, fmt: &str, out: &Path, extra: &[&str]) -> Command {
+        self.jobs.borrow_mut().push(namespace_of(out));
         let mut c = self.bed.mpirun(&self.dir.0, &[2, 2, 2], 6).unwrap();
         c.args(["--map-by", map_by]);
         c.arg(env!("CARGO_BIN_EXE_gepsea"))
@@ -332,6 +345,7 @@ fn a_search_replayed_on_four_nodes_is_identical_to_serial_blastp() {
     for (what, extra) in [("agents", &[][..]), ("no agent", &["--no-agent"][..])] {
         let got = d.join(format!("replayed-{}.0", what.replace(' ', "-")));
         let js = d.join("replayed.json");
+        c.jobs.borrow_mut().push(namespace_of(&got));
         let mut m = c.bed.mpirun(d, &[2, 1, 1, 1], 5).unwrap();
         m.arg(env!("CARGO_BIN_EXE_gepsea"))
             .args(["search", "--quiet", "--outfmt", "0", "--db"])
@@ -433,6 +447,7 @@ rc=0; for p in "${{pids[@]}}"; do wait "$p" || rc=1; done; exit $rc
         cmd.env("AGENT_NET", &c.subnet).env("GEPSEA", env!("CARGO_BIN_EXE_gepsea"));
     };
     let slurm_out = d.join("slurm.6");
+    c.jobs.borrow_mut().push(namespace_of(&slurm_out));
     let mut cmd = Command::new("bash");
     cmd.arg(examples.join("slurm.sbatch")).env("PATH", format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()));
     script_env(&mut cmd, &slurm_out);
@@ -446,6 +461,7 @@ rc=0; for p in "${{pids[@]}}"; do wait "$p" || rc=1; done; exit $rc
     let nodefile = d.join("pbs_nodefile");
     std::fs::write(&nodefile, c.bed.ip.iter().flat_map(|ip| [ip, ip]).map(|ip| format!("{ip}\n")).collect::<String>()).unwrap();
     let pbs_out = d.join("pbs.6");
+    c.jobs.borrow_mut().push(namespace_of(&pbs_out));
     let mut cmd = c.bed.cmd(0, "bash");
     cmd.arg(examples.join("pbs.sh")).env("PBS_NODEFILE", &nodefile).env("PBS_O_WORKDIR", d);
     cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
