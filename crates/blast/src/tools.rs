@@ -45,6 +45,30 @@ pub fn with_parent_death(c: &mut Command) -> &mut Command {
     }
 }
 
+/// How `child` ended, if it has, waiting up to `patience` for it (polled every 10 ms).
+pub(crate) fn wait_for_exit(child: &mut std::process::Child, patience: std::time::Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+            _ => return None,
+        }
+    }
+}
+
+/// Stops a child that shuts down cleanly on SIGTERM (an agent): asks it, gives it
+/// `patience`, then kills it; reaped either way.
+pub(crate) fn terminate(child: &mut std::process::Child, patience: std::time::Duration) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    wait_for_exit(child, patience);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Runs `program args...` with `BLASTDB` set to `blastdb` (if given: one directory, or a
 /// search path as [`search_path`] makes), returning its output on success.
 pub fn run(program: &str, args: &[&str], blastdb: Option<&OsStr>, cwd: Option<&Path>) -> Result<Output, ToolError> {

@@ -8,6 +8,10 @@ use std::time::{Duration, Instant};
 use crate::error::SearchError;
 pub use crate::tools::with_parent_death;
 
+/// How many times a search starts an agent again after it died: a search on one
+/// machine its own agent, a launched job's node leader its node's.
+pub(crate) const MAX_AGENT_RESTARTS: usize = 3;
+
 /// A node agent started for a local-mode run (killed on drop).
 pub struct LocalAgent {
     child: Child,
@@ -63,14 +67,7 @@ impl LocalAgent {
     /// How the agent ended, if it has, waiting up to `patience` for it (a search that
     /// lost contact with its agent may notice before the agent is reaped).
     pub fn ended(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + patience;
-        loop {
-            match self.child.try_wait() {
-                Ok(Some(status)) => return Some(status),
-                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
-                _ => return None,
-            }
-        }
+        crate::tools::wait_for_exit(&mut self.child, patience)
     }
 }
 
@@ -128,15 +125,6 @@ impl StderrRelay {
 
 impl Drop for LocalAgent {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline && matches!(self.child.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        crate::tools::terminate(&mut self.child, Duration::from_secs(3));
     }
 }

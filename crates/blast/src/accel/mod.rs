@@ -57,22 +57,23 @@ mod writer;
 use self::master::submit_task;
 use self::plugin::failed;
 
+pub(crate) use self::local::MAX_AGENT_RESTARTS;
 pub use self::local::{with_parent_death, LocalAgent};
+pub use self::master::master;
+pub use self::plugin::BlastPlugin;
+pub use self::worker::worker;
+pub use crate::parts::{assemble, count_hits, Assembler};
+pub use crate::plan::{batch_file, part_tmp, topic, JobSpec, MergeAssign, TaskPayload};
 
 /// A failed request to the agent as a search error: a lost connection as
-/// [`crate::error::SearchError::AgentLost`], which the search tells apart (its own agent's end,
-/// a worker's quiet exit), anything else as what the agent said.
+/// [`crate::error::SearchError::AgentLost`], which the search tells apart (its own
+/// agent's end, a worker's quiet exit), anything else as what the agent said.
 pub(crate) fn agent_error(e: gepsea_agent::api::ApiError) -> crate::error::SearchError {
     match e {
         gepsea_agent::api::ApiError::Transport(why) => crate::error::SearchError::AgentLost(why),
         other => crate::error::SearchError::Io(format!("agent: {other}")),
     }
 }
-pub use self::master::master;
-pub use self::plugin::BlastPlugin;
-pub use self::worker::worker;
-pub use crate::parts::{assemble, count_hits, Assembler};
-pub use crate::plan::{batch_file, part_tmp, topic, JobSpec, MergeAssign, TaskPayload};
 
 /// Where a staged fragment came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

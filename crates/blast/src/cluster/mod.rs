@@ -27,7 +27,7 @@ use gepsea_agent::api::Api;
 
 pub use self::launch::{detect, detect_from, Launch};
 use self::meet::{host_key, Arrival, Meeting};
-use crate::accel::with_parent_death;
+use crate::accel::{with_parent_death, MAX_AGENT_RESTARTS};
 use crate::search::{SearchError, SearchOptions, Summary};
 
 /// How long the processes of a launch wait for each other to appear.
@@ -93,11 +93,11 @@ pub fn local_ip(cidr: Option<&str>) -> Result<IpAddr, SearchError> {
 }
 
 /// Whether a worker's error is its agent's: the connection lost (the agent died), or
-/// a request the agent failed.
+/// a request the agent failed (`accel::agent_error`).
 fn agent_failed(e: &SearchError) -> bool {
     match e {
         SearchError::AgentLost(_) => true,
-        SearchError::Io(m) => m.contains("lost contact") || m.contains("agent:"),
+        SearchError::Io(m) => m.contains("agent:"),
         _ => false,
     }
 }
@@ -156,16 +156,7 @@ struct AgentChild(Option<(Child, PathBuf)>);
 impl Drop for AgentChild {
     fn drop(&mut self) {
         if let Some((c, node_dir)) = &mut self.0 {
-            // SAFETY: kill(2) on our own child.
-            unsafe {
-                libc::kill(c.id() as i32, libc::SIGTERM);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            crate::tools::terminate(c, Duration::from_secs(5));
             // Sockets of workers that were killed stay behind; the node's directory is ours.
             let _ = std::fs::remove_dir_all(&node_dir);
             if let Some(ns_dir) = node_dir.parent() {
@@ -180,9 +171,6 @@ fn agent_pid(ns: &str, node: u32) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_str(&gepsea_client::status(ns, node).ok()?).ok()?;
     v["pid"].as_u64()
 }
-
-/// How many times a node's leader starts its agent again in one launch.
-const MAX_AGENT_RESTARTS: usize = 3;
 
 /// Waits until the node's agent answers again (restarted by the node's leader), the
 /// job ended (`done` flag or launch directory gone), a signal asked us to stop, or a
@@ -359,10 +347,7 @@ fn run_with_agents(
                         // A killed agent's sockets close before its exit can be waited
                         // for; on busy cores the worker sees the first well before the
                         // second, and looking once left a dead agent unrestarted.
-                        let dying = Instant::now() + Duration::from_secs(5);
-                        while matches!(old.try_wait(), Ok(None)) && Instant::now() < dying {
-                            std::thread::sleep(Duration::from_millis(10));
-                        }
+                        crate::tools::wait_for_exit(old, Duration::from_secs(5));
                         if !matches!(old.try_wait(), Ok(None)) {
                             let _ = old.wait();
                             agent.0 = Some(start_agent()?);

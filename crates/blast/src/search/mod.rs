@@ -237,9 +237,6 @@ fn run_with(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> 
     Ok(summary)
 }
 
-/// How many times a search on one machine starts its agent again after it ended.
-const MAX_AGENT_RESTARTS: u32 = 3;
-
 fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchError> {
     // Held until the work directory is removed or kept (see `files::WorkDirLock`).
     let _lock = match opts.work_dir.is_none().then(|| default_work_dir(&opts.out)).flatten() {
@@ -257,13 +254,14 @@ fn run_into_file(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchEr
     // as the search), and not with queries from standard input, which cannot be read
     // twice.
     let mut restarts = 0;
+    let max = crate::accel::MAX_AGENT_RESTARTS;
     while let Err(SearchError::OwnAgentEnded { pid, status, killed: true }) = &result {
-        if !local || restarts == MAX_AGENT_RESTARTS || interrupted().is_some() || opts.query.as_os_str() == fasta::STDIN {
+        if !local || restarts == max || interrupted().is_some() || opts.query.as_os_str() == fasta::STDIN {
             break;
         }
         restarts += 1;
         note!(
-            "gepsea search: the search's agent (pid {pid}) ended ({status}); starting a new one and resuming from the batches already finished ({restarts} of {MAX_AGENT_RESTARTS} restarts)"
+            "gepsea search: the search's agent (pid {pid}) ended ({status}); starting a new one and resuming from the batches already finished ({restarts} of {max} restarts)"
         );
         // Every part there now is this process's own work (with `--no-resume`, or into a
         // stream, the first run removed any older one of its batches): reuse it.
