@@ -59,8 +59,14 @@ pub enum SearchError {
     Io(String),
     #[error("cluster launch: {0}")]
     Launch(String),
-    #[error("task {task} ({what}) failed twice; BLAST+ said: {message}")]
-    TaskFailed { task: usize, what: String, message: String },
+    /// A task's BLAST+ run failed, then failed again on retry. `task`: its number where
+    /// the master numbers tasks (without agents).
+    #[error("{} failed twice; BLAST+ said: {message}", match task { Some(t) => format!("task {t} ({what})"), None => format!("the search of {what}") })]
+    TaskFailed { task: Option<usize>, what: String, message: String },
+    /// The agent could not take a task's result in (an archive it cannot parse, a merge
+    /// or a write that failed): searching again would fail the same way.
+    #[error("the result of {what} could not be merged: {message}")]
+    ResultRefused { what: String, message: String },
     #[error("all workers died; the last one: {0}")]
     NoWorkers(String),
     #[error("agent: lost contact with the agent: {0}")]

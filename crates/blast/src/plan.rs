@@ -278,17 +278,47 @@ pub(crate) fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(|s| s.as_str())
 }
 
-/// The number of hits BLAST keeps per query for these options and format.
+/// The number of hits BLAST keeps per query for these options and format:
+/// `-max_target_seqs`; else, for the reports (formats 0 to 4), the larger of
+/// `-num_descriptions` (500) and `-num_alignments` (250); else (tabular, XML, archives)
+/// `-num_alignments`, which BLAST+ then reads as the number of hits (500 without it;
+/// `-num_descriptions` is ignored there).
 pub fn hitlist_size(args: &[String], outfmt: &str) -> usize {
     if let Some(v) = option_value(args, "-max_target_seqs").and_then(|v| v.parse().ok()) {
         return v;
     }
+    let a: Option<usize> = option_value(args, "-num_alignments").and_then(|v| v.parse().ok());
     if report::base_format(outfmt) <= 4 {
         let d: usize = option_value(args, "-num_descriptions").and_then(|v| v.parse().ok()).unwrap_or(500);
-        let a: usize = option_value(args, "-num_alignments").and_then(|v| v.parse().ok()).unwrap_or(250);
-        return d.max(a);
+        return d.max(a.unwrap_or(250));
     }
-    500
+    a.unwrap_or(500)
+}
+
+/// The options of a search whose archive (`-outfmt 11`) is to be merged into a report
+/// in format `outfmt`: the user's options, with the number of hits kept given as
+/// `-max_target_seqs` where the user gave it through the display options
+/// (`-num_descriptions`, `-num_alignments`). BLAST+ reads those by the output format,
+/// and an archive search would keep `-num_alignments` hits where a serial search for a
+/// report keeps as many as both lists show. Unchanged without them.
+pub fn archive_args(args: &[String], outfmt: &str) -> Vec<String> {
+    const DISPLAY_COUNTS: [&str; 2] = ["-num_descriptions", "-num_alignments"];
+    if !args.iter().any(|a| DISPLAY_COUNTS.contains(&a.as_str())) {
+        return args.to_vec();
+    }
+    let k = hitlist_size(args, outfmt);
+    let mut out = Vec::with_capacity(args.len());
+    let mut i = 0;
+    while i < args.len() {
+        if DISPLAY_COUNTS.contains(&args[i].as_str()) {
+            i += 2;
+            continue;
+        }
+        out.push(args[i].clone());
+        i += 1;
+    }
+    out.extend(["-max_target_seqs".to_string(), k.to_string()]);
+    out
 }
 
 /// How the merging and writing of batches is spread over the agents.

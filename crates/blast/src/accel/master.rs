@@ -139,7 +139,8 @@ pub fn master(
                         note!("gepsea search: task {} failed; retrying once", f.what);
                         continue;
                     }
-                    Notice::Failure(f) => return Err(SearchError::TaskFailed { task: 0, what: f.what, message: f.message }),
+                    Notice::Failure(f) => return Err(SearchError::TaskFailed { task: None, what: f.what, message: f.message }),
+                    Notice::Refused(f) => return Err(SearchError::ResultRefused { what: f.what, message: f.message }),
                     Notice::Part(d) => d,
                 };
                 if let Some(e) = d.error {

@@ -163,7 +163,10 @@ pub struct TaskFailure {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Notice {
     Part(PartDone),
+    /// A task's search failed (`retried`: it was submitted again).
     Failure(TaskFailure),
+    /// A task's result was refused by the agent that took it in (`retried` is false).
+    Refused(TaskFailure),
 }
 
 /// Requests to the BLAST plug-in.

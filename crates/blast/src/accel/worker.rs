@@ -21,7 +21,7 @@ use super::*;
 /// until a stop task arrives or, between tasks, `over()` says the job ended without one
 /// (the master failed or was stopped).
 pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result<(), SearchError> {
-    let mut inflight: Vec<u64> = Vec::new();
+    let mut inflight: Vec<HandOver> = Vec::new();
     // Fragments this worker had staged, by (job, fragment): only the first use asks the
     // agent (whose job thread for this worker may be busy merging the batch the
     // previous result completed), unless the copy was removed to make room since.
@@ -40,6 +40,16 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         let next = client.take(Duration::from_secs(1));
         if let Some(id) = done_unanswered.take() {
             client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+        }
+        // Hand-overs the agent has answered meanwhile: one it refused (a result it could
+        // not parse or merge) fails the run now. Left until the next wait for a full
+        // window, it left the master waiting for a batch that was never coming.
+        let mut i = 0;
+        while i < inflight.len() {
+            match client.try_finish(inflight[i].id) {
+                Some(answer) => inflight.remove(i).settle(client, answer)?,
+                None => i += 1,
+            }
         }
         let Some(t) = next.map_err(api_err)? else {
             if over() {
@@ -104,7 +114,14 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         .map(|dir| if dir.as_os_str() == spec.blastdb.as_str() { dir.into_os_string() } else { tools::search_path(&[&dir]) });
         let q = query_file.to_string_lossy().to_string();
         let mut args: Vec<&str> = vec!["-query", &q, "-db", &database, "-outfmt", outfmt];
-        args.extend(spec.blast_args.iter().map(|s| s.as_str()));
+        let for_archive;
+        let user_args = if outfmt == "11" {
+            for_archive = archive_args(&spec.blast_args, &spec.outfmt);
+            &for_archive
+        } else {
+            &spec.blast_args
+        };
+        args.extend(user_args.iter().map(|s| s.as_str()));
         let threads = match &payload {
             TaskPayload::Batch { threads, .. } if *threads > 1 && !spec.blast_args.iter().any(|a| a == "-num_threads") => {
                 threads.to_string()
@@ -164,24 +181,56 @@ pub fn worker(client: &gepsea_client::Client, over: &dyn Fn() -> bool) -> Result
         };
         work.blast_seconds = started.elapsed().as_secs_f64();
         work.handed_unix = crate::trace::unix_now();
+        let what = payload.describe(&spec);
         let request = match part_file {
             Some(path) => BlastRequest::ResultFile { task: payload, path, work },
             None => BlastRequest::Result { task: payload, archive: out.stdout, work },
         };
         let body = postcard::to_stdvec(&request).unwrap();
         // Hand the result over and go on: collect earlier hand-overs without waiting.
-        inflight.push(client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body }));
+        let id = client.start(gepsea_agent::wire::Op::Plugin { name: "blast".into(), body });
+        inflight.push(HandOver { id, topic: topic(&spec.id), what });
         done_unanswered = Some(client.start(gepsea_agent::wire::Op::Done { task: t.id }));
         // Results not yet taken by the agent are held here: bound them.
         while inflight.len() > 8 {
-            let id = inflight.remove(0);
-            client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+            let h = inflight.remove(0);
+            let answer = client.finish(h.id, Duration::from_secs(600));
+            h.settle(client, answer)?;
         }
     }
-    for id in inflight {
-        client.finish(id, Duration::from_secs(600)).map_err(api_err)?;
+    for h in inflight {
+        let answer = client.finish(h.id, Duration::from_secs(600));
+        h.settle(client, answer)?;
     }
     Ok(())
+}
+
+/// A result handed to the agent whose answer has not been read yet.
+struct HandOver {
+    id: u64,
+    /// The job's notice topic, where a refused result is reported to the master.
+    topic: String,
+    /// The task, as the master names it.
+    what: String,
+}
+
+impl HandOver {
+    /// Reads the agent's answer: a result the agent refused fails the run (it would fail
+    /// the same way again: the archive or the merge is at fault, not the worker).
+    fn settle(
+        self,
+        client: &gepsea_client::Client,
+        answer: Result<gepsea_agent::wire::Reply, gepsea_agent::api::ApiError>,
+    ) -> Result<(), SearchError> {
+        match answer {
+            Ok(_) => Ok(()),
+            Err(e @ (gepsea_agent::api::ApiError::Transport(_) | gepsea_agent::api::ApiError::Timeout(_))) => Err(super::agent_error(e)),
+            Err(e) => {
+                let notice = Notice::Refused(TaskFailure { what: self.what, message: e.to_string(), retried: false });
+                client.publish(&self.topic, &postcard::to_stdvec(&notice).unwrap(), Dest::All).map_err(super::agent_error)
+            }
+        }
+    }
 }
 
 /// The staged directory of `fragment` of `job` and a hold on it (`scratch::hold`; no

@@ -41,8 +41,8 @@ use crate::error::check_interrupted;
 pub use crate::error::{interrupt, interrupted, SearchError};
 use crate::plan::*;
 pub use crate::plan::{
-    batches, blast_batch_letters, blast_batches, check_blast_args, choose_split, guided_batches, hitlist_size, is_translated, part_keys,
-    preliminary_list, program_types, SplitBy, AUTO_QUERIES_PER_WORKER,
+    archive_args, batches, blast_batch_letters, blast_batches, check_blast_args, choose_split, guided_batches, hitlist_size, is_translated,
+    part_keys, preliminary_list, program_types, SplitBy, AUTO_QUERIES_PER_WORKER,
 };
 
 /// Everything `gepsea search` was asked to do.
@@ -198,7 +198,7 @@ pub fn cluster_worker(opts: &SearchOptions, net: &ClusterNet, rank: u32, node: u
     pc.key = net.key.clone();
     // The master may still be reading its input when workers start.
     pc.reconnect_timeout = Duration::from_secs(120);
-    worker_on(Port::open(pc)?, &scratch, &opts.blast_args)
+    worker_on(Port::open(pc)?, &scratch, &archive_args(&opts.blast_args, &opts.outfmt))
 }
 
 /// Rank 0 of a launched (cluster-mode) search: the agents and `workers` workers run
@@ -434,8 +434,11 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             SplitBy::Fragments => manifest.fragments.iter().map(|f| format!("{}.stats", f.name)).collect(),
             SplitBy::Queries => vec![manifest.name.clone()],
         };
-        let outfmt = if split == SplitBy::Fragments { "11" } else { opts.outfmt.as_str() };
-        r.check_holds(&program, &batch_files, &databases, outfmt, &opts.blast_args)?;
+        let (outfmt, args) = match split {
+            SplitBy::Fragments => ("11", archive_args(&opts.blast_args, &opts.outfmt)),
+            SplitBy::Queries => (opts.outfmt.as_str(), opts.blast_args.clone()),
+        };
+        r.check_holds(&program, &batch_files, &databases, outfmt, &args)?;
     }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
@@ -525,7 +528,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             .arg("--scratch")
             .arg(&scratch)
             .arg("--")
-            .args(&opts.blast_args)
+            .args(archive_args(&opts.blast_args, &opts.outfmt))
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
@@ -669,7 +672,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                     Some((_, AfterFailure::Retry)) => {
                         note!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
                     }
-                    _ => return Err(SearchError::TaskFailed { task, what, message }),
+                    _ => return Err(SearchError::TaskFailed { task: Some(task), what, message }),
                 }
             }
             Ctrl::Result { task, len, blast_seconds: secs } => {
