@@ -39,6 +39,10 @@ pub enum SearchError {
     QueryTypeForProgram { query: PathBuf, query_type: &'static str, program: String, expected: &'static str },
     #[error("{0} is searched split by queries only (drop --split fragments): the exact merge of fragments is not proven for translated searches")]
     TranslatedByFragments(String),
+    #[error("BLAST+ option {option} is searched split by queries only (drop --split fragments): {why}")]
+    OptionByFragments { option: &'static str, why: &'static str },
+    #[error("BLAST+ option {option} needs each query searched on the whole database by one BLAST+ run ({why}): that is --split queries, which needs the agents (drop --no-agent)")]
+    OptionWithoutAgents { option: &'static str, why: &'static str },
     #[error("{0} is searched in BLAST+'s own query batches, whose composition changes its results: --batch-residues does not apply")]
     TranslatedBatches(String),
     #[error("BLAST+ option {option} is set by gepsea; {instead}")]

@@ -93,6 +93,32 @@ pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchErr
     Ok(())
 }
 
+/// BLAST+ options whose serial output a merge of fragments cannot reproduce, with why.
+/// Each was found different from serial BLAST+ when split by fragments.
+const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
+    ("-culling_limit", "it removes hits enveloped by better ones among all the database's hits, and a fragment sees only its own"),
+    (
+        "-qcov_hsp_perc",
+        "BLAST+ orders the hits before this filter drops HSPs, and the order cannot be rebuilt from what the fragments keep",
+    ),
+    ("-parse_deflines", "the archives then name queries by their parsed identifiers, which the merge cannot number"),
+    ("-sorthits", "blastp orders hits of equal score differently from blast_formatter, through which the merge prints"),
+    ("-best_hit_overhang", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
+    ("-best_hit_score_edge", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
+    ("-searchsp", "with a fixed search space, fragments keep hits near the e-value cutoff that the whole database's search drops"),
+];
+
+/// The first option of `args` that forces a search split by queries, and why: each query
+/// must then be searched against the whole database by one BLAST+ run.
+pub fn whole_database_option(args: &[String]) -> Option<(&'static str, &'static str)> {
+    args.iter().find_map(|a| {
+        WHOLE_DATABASE_OPTIONS.iter().copied().find(|(o, _)| o == a).filter(|(o, _)| {
+            // `-sorthits 0` is BLAST+'s own order (by e-value), which the merge keeps.
+            *o != "-sorthits" || option_value(args, o) != Some("0")
+        })
+    })
+}
+
 /// The split a search uses: `requested`, or — when `None` — by queries on one machine
 /// with at least [`AUTO_QUERIES_PER_WORKER`] queries per worker, by fragments otherwise
 /// (few queries need the fragments' extra parallelism; on a cluster the fragments let a
@@ -105,7 +131,15 @@ pub fn choose_split(
     queries: usize,
     workers: usize,
     program: &str,
+    blast_args: &[String],
 ) -> Result<SplitBy, SearchError> {
+    if let Some((option, why)) = whole_database_option(blast_args) {
+        return match requested {
+            Some(SplitBy::Fragments) => Err(SearchError::OptionByFragments { option, why }),
+            _ if no_agent => Err(SearchError::OptionWithoutAgents { option, why }),
+            _ => Ok(SplitBy::Queries),
+        };
+    }
     if is_translated(program) {
         return match requested {
             Some(SplitBy::Fragments) => Err(SearchError::TranslatedByFragments(program.to_string())),
@@ -307,6 +341,10 @@ pub fn archive_args(args: &[String], outfmt: &str) -> Vec<String> {
         return args.to_vec();
     }
     let k = hitlist_size(args, outfmt);
+    if k == 0 {
+        // BLAST+ refuses it ("No hits are being saved"), as it would the serial search.
+        return args.to_vec();
+    }
     let mut out = Vec::with_capacity(args.len());
     let mut i = 0;
     while i < args.len() {
@@ -550,17 +588,64 @@ mod tests {
     #[test]
     fn auto_split_is_by_queries_on_one_machine_with_enough_queries() {
         use SplitBy::*;
-        assert_eq!(choose_split(None, true, false, 8, 2, "blastp").unwrap(), Queries);
-        assert_eq!(choose_split(None, true, false, 7, 2, "blastp").unwrap(), Fragments);
-        assert_eq!(choose_split(None, false, false, 500, 2, "blastp").unwrap(), Fragments, "a cluster");
-        assert_eq!(choose_split(None, true, true, 500, 2, "blastp").unwrap(), Fragments, "the no-agent baseline");
-        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp").unwrap(), Fragments);
-        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp").unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp"), Err(SearchError::QuerySplitWithoutAgents)));
+        assert_eq!(choose_split(None, true, false, 8, 2, "blastp", &[]).unwrap(), Queries);
+        assert_eq!(choose_split(None, true, false, 7, 2, "blastp", &[]).unwrap(), Fragments);
+        assert_eq!(choose_split(None, false, false, 500, 2, "blastp", &[]).unwrap(), Fragments, "a cluster");
+        assert_eq!(choose_split(None, true, true, 500, 2, "blastp", &[]).unwrap(), Fragments, "the no-agent baseline");
+        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp", &[]).unwrap(), Fragments);
+        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp", &[]).unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp", &[]), Err(SearchError::QuerySplitWithoutAgents)));
         // Translated searches: by queries, wherever they run.
-        assert_eq!(choose_split(None, false, false, 1, 8, "blastx").unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn"), Err(SearchError::TranslatedByFragments(_))));
-        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx"), Err(SearchError::QuerySplitWithoutAgents)));
+        assert_eq!(choose_split(None, false, false, 1, 8, "blastx", &[]).unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn", &[]), Err(SearchError::TranslatedByFragments(_))));
+        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx", &[]), Err(SearchError::QuerySplitWithoutAgents)));
+    }
+
+    #[test]
+    fn an_archive_search_keeps_as_many_hits_as_the_serial_report_shows() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(archive_args(&args("-evalue 1"), "0"), args("-evalue 1"), "no display counts: unchanged");
+        assert_eq!(archive_args(&args("-num_alignments 2 -evalue 1"), "0"), args("-evalue 1 -max_target_seqs 500"));
+        assert_eq!(archive_args(&args("-num_alignments 2 -evalue 1"), "7"), args("-evalue 1 -max_target_seqs 2"));
+        assert_eq!(archive_args(&args("-num_descriptions 3 -num_alignments 5"), "0"), args("-max_target_seqs 5"));
+        assert_eq!(archive_args(&args("-num_descriptions 3"), "6 qseqid"), args("-max_target_seqs 500"), "ignored by tabular");
+        assert_eq!(archive_args(&args("-num_alignments 0"), "7"), args("-num_alignments 0"), "refused by BLAST+ as it stands");
+        assert_eq!(hitlist_size(&args("-num_descriptions 900"), "0"), 900);
+        assert_eq!(hitlist_size(&args("-num_alignments 7"), "5"), 7);
+        assert_eq!(hitlist_size(&args("-max_target_seqs 9 -num_alignments 7"), "5"), 9);
+    }
+
+    #[test]
+    fn options_a_fragment_merge_cannot_reproduce_split_by_queries() {
+        use SplitBy::*;
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        for a in ["-culling_limit 2", "-evalue 1 -qcov_hsp_perc 50", "-parse_deflines", "-sorthits 2"] {
+            assert_eq!(choose_split_with(None, false, false, 1, 8, "blastp", &args(a)).unwrap(), Queries, "{a}: a cluster, one query");
+            assert!(matches!(
+                choose_split_with(Some(Fragments), true, false, 500, 2, "blastp", &args(a)),
+                Err(SearchError::OptionByFragments { .. })
+            ));
+            assert!(matches!(
+                choose_split_with(None, true, true, 500, 2, "blastp", &args(a)),
+                Err(SearchError::OptionWithoutAgents { .. })
+            ));
+        }
+        for a in ["-sorthits 0", "-sorthsps 1", "-evalue 1e-5", "-num_alignments 2"] {
+            assert_eq!(choose_split_with(Some(Fragments), true, false, 500, 2, "blastp", &args(a)).unwrap(), Fragments, "{a}");
+            assert_eq!(choose_split_with(None, true, false, 7, 2, "blastp", &args(a)).unwrap(), Fragments, "{a}");
+        }
+    }
+
+    fn choose_split_with(
+        r: Option<SplitBy>,
+        one_machine: bool,
+        no_agent: bool,
+        queries: usize,
+        workers: usize,
+        program: &str,
+        args: &[String],
+    ) -> Result<SplitBy, SearchError> {
+        choose_split(r, one_machine, no_agent, queries, workers, program, args)
     }
 
     #[test]

@@ -145,10 +145,13 @@ pub fn statistics(spec: &Spec) -> Result<Statistics, ReportError> {
     let stats_asn = spec.scratch.join("stats.asn");
     let sa = stats_asn.to_string_lossy().to_string();
     // One internal batch, so that the archive is one object holding every query (the
-    // formatter prints per-object headers, footers and query counts).
+    // formatter prints per-object headers, footers and query counts). The hit count as
+    // the fragments' searches have it: `-num_alignments 0` would make it 0 here, which
+    // BLAST+ refuses ("No hits are being saved").
+    let for_archive = crate::plan::archive_args(spec.blast_args, spec.outfmt);
     tools::run_env(
         spec.program,
-        &args(&["-query", &q, "-db", "stats", "-outfmt", "11", "-out", &sa], spec.blast_args),
+        &args(&["-query", &q, "-db", "stats", "-outfmt", "11", "-out", &sa], &for_archive),
         Some(spec.blastdb),
         Some(spec.scratch),
         ONE_BATCH,

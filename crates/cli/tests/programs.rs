@@ -250,12 +250,75 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     args.extend(["-evalue", "abc"]);
     let e = one_line_error(f, &args, &out);
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
+    // Options BLAST+ finds wrong only once it searches: its line, before any task runs.
+    for (bad, says) in [
+        (&["-num_descriptions", "0", "-num_alignments", "0"][..], "No hits are being saved"),
+        (&["-ungapped"][..], "not supported with an ungapped search"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend(bad);
+        let e = one_line_error(f, &args, &out);
+        assert!(e.contains("BLAST+ refused the options after --") && e.contains(says), "{bad:?}: {e}");
+    }
     // A missing query file: named, and the system's reason said once (the error's
     // message already holds its cause).
     let missing = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", "missing.fasta", "--out", o];
     let e = one_line_error(f, &missing, &out);
     assert!(e.contains("missing.fasta: cannot read"), "{e}");
     assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+}
+
+/// Options that decide how many hits BLAST+ keeps, or which of them it reports, each as
+/// serial BLAST+ gives it: merged from fragments where the merge reproduces it, searched
+/// by queries (each on the whole database) where it cannot.
+#[test]
+fn hit_count_and_hit_filter_options_give_serial_blasts_output() {
+    let f = fixture();
+    let d = tempdir("hit-options");
+    // BLAST+ reads the hit count by output format: a report keeps as many hits as both of
+    // its lists show, an archive (what fragments are merged from) `-num_alignments`.
+    for (fmt, extra, mode) in [
+        ("0", &["-num_alignments", "2"][..], &[][..]),
+        ("0", &["-num_descriptions", "3", "-num_alignments", "1"][..], &["--no-agent"][..]),
+        ("0", &["-num_alignments", "0"][..], &[][..]),
+        ("7", &["-num_alignments", "2"][..], &[][..]),
+        ("5", &["-num_alignments", "3"][..], &["--no-agent"][..]),
+    ] {
+        let what = format!("outfmt {fmt} {extra:?} {mode:?}");
+        let want = d.0.join("serial.out");
+        serial("blastp", f, "protdb", "q.fasta", fmt, &want, extra);
+        let got = d.0.join("gepsea.out");
+        let split = ["--split", "fragments", "--fragments", "3"];
+        search(f, "blastp", "protdb", "q.fasta", fmt, &got, &[&split[..], mode, &["--"], extra].concat());
+        assert_identical(&got, &want, &what);
+    }
+    // Filters over all of a query's hits, and orders a merge cannot rebuild: by queries,
+    // even for two queries on two workers (which a merge of fragments would otherwise
+    // search), and refused by fragments and without agents.
+    std::fs::write(d.0.join("q2.fasta"), head(&std::fs::read_to_string(f.join("q.fasta")).unwrap(), 2)).unwrap();
+    let q2 = d.0.join("q2.fasta");
+    let q2 = q2.to_str().unwrap();
+    for extra in [&["-culling_limit", "1"][..], &["-qcov_hsp_perc", "60"], &["-parse_deflines"], &["-sorthits", "2"]] {
+        let option = extra[0];
+        let want = d.0.join("serial.0");
+        serial("blastp", f, "protdb", q2, "0", &want, extra);
+        let got = d.0.join("gepsea.0");
+        let summary = d.0.join("summary.json");
+        search(f, "blastp", "protdb", q2, "0", &got, &[&["--summary-json", summary.to_str().unwrap(), "--"][..], extra].concat());
+        assert_identical(&got, &want, option);
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+        assert_eq!(v["split"], "Queries", "{option}");
+        let out = d.0.join("refused.0");
+        let o = out.to_str().unwrap();
+        let base = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", q2, "--out", o];
+        let e = one_line_error(f, &[&base[..], &["--split", "fragments", "--"], extra].concat(), &out);
+        assert!(e.contains(&format!("BLAST+ option {option} is searched split by queries only (drop --split fragments)")), "{e}");
+        let e = one_line_error(f, &[&base[..], &["--no-agent", "--"], extra].concat(), &out);
+        assert!(
+            e.contains(&format!("BLAST+ option {option} needs each query searched on the whole database")) && e.contains("drop --no-agent"),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -7,7 +7,8 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
 
@@ -81,4 +82,41 @@ fn a_replay_repeats_the_recording_and_refuses_another_database_query_set_or_layo
     refused("db", "q.fasta", &[&layout[..], &["--", "-evalue", "1"]].concat(), "another set of BLAST+ options");
     let o = search(d, "db", "q.fasta", "refused.6", &["--replay", "nothing-here"]).output().unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("nothing-here: not a recording"), "{}", String::from_utf8_lossy(&o.stderr));
+
+    // Results the merge cannot read (recorded archives whose queries lost their local
+    // ids): the search ends with one line saying so. With agents, the agent that took
+    // such a result in refused it, and the master once waited forever for its batch.
+    for run in std::fs::read_dir(d.join("rec/runs")).unwrap().flatten().map(|e| e.path()) {
+        if run.extension().is_some_and(|e| e == "out") {
+            let text = std::fs::read_to_string(&run).unwrap();
+            std::fs::write(&run, text.replace("local str \"Query_", "local str \"Bogus_")).unwrap();
+        }
+    }
+    for (mode, says) in
+        [(&[][..], "could not be merged: plug-in blast: alignment without query id"), (&["--no-agent"][..], "alignment without query id")]
+    {
+        let mut c = search(d, "db", "q.fasta", "unreadable.6", &[&["--replay", "rec"][..], &layout, mode].concat());
+        let o = output_within(&mut c, Duration::from_secs(120));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{mode:?}: {err}");
+        assert!(err.contains(says), "{mode:?}: expected {says:?} in {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+        assert!(!d.join("unreadable.6").exists(), "{mode:?}: an output was written");
+    }
+}
+
+/// Runs `c` to its end, killing it (and failing the test) if it outlasts `limit`.
+fn output_within(c: &mut Command, limit: Duration) -> Output {
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            // SIGTERM: the search stops its agent and workers on the way out.
+            let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            panic!("still running after {limit:?}: it hangs");
+        }
+    }
 }

@@ -297,8 +297,15 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let queries = fasta::read_or_stdin(&opts.query)?;
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
-    let split =
-        choose_split(opts.split, matches!(env, Env::Local), no_agent, queries.len(), workers, opts.program.as_deref().unwrap_or(""))?;
+    let split = choose_split(
+        opts.split,
+        matches!(env, Env::Local),
+        no_agent,
+        queries.len(),
+        workers,
+        opts.program.as_deref().unwrap_or(""),
+        &opts.blast_args,
+    )?;
     // Claim the output location first: an unwritable path fails now, not after the search.
     if opts.out.is_dir() {
         let source = std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory; give a file name");
@@ -819,7 +826,14 @@ fn validate_options(
     let mut all: Vec<&str> = vec!["-query", &qs, "-db", "stats", "-outfmt", outfmt, "-out", &out];
     all.extend(args.iter().map(|s| s.as_str()));
     match tools::run(program, &all, Some(blastdb.as_ref()), Some(scratch)) {
-        Err(ToolError::Failed { stderr, .. }) if tools::is_option_error(&stderr) => {
+        // Also what BLAST+ finds wrong with the options only once it searches ("No hits are
+        // being saved", an ungapped search with composition-based statistics): a serial
+        // run fails the same way, and so would every task.
+        Err(ToolError::Failed { stderr, .. })
+            if tools::is_option_error(&stderr)
+                || stderr.contains("BLAST query/options error:")
+                || stderr.contains("BLAST options error:") =>
+        {
             Err(SearchError::BlastOptions(tools::error_lines(&stderr)))
         }
         // A format number out of range is not an argument-parser error for BLAST+, but
