@@ -49,6 +49,8 @@ pub enum SearchError {
     OwnedOption { option: String, instead: &'static str },
     #[error("BLAST+ refused the options after --: {0}")]
     BlastOptions(String),
+    #[error("--outfmt {0}: not written by gepsea, which writes formats 0, 5, 6, 7, 10 and 18 byte-identical to serial BLAST+ (this one's per-run framing is not reproduced); choose one of those, e.g. 5 (XML) or 7 (tabular with comments)")]
+    OutfmtNotReproduced(String),
     #[error("--outfmt {outfmt}: BLAST+ refused it ({reason}); see `blastp -help`, -outfmt, for the formats")]
     Outfmt { outfmt: String, reason: String },
     #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]

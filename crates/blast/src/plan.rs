@@ -93,6 +93,22 @@ pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchErr
     Ok(())
 }
 
+/// BLAST+ output formats gepsea writes byte-identical to serial BLAST+, by either split.
+pub const REPRODUCED_FORMATS: [u32; 6] = [0, 5, 6, 7, 10, 18];
+
+/// Refuses a BLAST+ output format (1 to 17) that gepsea does not reproduce: the
+/// query-anchored reports (1–4), whose per-batch headers and statistics are not
+/// joined as serial BLAST+ prints them, and the structured documents (ASN.1, JSON,
+/// XML2, SAM: 8, 9, 11–17), which are one document per BLAST+ run. Numbers BLAST+ does
+/// not have are left to its own check.
+pub fn check_outfmt(outfmt: &str) -> Result<(), SearchError> {
+    let n = report::base_format(outfmt);
+    if (1..=17).contains(&n) && !REPRODUCED_FORMATS.contains(&n) {
+        return Err(SearchError::OutfmtNotReproduced(outfmt.to_string()));
+    }
+    Ok(())
+}
+
 /// BLAST+ options whose serial output a merge of fragments cannot reproduce, with why.
 /// Each was found different from serial BLAST+ when split by fragments.
 const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
@@ -599,6 +615,16 @@ mod tests {
         assert_eq!(choose_split(None, false, false, 1, 8, "blastx", &[]).unwrap(), Queries);
         assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn", &[]), Err(SearchError::TranslatedByFragments(_))));
         assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx", &[]), Err(SearchError::QuerySplitWithoutAgents)));
+    }
+
+    #[test]
+    fn formats_gepsea_does_not_reproduce_are_refused() {
+        for f in ["0", "5", "6 qseqid sseqid", "7", "10", "18", "99", "x"] {
+            assert!(check_outfmt(f).is_ok(), "{f}");
+        }
+        for f in ["1", "3", "4", "8", "9", "11", "12", "13", "14", "15", "16", "17"] {
+            assert!(matches!(check_outfmt(f), Err(SearchError::OutfmtNotReproduced(_))), "{f}");
+        }
     }
 
     #[test]

@@ -250,6 +250,13 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     args.extend(["-evalue", "abc"]);
     let e = one_line_error(f, &args, &out);
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
+    // Output formats whose per-run framing gepsea does not reproduce: refused, not
+    // written different from serial BLAST+.
+    for fmt in ["3", "11", "15"] {
+        let args = ["search", "--quiet", "--db", "protdb", "--query", "q.fasta", "--out", o, "--outfmt", fmt];
+        let e = one_line_error(f, &args, &out);
+        assert!(e.contains(&format!("--outfmt {fmt}: not written by gepsea, which writes formats 0, 5, 6, 7, 10 and 18")), "{e}");
+    }
     // Options BLAST+ finds wrong only once it searches: its line, before any task runs.
     for (bad, says) in [
         (&["-num_descriptions", "0", "-num_alignments", "0"][..], "No hits are being saved"),
@@ -283,6 +290,8 @@ fn hit_count_and_hit_filter_options_give_serial_blasts_output() {
         ("0", &["-num_alignments", "0"][..], &[][..]),
         ("7", &["-num_alignments", "2"][..], &[][..]),
         ("5", &["-num_alignments", "3"][..], &["--no-agent"][..]),
+        ("10", &["-num_alignments", "2"][..], &[][..]),
+        ("18", &[][..], &[][..]),
     ] {
         let what = format!("outfmt {fmt} {extra:?} {mode:?}");
         let want = d.0.join("serial.out");

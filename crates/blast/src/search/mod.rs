@@ -41,8 +41,8 @@ use crate::error::check_interrupted;
 pub use crate::error::{interrupt, interrupted, SearchError};
 use crate::plan::*;
 pub use crate::plan::{
-    archive_args, batches, blast_batch_letters, blast_batches, check_blast_args, choose_split, guided_batches, hitlist_size, is_translated,
-    part_keys, preliminary_list, program_types, SplitBy, AUTO_QUERIES_PER_WORKER,
+    archive_args, batches, blast_batch_letters, blast_batches, check_blast_args, check_outfmt, choose_split, guided_batches, hitlist_size,
+    is_translated, part_keys, preliminary_list, program_types, SplitBy, AUTO_QUERIES_PER_WORKER,
 };
 
 /// Everything `gepsea search` was asked to do.
@@ -292,6 +292,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         _ => opts.workers.max(1),
     };
     check_blast_args(&opts.blast_args, workers)?;
+    check_outfmt(&opts.outfmt)?;
     if let Some(p) = &opts.program {
         program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
     }
