@@ -517,7 +517,11 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                     s.tasks,
                     s.split,
                     s.whole_db_fallbacks,
-                    if s.reused_parts > 0 { format!("; {} batches reused from an interrupted run", s.reused_parts) } else { String::new() },
+                    match s.reused_parts {
+                        0 => String::new(),
+                        1 => "; 1 batch reused from an interrupted run".to_string(),
+                        n => format!("; {n} batches reused from an interrupted run"),
+                    },
                     s.wall_seconds,
                     s.output.display()
                 );
