@@ -113,6 +113,8 @@ impl<W: std::io::Write> Assembler<W> {
         let mut section = Section::Header;
         let mut trailer = false;
         let mut footer = String::new();
+        // XML: the local number of the iteration's query (its messages name it).
+        let mut message_id: Option<usize> = None;
         let mut buf = Vec::new();
         loop {
             buf.clear();
@@ -162,7 +164,15 @@ impl<W: std::io::Write> Assembler<W> {
                             Some(format!("  <Iteration_iter-num>{}</Iteration_iter-num>\n", k + offset).into())
                         } else if let Some(v) = between(line, "  <Iteration_query-ID>Query_", "</Iteration_query-ID>\n") {
                             let k: usize = v.parse().map_err(|_| format!("bad query id {v:?}"))?;
+                            message_id = Some(k);
                             Some(format!("  <Iteration_query-ID>Query_{}</Iteration_query-ID>\n", k + offset).into())
+                        } else if let (Some(m), Some(k)) = (between(line, "  <Iteration_message>", "</Iteration_message>\n"), message_id) {
+                            // A warning names the query by its local id ("Query_3 xs: Could
+                            // not calculate ..."), at the start and after each "  ".
+                            let (old, new) = (format!("Query_{k} "), format!("Query_{} ", k + offset));
+                            let m = m.strip_prefix(&old).map(|rest| format!("{new}{rest}")).unwrap_or_else(|| m.to_string());
+                            let m = m.replace(&format!(":  {old}"), &format!(":  {new}"));
+                            Some(format!("  <Iteration_message>{m}</Iteration_message>\n").into())
                         } else {
                             Some(line.into())
                         }
@@ -454,6 +464,18 @@ mod tests {
             "{out}"
         );
         assert!(out.ends_with("</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"));
+        // A query BLAST+ could not compute statistics for: its warning names it by its
+        // local id, which is renumbered there too (a title that says "Query_1 " is not).
+        let warned = |q: &str| {
+            format!("<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>{q}</Iteration_query-def>\n  <Iteration_message>Query_1 {q}:  Query_1 {q}: Could not calculate  No hits found</Iteration_message>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n")
+        };
+        let out = assemble(&[part("a"), warned("xs Query_1 x")], 5).unwrap();
+        assert!(
+            out.contains(
+                "<Iteration_message>Query_2 xs Query_1 x:  Query_2 xs Query_1 x: Could not calculate  No hits found</Iteration_message>"
+            ),
+            "{out}"
+        );
     }
 
     /// Pieces made one by one, each knowing only its batch's place, laid end to end.

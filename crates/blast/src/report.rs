@@ -220,6 +220,9 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         stats.direct.as_deref().ok_or_else(|| ReportError::Unsupported("statistics without the direct run this format needs".into()))?;
     let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
     let mut fixed = replace_blocks(&report, stats_text, open, close)?;
+    if fmt == 5 {
+        fixed = carry_warnings(&fixed, stats_text);
+    }
     if !masks.is_empty() {
         if fmt == 5 {
             // Serial XML marks masked residues by a rule not yet reproduced; refuse rather
@@ -296,21 +299,89 @@ pub fn mask_pairwise(report: &str, masks: &std::collections::HashMap<usize, Vec<
 }
 
 /// Byte ranges of the blocks from `open` to the end of the line holding `close`.
-fn blocks(text: &str, open: &str, close: &str) -> Vec<(usize, usize)> {
+/// A query's statistics block: from its `open` (`None`: the query has none, as when
+/// BLAST+ could not compute its Karlin-Altschul parameters), or else its `close`, to
+/// the end of the `close` line.
+struct Block {
+    open: Option<usize>,
+    close: usize,
+    end: usize,
+}
+
+impl Block {
+    /// Where the block starts, with the blank lines before it when either side of a
+    /// swap has no `open`: the two then differ in those lines too.
+    fn start(&self, text: &str, with_blank_lines: bool) -> usize {
+        let s = self.open.unwrap_or(self.close);
+        if with_blank_lines {
+            text[..s].trim_end_matches('\n').len()
+        } else {
+            s
+        }
+    }
+}
+
+/// Every query's statistics block: one per `close` (every query has one), from the first
+/// `open` since the previous block, if any (pairwise output has two: ungapped, gapped).
+fn blocks(text: &str, open: &str, close: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut at = 0;
-    while let Some(s) = text[at..].find(open) {
-        let s = at + s;
-        let Some(c) = text[s..].find(close) else { break };
-        let c = s + c + close.len();
-        let e = text[c..].find('\n').map(|n| c + n).unwrap_or(text.len());
-        out.push((s, e));
-        at = e;
+    while let Some(c) = text[at..].find(close) {
+        let c = at + c;
+        let o = text[at..c].find(open).map(|o| at + o);
+        let after = c + close.len();
+        let end = text[after..].find('\n').map(|n| after + n).unwrap_or(text.len());
+        out.push(Block { open: o, close: c, end });
+        at = end;
     }
     out
 }
 
-/// Replaces the i-th statistics block of `report` with the i-th of `stats`.
+/// XML: the direct run's message of a query that has one besides "No hits found" (BLAST+'s
+/// warning that it could not compute the query's statistics, say) replaces the
+/// formatter's, which is only ever "No hits found". Such a query has no hits anywhere:
+/// BLAST+ did not search it.
+fn carry_warnings(report: &str, direct: &str) -> String {
+    const OPEN: &str = "<Iteration_message>";
+    const CLOSE: &str = "</Iteration_message>";
+    let iterations = |t: &str| -> Vec<(usize, usize)> {
+        let mut v = Vec::new();
+        let mut at = 0;
+        while let Some(s) = t[at..].find("<Iteration>") {
+            let s = at + s;
+            let e = t[s..].find("</Iteration>").map_or(t.len(), |e| s + e);
+            v.push((s, e));
+            at = e;
+        }
+        v
+    };
+    let message = |t: &str, (s, e): (usize, usize)| -> Option<(usize, usize)> {
+        let m = t[s..e].find(OPEN)? + s + OPEN.len();
+        Some((m, t[m..e].find(CLOSE)? + m))
+    };
+    let (ri, di) = (iterations(report), iterations(direct));
+    if ri.len() != di.len() {
+        return report.to_string();
+    }
+    let mut out = String::with_capacity(report.len());
+    let mut at = 0;
+    for (r, d) in ri.into_iter().zip(di) {
+        let warning = message(direct, d).map(|(s, e)| &direct[s..e]).filter(|m| *m != "No hits found");
+        if let (Some(w), Some((s, e))) = (warning, message(report, r)) {
+            out.push_str(&report[at..s]);
+            out.push_str(w);
+            at = e;
+        }
+    }
+    out.push_str(&report[at..]);
+    out
+}
+
+/// Replaces the i-th statistics block of `report` with the i-th of `stats`. A query
+/// whose direct run printed no statistics (only its search space: BLAST+ could not
+/// compute them for, say, a query of `X`s) gets that, with the direct run's blank
+/// lines, in place of the formatter's block (which prints the batch's statistics for
+/// every query).
 pub fn replace_blocks(report: &str, stats: &str, open: &str, close: &str) -> Result<String, ReportError> {
     let rb = blocks(report, open, close);
     let sb = blocks(stats, open, close);
@@ -319,10 +390,11 @@ pub fn replace_blocks(report: &str, stats: &str, open: &str, close: &str) -> Res
     }
     let mut out = String::with_capacity(report.len() + 64 * rb.len());
     let mut at = 0;
-    for ((rs, re), (ss, se)) in rb.iter().zip(&sb) {
-        out.push_str(&report[at..*rs]);
-        out.push_str(&stats[*ss..*se]);
-        at = *re;
+    for (r, s) in rb.iter().zip(&sb) {
+        let bare = r.open.is_none() || s.open.is_none();
+        out.push_str(&report[at..r.start(report, bare)]);
+        out.push_str(&stats[s.start(stats, bare)..s.end]);
+        at = r.end;
     }
     out.push_str(&report[at..]);
     Ok(out)
@@ -342,6 +414,15 @@ mod tests {
             replace_blocks(report, "none", "\nLambda", "\nEffective"),
             Err(ReportError::StatsMismatch { report: 2, stats: 0 })
         ));
+        // A query without statistics in the direct run (an all-`X` query): its search
+        // space only, after the direct run's blank lines.
+        let report = "q1 *****\n\n\n\nLambda      K        H\n 0.3\n\nEffective search space used: 5\n\n\nq2 *****\n\n\n\nLambda      K        H\n 0.3\n\nEffective search space used: 5\nend\n";
+        let stats = "q1 *****\n\n\n\n\n\nEffective search space used: 0\n\n\nq2 *****\n\n\n\nLambda      K        H        a\n 0.2\n\nEffective search space used: 22\n";
+        let out = replace_blocks(report, stats, "\nLambda      K        H", "\nEffective search space used: ").unwrap();
+        assert_eq!(
+            out,
+            "q1 *****\n\n\n\n\n\nEffective search space used: 0\n\n\nq2 *****\n\n\n\nLambda      K        H        a\n 0.2\n\nEffective search space used: 22\nend\n"
+        );
     }
 
     #[test]

@@ -191,6 +191,45 @@ fn duplicate_query_identifiers_are_kept_as_blast_keeps_them() {
     }
 }
 
+/// Queries as users have them: lower case, a terminal `*`, two residues, and all `X`
+/// (BLAST+ cannot compute its statistics: its report says so where others have them),
+/// each reported as serial BLAST+ reports it, in both splits, with and without agents,
+/// in batches that put the `X` query past the first.
+#[test]
+fn unusual_queries_are_reported_as_serial_blast_reports_them() {
+    let f = fixture();
+    let d = tempdir("unusual");
+    let records: Vec<String> = std::fs::read_to_string(f.join("q.fasta")).unwrap().split('>').skip(1).map(|r| format!(">{r}")).collect();
+    let (head_line, seq) = records[2].split_once('\n').unwrap();
+    let starred = format!("{head_line}\n{}*\n", seq.trim_end());
+    let queries = [
+        records[0].clone(),
+        records[1].to_lowercase(),
+        starred,
+        ">shorty\nMK\n".into(),
+        format!(">xs\n{}\n", "X".repeat(28)),
+        records[3].clone(),
+    ]
+    .concat();
+    std::fs::write(d.0.join("unusual.fasta"), queries).unwrap();
+    let q = d.0.join("unusual.fasta");
+    let q = q.to_str().unwrap();
+    for fmt in ["0", "5"] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastp", f, "protdb", q, fmt, &want, &[]);
+        let text = std::fs::read_to_string(&want).unwrap();
+        assert!(
+            text.contains("Could not calculate ungapped Karlin-Altschul parameters") || fmt == "0",
+            "outfmt {fmt}: the X query's warning"
+        );
+        for mode in [&["--split", "fragments"][..], &["--split", "fragments", "--no-agent"], &["--split", "queries"]] {
+            let got = d.0.join(format!("gepsea.{fmt}"));
+            search(f, "blastp", "protdb", q, fmt, &got, &[mode, &["--batch-residues", "500"][..]].concat());
+            assert_identical(&got, &want, &format!("outfmt {fmt} {mode:?}"));
+        }
+    }
+}
+
 /// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that
 /// the error is one line without BLAST+'s usage text or a backtrace.
 fn one_line_error(dir: &Path, args: &[&str], out: &Path) -> String {
