@@ -100,11 +100,15 @@ pub const REPRODUCED_FORMATS: [u32; 6] = [0, 5, 6, 7, 10, 18];
 /// query-anchored reports (1–4), whose per-batch headers and statistics are not
 /// joined as serial BLAST+ prints them, and the structured documents (ASN.1, JSON,
 /// XML2, SAM: 8, 9, 11–17), which are one document per BLAST+ run. Numbers BLAST+ does
-/// not have are left to its own check.
-pub fn check_outfmt(outfmt: &str) -> Result<(), SearchError> {
+/// not have are left to its own check. Also HTML pairwise reports (`-html`, which only
+/// changes formats 0 to 4), whose markup the joining of parts does not know.
+pub fn check_outfmt(outfmt: &str, blast_args: &[String]) -> Result<(), SearchError> {
     let n = report::base_format(outfmt);
     if (1..=17).contains(&n) && !REPRODUCED_FORMATS.contains(&n) {
         return Err(SearchError::OutfmtNotReproduced(outfmt.to_string()));
+    }
+    if n == 0 && blast_args.iter().any(|a| a == "-html") {
+        return Err(SearchError::HtmlNotReproduced);
     }
     Ok(())
 }
@@ -620,11 +624,14 @@ mod tests {
     #[test]
     fn formats_gepsea_does_not_reproduce_are_refused() {
         for f in ["0", "5", "6 qseqid sseqid", "7", "10", "18", "99", "x"] {
-            assert!(check_outfmt(f).is_ok(), "{f}");
+            assert!(check_outfmt(f, &[]).is_ok(), "{f}");
         }
         for f in ["1", "3", "4", "8", "9", "11", "12", "13", "14", "15", "16", "17"] {
-            assert!(matches!(check_outfmt(f), Err(SearchError::OutfmtNotReproduced(_))), "{f}");
+            assert!(matches!(check_outfmt(f, &[]), Err(SearchError::OutfmtNotReproduced(_))), "{f}");
         }
+        let html = ["-html".to_string()];
+        assert!(matches!(check_outfmt("0", &html), Err(SearchError::HtmlNotReproduced)));
+        assert!(check_outfmt("6", &html).is_ok() && check_outfmt("5", &html).is_ok(), "-html changes nothing there");
     }
 
     #[test]

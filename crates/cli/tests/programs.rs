@@ -296,6 +296,10 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
         let e = one_line_error(f, &args, &out);
         assert!(e.contains(&format!("--outfmt {fmt}: not written by gepsea, which writes formats 0, 5, 6, 7, 10 and 18")), "{e}");
     }
+    let mut args = base.to_vec();
+    args.push("-html");
+    let e = one_line_error(f, &args, &out);
+    assert!(e.contains("BLAST+ option -html: gepsea does not write HTML reports"), "{e}");
     // Options BLAST+ finds wrong only once it searches: its line, before any task runs.
     for (bad, says) in [
         (&["-num_descriptions", "0", "-num_alignments", "0"][..], "No hits are being saved"),

@@ -292,7 +292,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         _ => opts.workers.max(1),
     };
     check_blast_args(&opts.blast_args, workers)?;
-    check_outfmt(&opts.outfmt)?;
+    check_outfmt(&opts.outfmt, &opts.blast_args)?;
     if let Some(p) = &opts.program {
         program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
     }
@@ -394,7 +394,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         gepsea_net::trust::ensure_private_dir(&scratch)?;
     }
     let db_dir = database.dir.clone();
-    validate_options(&program, &blastdb, &queries[0], &opts.outfmt, &opts.blast_args, &scratch)?;
+    validate_options(&program, &blastdb, &manifest.name, &queries[0], &opts.outfmt, &opts.blast_args, &scratch)?;
 
     let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
         let mut buf = Vec::new();
@@ -814,6 +814,7 @@ fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
 fn validate_options(
     program: &str,
     blastdb: &str,
+    db_name: &str,
     first: &Record,
     outfmt: &str,
     args: &[String],
@@ -835,7 +836,8 @@ fn validate_options(
                 || stderr.contains("BLAST query/options error:")
                 || stderr.contains("BLAST options error:") =>
         {
-            Err(SearchError::BlastOptions(tools::error_lines(&stderr)))
+            // The check searched the one-sequence statistics database: name the user's.
+            Err(SearchError::BlastOptions(tools::error_lines(&stderr).replace("'stats'", &format!("'{db_name}'"))))
         }
         // A format number out of range is not an argument-parser error for BLAST+, but
         // it fails every task the same way.
