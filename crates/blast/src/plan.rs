@@ -126,7 +126,18 @@ const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
     ("-best_hit_overhang", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
     ("-best_hit_score_edge", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
     ("-searchsp", "with a fixed search space, fragments keep hits near the e-value cutoff that the whole database's search drops"),
+    ("-seqidlist", LISTED),
+    ("-negative_seqidlist", LISTED),
+    ("-gilist", LISTED),
+    ("-negative_gilist", LISTED),
+    ("-taxids", LISTED),
+    ("-negative_taxids", LISTED),
+    ("-taxidlist", LISTED),
+    ("-negative_taxidlist", LISTED),
 ];
+
+/// Why a list of the database's sequences to search (or skip) needs the whole database.
+const LISTED: &str = "the merge's statistics runs search a one-sequence database, which holds none of the listed sequences";
 
 /// The first option of `args` that forces a search split by queries, and why: each query
 /// must then be searched against the whole database by one BLAST+ run.
@@ -652,7 +663,8 @@ mod tests {
     fn options_a_fragment_merge_cannot_reproduce_split_by_queries() {
         use SplitBy::*;
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        for a in ["-culling_limit 2", "-evalue 1 -qcov_hsp_perc 50", "-parse_deflines", "-sorthits 2"] {
+        for a in ["-culling_limit 2", "-evalue 1 -qcov_hsp_perc 50", "-parse_deflines", "-sorthits 2", "-seqidlist ids.txt", "-taxids 9606"]
+        {
             assert_eq!(choose_split_with(None, false, false, 1, 8, "blastp", &args(a)).unwrap(), Queries, "{a}: a cluster, one query");
             assert!(matches!(
                 choose_split_with(Some(Fragments), true, false, 500, 2, "blastp", &args(a)),
