@@ -79,6 +79,9 @@ pub enum SearchError {
     NoWorkers(String),
     #[error("agent: lost contact with the agent: {0}")]
     AgentLost(String),
+    /// A worker could not register with its agent: none there, or it ended meanwhile.
+    #[error("connecting to the agent: {0}")]
+    AgentUnreachable(String),
     #[error("the search's agent (pid {pid}) ended ({status}); run the same command again to resume from the batches already finished")]
     OwnAgentEnded {
         pid: u32,

@@ -541,7 +541,11 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
         Cmd::Paramedic { what } => paramedic_cmd::run(&what),
         Cmd::AgentWorker(a) => match search::agent_worker(&a.namespace, a.node) {
             // (Its client is closed already: nothing is left to drop.)
-            Err(search::SearchError::AgentLost(_)) if a.quiet_if_agent_lost => std::process::exit(1),
+            // Also an agent killed while this worker was registering (the search restarts
+            // it, or says that it ended).
+            Err(search::SearchError::AgentLost(_) | search::SearchError::AgentUnreachable(_)) if a.quiet_if_agent_lost => {
+                std::process::exit(1)
+            }
             r => Ok(r?),
         },
         Cmd::Worker(a) => Ok(search::worker(&a.ns, a.port, &a.scratch, &a.blast_args)?),

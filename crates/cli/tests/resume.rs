@@ -343,6 +343,43 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     forget_killed_search(pid);
 }
 
+/// A `--work-dir` shared by two searches of the same batches at the same time (two
+/// outputs, one cache): both equal serial BLAST+, and the parts are removed by the
+/// last to finish. The first to finish used to remove the parts under the other, which
+/// then failed for a missing part.
+#[test]
+fn searches_sharing_a_work_dir_keep_each_others_parts() {
+    let d = tempdir("shared-work");
+    setup(&d.0);
+    let want = d.0.join("serial.6");
+    serial(&d.0, "6", &[], &want);
+    let shared = d.0.join("cache");
+    let with_cache = ["--work-dir", shared.to_str().unwrap()];
+    let parts = || -> usize {
+        std::fs::read_dir(shared.join("parts"))
+            .map(|r| r.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count())
+            .unwrap_or(0)
+    };
+    let (a_out, b_out) = (d.0.join("a.6"), d.0.join("b.6"));
+    let a = search_cmd(&d.0, &a_out, &with_cache, &[]).stderr(Stdio::piped()).spawn().unwrap();
+    let guard = KillOnDrop(vec![a.id()]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while parts() == 0 {
+        assert!(Instant::now() < deadline, "the first search finished no batch");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The second starts with the first's finished batches in the cache, and reuses them.
+    let b = search_cmd(&d.0, &b_out, &with_cache, &[]).stderr(Stdio::piped()).spawn().unwrap();
+    let guard_b = KillOnDrop(vec![b.id()]);
+    for (name, child, out) in [("first", a, &a_out), ("second", b, &b_out)] {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "the {name} search: {}", String::from_utf8_lossy(&o.stderr));
+        assert_identical(out, &want, name);
+    }
+    drop((guard, guard_b));
+    assert_eq!(parts(), 0, "the last search to finish removes the parts");
+}
+
 /// The command line of `pid`, its arguments joined by spaces.
 fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default()

@@ -197,6 +197,10 @@ pub fn agent_worker(namespace: &str, node: u32) -> Result<(), SearchError> {
     let mut co = gepsea_client::ConnectOptions::from_env("gepsea worker").map_err(|e| SearchError::Io(e.to_string()))?;
     co.namespace = namespace.to_string();
     co.node = node;
-    let client = gepsea_client::Client::connect(&co).map_err(|e| SearchError::Io(format!("connecting to the agent: {e}")))?;
+    let client = gepsea_client::Client::connect(&co).map_err(|e| match e {
+        // Gone, or going (killed while this worker registered: "Connection reset by peer").
+        gepsea_client::ClientError::NoAgent { .. } | gepsea_client::ClientError::Io(_) => SearchError::AgentUnreachable(e.to_string()),
+        e => SearchError::Io(format!("connecting to the agent: {e}")),
+    })?;
     crate::accel::worker(&client, &|| false)
 }

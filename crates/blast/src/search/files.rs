@@ -74,6 +74,48 @@ impl WorkDirLock {
     }
 }
 
+/// A search's share of a work directory the user gave (`--work-dir`), which several
+/// searches may use at once as a cache: each holds a shared `flock` on
+/// `work_dir/users.lock` for as long as it lives, and removes finished parts (its own
+/// at the end, older ones for `--no-resume`) only when it alone holds it. Parts are
+/// keyed by what decides their content, so two searches of the same batches write the
+/// same parts; without this the first to finish removed the other's, which then failed
+/// for a missing part. The kernel drops the lock however its holder ends.
+pub(crate) struct SharedWorkDir {
+    /// `None`: no lock could be made (a file system without locks); the search then
+    /// removes what it would have removed anyway, as before.
+    file: Option<std::fs::File>,
+}
+
+impl SharedWorkDir {
+    pub(crate) fn join(work_dir: &Path) -> SharedWorkDir {
+        use rustix::fs::{flock, FlockOperation};
+        let file = std::fs::create_dir_all(work_dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(work_dir.join("users.lock"))
+            })
+            .ok()
+            .filter(|f| flock(f, FlockOperation::LockShared).is_ok());
+        SharedWorkDir { file }
+    }
+
+    /// Whether no other search is using the directory now. If so, this search keeps it
+    /// to itself from here on (an exclusive lock), so that none starts using parts it is
+    /// about to remove; if not, it goes on sharing it.
+    pub(crate) fn alone(&self) -> bool {
+        use rustix::fs::{flock, FlockOperation};
+        let Some(f) = &self.file else { return true };
+        match flock(f, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => true,
+            Err(_) => {
+                // A failed conversion may have dropped the shared lock: take it again.
+                let _ = flock(f, FlockOperation::LockShared);
+                false
+            }
+        }
+    }
+}
+
 /// What an existing `out` would destroy if the search's output replaced it: the
 /// query file, or a file of the database (one in a gepsea database's directory, or of
 /// a BLAST database's volumes). `None` when `out` is none of them (or does not exist).

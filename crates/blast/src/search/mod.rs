@@ -324,6 +324,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         Some(d) => (d.clone(), false),
         None => (out_dir.join(work_dir_name(&out_name)), true),
     };
+    // The default work directory is this search's alone (`WorkDirLock`); the user's may
+    // serve other searches at the same time.
+    let users = (!own_work_dir).then(|| files::SharedWorkDir::join(&work_dir));
+    let alone = || users.as_ref().is_none_or(|u| u.alone());
     let fragments = match split {
         // Split by queries every task searches the whole database: one virtual fragment.
         SplitBy::Queries => 1,
@@ -455,12 +459,14 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         .map(|k| parts_dir.join(format!("{k}.part")))
         .collect();
     drop(batch_texts);
-    if !opts.resume {
+    // With `--no-resume`, older parts are searched again; removed unless another search
+    // sharing the work directory may be using them (it would write the same ones).
+    if !opts.resume && alone() {
         for p in &parts {
             let _ = std::fs::remove_file(p);
         }
     }
-    let reusable: Vec<usize> = (0..parts.len()).filter(|&b| parts[b].is_file()).collect();
+    let reusable: Vec<usize> = if opts.resume { (0..parts.len()).filter(|&b| parts[b].is_file()).collect() } else { Vec::new() };
     if !reusable.is_empty() && !opts.quiet {
         let q: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
         note!(
@@ -481,6 +487,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         }
     }
     let done_work = |parts: &[PathBuf]| {
+        if !alone() {
+            // Another search is using the work directory: its parts may be these.
+            return;
+        }
         for p in parts {
             let _ = std::fs::remove_file(p);
         }
