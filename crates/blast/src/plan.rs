@@ -140,14 +140,37 @@ const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
 const LISTED: &str = "the merge's statistics runs search a one-sequence database, which holds none of the listed sequences";
 
 /// The first option of `args` that forces a search split by queries, and why: each query
-/// must then be searched against the whole database by one BLAST+ run.
-pub fn whole_database_option(args: &[String]) -> Option<(&'static str, &'static str)> {
-    args.iter().find_map(|a| {
+/// must then be searched against the whole database by one BLAST+ run. `program` is
+/// the program that will run (blastn for nucleotide queries when none is given).
+pub fn whole_database_option(program: &str, outfmt: &str, args: &[String]) -> Option<(&'static str, &'static str)> {
+    let listed = args.iter().find_map(|a| {
         WHOLE_DATABASE_OPTIONS.iter().copied().find(|(o, _)| o == a).filter(|(o, _)| {
             // `-sorthits 0` is BLAST+'s own order (by e-value), which the merge keeps.
             *o != "-sorthits" || option_value(args, o) != Some("0")
         })
-    })
+    });
+    listed.or_else(|| (report::base_format(outfmt) == 5).then(|| query_masking(program, args)).flatten().map(|o| (o, MASKED_XML)))
+}
+
+/// Why XML with query masking needs the whole database (`report::write` refuses it by
+/// fragments, but only once the search is done and masks are seen).
+const MASKED_XML: &str =
+    "with -outfmt 5, serial BLAST+ marks masked query residues in XML by a rule the merge of fragments does not reproduce";
+
+/// The option that masks query residues in this search, if any: blastn's DUST (on
+/// unless `-dust no`), `-seg` other than `no`, lower-case or WindowMasker masking.
+fn query_masking(program: &str, args: &[String]) -> Option<&'static str> {
+    if args.iter().any(|a| a == "-lcase_masking") {
+        return Some("-lcase_masking");
+    }
+    if let Some(o) = ["-window_masker_db", "-window_masker_taxid"].into_iter().find(|o| args.iter().any(|a| a == o)) {
+        return Some(o);
+    }
+    match program {
+        "blastn" if option_value(args, "-dust") != Some("no") => Some("-dust (on by default for blastn)"),
+        _ if option_value(args, "-seg").is_some_and(|v| v != "no") => Some("-seg"),
+        _ => None,
+    }
 }
 
 /// The split a search uses: `requested`, or — when `None` — by queries on one machine
@@ -162,9 +185,9 @@ pub fn choose_split(
     queries: usize,
     workers: usize,
     program: &str,
-    blast_args: &[String],
+    whole_database: Option<(&'static str, &'static str)>,
 ) -> Result<SplitBy, SearchError> {
-    if let Some((option, why)) = whole_database_option(blast_args) {
+    if let Some((option, why)) = whole_database {
         return match requested {
             Some(SplitBy::Fragments) => Err(SearchError::OptionByFragments { option, why }),
             _ if no_agent => Err(SearchError::OptionWithoutAgents { option, why }),
@@ -619,17 +642,17 @@ mod tests {
     #[test]
     fn auto_split_is_by_queries_on_one_machine_with_enough_queries() {
         use SplitBy::*;
-        assert_eq!(choose_split(None, true, false, 8, 2, "blastp", &[]).unwrap(), Queries);
-        assert_eq!(choose_split(None, true, false, 7, 2, "blastp", &[]).unwrap(), Fragments);
-        assert_eq!(choose_split(None, false, false, 500, 2, "blastp", &[]).unwrap(), Fragments, "a cluster");
-        assert_eq!(choose_split(None, true, true, 500, 2, "blastp", &[]).unwrap(), Fragments, "the no-agent baseline");
-        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp", &[]).unwrap(), Fragments);
-        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp", &[]).unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp", &[]), Err(SearchError::QuerySplitWithoutAgents)));
+        assert_eq!(choose_split(None, true, false, 8, 2, "blastp", None).unwrap(), Queries);
+        assert_eq!(choose_split(None, true, false, 7, 2, "blastp", None).unwrap(), Fragments);
+        assert_eq!(choose_split(None, false, false, 500, 2, "blastp", None).unwrap(), Fragments, "a cluster");
+        assert_eq!(choose_split(None, true, true, 500, 2, "blastp", None).unwrap(), Fragments, "the no-agent baseline");
+        assert_eq!(choose_split(Some(Fragments), true, false, 500, 2, "blastp", None).unwrap(), Fragments);
+        assert_eq!(choose_split(Some(Queries), false, false, 1, 8, "blastp", None).unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Queries), true, true, 500, 2, "blastp", None), Err(SearchError::QuerySplitWithoutAgents)));
         // Translated searches: by queries, wherever they run.
-        assert_eq!(choose_split(None, false, false, 1, 8, "blastx", &[]).unwrap(), Queries);
-        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn", &[]), Err(SearchError::TranslatedByFragments(_))));
-        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx", &[]), Err(SearchError::QuerySplitWithoutAgents)));
+        assert_eq!(choose_split(None, false, false, 1, 8, "blastx", None).unwrap(), Queries);
+        assert!(matches!(choose_split(Some(Fragments), true, false, 500, 2, "tblastn", None), Err(SearchError::TranslatedByFragments(_))));
+        assert!(matches!(choose_split(None, true, true, 500, 2, "tblastx", None), Err(SearchError::QuerySplitWithoutAgents)));
     }
 
     #[test]
@@ -690,7 +713,19 @@ mod tests {
         program: &str,
         args: &[String],
     ) -> Result<SplitBy, SearchError> {
-        choose_split(r, one_machine, no_agent, queries, workers, program, args)
+        choose_split(r, one_machine, no_agent, queries, workers, program, whole_database_option(program, "0", args))
+    }
+
+    #[test]
+    fn xml_with_query_masking_splits_by_queries() {
+        let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
+        assert_eq!(whole_database_option("blastn", "5", &[]).map(|w| w.0), Some("-dust (on by default for blastn)"));
+        assert_eq!(whole_database_option("blastn", "5", &args("-dust no")), None);
+        assert_eq!(whole_database_option("blastn", "6", &[]), None, "tabular output shows no masks");
+        assert_eq!(whole_database_option("blastp", "5", &[]), None, "blastp does not mask by default");
+        assert_eq!(whole_database_option("blastp", "5", &args("-seg yes")).map(|w| w.0), Some("-seg"));
+        assert_eq!(whole_database_option("blastp", "5", &args("-seg no")), None);
+        assert_eq!(whole_database_option("blastp", "5", &args("-lcase_masking")).map(|w| w.0), Some("-lcase_masking"));
     }
 
     #[test]

@@ -383,6 +383,34 @@ fn hit_count_and_hit_filter_options_give_serial_blasts_output() {
             "{e}"
         );
     }
+    // XML with query masking (blastn's DUST is on by default): by queries from the start.
+    // By fragments it was refused only once the search was done and masks were seen.
+    let want = d.0.join("serial.5");
+    serial("blastn", f, "nucldb", "nq2.fasta", "5", &want, &[]);
+    let got = d.0.join("gepsea.5");
+    let summary = d.0.join("summary.json");
+    search(f, "blastn", "nucldb", "nq2.fasta", "5", &got, &["--summary-json", summary.to_str().unwrap()]);
+    assert_identical(&got, &want, "blastn XML");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(v["split"], "Queries", "blastn XML");
+    let out = d.0.join("refused.5");
+    let args = [
+        "search",
+        "--quiet",
+        "--program",
+        "blastn",
+        "--db",
+        "nucldb",
+        "--query",
+        "nq2.fasta",
+        "--outfmt",
+        "5",
+        "--split",
+        "fragments",
+        "--out",
+    ];
+    let e = one_line_error(f, &[&args[..], &[out.to_str().unwrap()]].concat(), &out);
+    assert!(e.contains("BLAST+ option -dust (on by default for blastn) is searched split by queries only"), "{e}");
 }
 
 #[test]

@@ -298,6 +298,12 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let queries = fasta::read_or_stdin(&opts.query)?;
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
+    // The program that will run: the database's default one matches the queries' type,
+    // or the search is refused below.
+    let runs = opts
+        .program
+        .clone()
+        .unwrap_or_else(|| if fasta::guess_moltype(&queries) == MolType::Nucl { "blastn" } else { "blastp" }.to_string());
     let split = choose_split(
         opts.split,
         matches!(env, Env::Local),
@@ -305,7 +311,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         queries.len(),
         workers,
         opts.program.as_deref().unwrap_or(""),
-        &opts.blast_args,
+        whole_database_option(&runs, &opts.outfmt, &opts.blast_args),
     )?;
     // Claim the output location first: an unwritable path fails now, not after the search.
     if opts.out.is_dir() {
