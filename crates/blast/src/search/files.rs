@@ -75,8 +75,9 @@ impl WorkDirLock {
 }
 
 /// A search's share of a work directory the user gave (`--work-dir`), which several
-/// searches may use at once as a cache: each holds a shared `flock` on
-/// `work_dir/users.lock` for as long as it lives, and removes finished parts (its own
+/// searches may use at once as a cache: each holds a shared `flock` on the directory
+/// itself (no file of ours among the user's) for as long as it lives, and removes
+/// finished parts (its own
 /// at the end, older ones for `--no-resume`) only when it alone holds it. Parts are
 /// keyed by what decides their content, so two searches of the same batches write the
 /// same parts; without this the first to finish removed the other's, which then failed
@@ -91,9 +92,7 @@ impl SharedWorkDir {
     pub(crate) fn join(work_dir: &Path) -> SharedWorkDir {
         use rustix::fs::{flock, FlockOperation};
         let file = std::fs::create_dir_all(work_dir)
-            .and_then(|()| {
-                std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(work_dir.join("users.lock"))
-            })
+            .and_then(|()| std::fs::File::open(work_dir))
             .ok()
             .filter(|f| flock(f, FlockOperation::LockShared).is_ok());
         SharedWorkDir { file }
