@@ -130,10 +130,6 @@ const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
     ("-negative_seqidlist", LISTED),
     ("-gilist", LISTED),
     ("-negative_gilist", LISTED),
-    ("-taxids", LISTED),
-    ("-negative_taxids", LISTED),
-    ("-taxidlist", LISTED),
-    ("-negative_taxidlist", LISTED),
 ];
 
 /// Why a list of the database's sequences to search (or skip) needs the whole database.
@@ -686,7 +682,8 @@ mod tests {
     fn options_a_fragment_merge_cannot_reproduce_split_by_queries() {
         use SplitBy::*;
         let args = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-        for a in ["-culling_limit 2", "-evalue 1 -qcov_hsp_perc 50", "-parse_deflines", "-sorthits 2", "-seqidlist ids.txt", "-taxids 9606"]
+        for a in
+            ["-culling_limit 2", "-evalue 1 -qcov_hsp_perc 50", "-parse_deflines", "-sorthits 2", "-seqidlist ids.txt", "-gilist gis.txt"]
         {
             assert_eq!(choose_split_with(None, false, false, 1, 8, "blastp", &args(a)).unwrap(), Queries, "{a}: a cluster, one query");
             assert!(matches!(
