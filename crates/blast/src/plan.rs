@@ -116,21 +116,24 @@ pub fn check_outfmt(outfmt: &str, blast_args: &[String]) -> Result<(), SearchErr
 /// BLAST+ options whose serial output a merge of fragments cannot reproduce, with why.
 /// Each was found different from serial BLAST+ when split by fragments.
 const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[
-    ("-culling_limit", "it removes hits enveloped by better ones among all the database's hits, and a fragment sees only its own"),
+    ("-culling_limit", CULLS),
     (
         "-qcov_hsp_perc",
         "BLAST+ orders the hits before this filter drops HSPs, and the order cannot be rebuilt from what the fragments keep",
     ),
     ("-parse_deflines", "the archives then name queries by their parsed identifiers, which the merge cannot number"),
     ("-sorthits", "blastp orders hits of equal score differently from blast_formatter, through which the merge prints"),
-    ("-best_hit_overhang", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
-    ("-best_hit_score_edge", "it removes hits against better ones among all the database's hits, and a fragment sees only its own"),
+    ("-best_hit_overhang", CULLS),
+    ("-best_hit_score_edge", CULLS),
     ("-searchsp", "with a fixed search space, fragments keep hits near the e-value cutoff that the whole database's search drops"),
     ("-seqidlist", LISTED),
     ("-negative_seqidlist", LISTED),
     ("-gilist", LISTED),
     ("-negative_gilist", LISTED),
 ];
+
+/// Why the filters that drop a hit for better ones need the whole database.
+const CULLS: &str = "it removes hits enveloped by better ones among all the database's hits, and a fragment sees only its own";
 
 /// Why a list of the database's sequences to search (or skip) needs the whole database.
 const LISTED: &str = "the merge's statistics runs search a one-sequence database, which holds none of the listed sequences";

@@ -344,20 +344,11 @@ fn blocks(text: &str, open: &str, close: &str) -> Vec<Block> {
 fn carry_warnings(report: &str, direct: &str) -> String {
     const OPEN: &str = "<Iteration_message>";
     const CLOSE: &str = "</Iteration_message>";
-    let iterations = |t: &str| -> Vec<(usize, usize)> {
-        let mut v = Vec::new();
-        let mut at = 0;
-        while let Some(s) = t[at..].find("<Iteration>") {
-            let s = at + s;
-            let e = t[s..].find("</Iteration>").map_or(t.len(), |e| s + e);
-            v.push((s, e));
-            at = e;
-        }
-        v
-    };
-    let message = |t: &str, (s, e): (usize, usize)| -> Option<(usize, usize)> {
-        let m = t[s..e].find(OPEN)? + s + OPEN.len();
-        Some((m, t[m..e].find(CLOSE)? + m))
+    let iterations = |t: &str| blocks(t, "<Iteration>", "</Iteration>");
+    let message = |t: &str, b: &Block| -> Option<(usize, usize)> {
+        let s = b.open.unwrap_or(b.close);
+        let m = t[s..b.end].find(OPEN)? + s + OPEN.len();
+        Some((m, t[m..b.end].find(CLOSE)? + m))
     };
     let (ri, di) = (iterations(report), iterations(direct));
     if ri.len() != di.len() {
@@ -366,8 +357,8 @@ fn carry_warnings(report: &str, direct: &str) -> String {
     let mut out = String::with_capacity(report.len());
     let mut at = 0;
     for (r, d) in ri.into_iter().zip(di) {
-        let warning = message(direct, d).map(|(s, e)| &direct[s..e]).filter(|m| *m != "No hits found");
-        if let (Some(w), Some((s, e))) = (warning, message(report, r)) {
+        let warning = message(direct, &d).map(|(s, e)| &direct[s..e]).filter(|m| *m != "No hits found");
+        if let (Some(w), Some((s, e))) = (warning, message(report, &r)) {
             out.push_str(&report[at..s]);
             out.push_str(w);
             at = e;
