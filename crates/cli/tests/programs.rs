@@ -361,20 +361,53 @@ fn hit_count_and_hit_filter_options_give_serial_blasts_output() {
     let ids = d.0.join("ids.txt");
     std::fs::write(&ids, listed).unwrap();
     let ids = ids.to_str().unwrap();
-    for extra in [&["-culling_limit", "1"][..], &["-qcov_hsp_perc", "60"], &["-parse_deflines"], &["-sorthits", "2"], &["-seqidlist", ids]]
-    {
+    // The same sequences with taxonomy, as NCBI's preformatted databases have it: human
+    // 9606, mouse 10090, the rest 7. By fragments `-taxids` failed in the statistics
+    // runs ("Taxonomy ID(s) not found"), and BLAST+ takes its search space from the
+    // taxa kept, which no fragment sees.
+    let map: String = zcat(DB_GZ)
+        .lines()
+        .filter_map(|l| l.strip_prefix('>'))
+        .map(|l| {
+            let id = l.split_whitespace().next().unwrap();
+            let taxid = if id.ends_with("_HUMAN") {
+                9606
+            } else if id.ends_with("_MOUSE") {
+                10090
+            } else {
+                7
+            };
+            format!("{}\t{taxid}\n", id.split('|').nth(1).unwrap())
+        })
+        .collect();
+    std::fs::write(d.0.join("taxid.map"), map).unwrap();
+    let taxdb = d.0.join("taxdb");
+    let mut c = Command::new("makeblastdb");
+    c.arg("-in").arg(f.join("prot.fasta")).args(["-dbtype", "prot", "-parse_seqids", "-taxid_map"]).arg(d.0.join("taxid.map"));
+    c.args(["-title", "taxdb", "-out"]).arg(&taxdb);
+    run_ok(c);
+    let taxdb = taxdb.to_str().unwrap();
+    for (db, extra) in [
+        ("protdb", &["-culling_limit", "1"][..]),
+        ("protdb", &["-qcov_hsp_perc", "60"]),
+        ("protdb", &["-parse_deflines"]),
+        ("protdb", &["-sorthits", "2"]),
+        ("protdb", &["-seqidlist", ids]),
+        (taxdb, &["-taxids", "9606"]),
+        (taxdb, &["-negative_taxids", "7"]),
+    ] {
         let option = extra[0];
         let want = d.0.join("serial.0");
-        serial("blastp", f, "protdb", q2, "0", &want, extra);
+        serial("blastp", f, db, q2, "0", &want, extra);
         let got = d.0.join("gepsea.0");
         let summary = d.0.join("summary.json");
-        search(f, "blastp", "protdb", q2, "0", &got, &[&["--summary-json", summary.to_str().unwrap(), "--"][..], extra].concat());
+        search(f, "blastp", db, q2, "0", &got, &[&["--summary-json", summary.to_str().unwrap(), "--"][..], extra].concat());
         assert_identical(&got, &want, option);
         let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         assert_eq!(v["split"], "Queries", "{option}");
         let out = d.0.join("refused.0");
         let o = out.to_str().unwrap();
-        let base = ["search", "--quiet", "--workers", "2", "--db", "protdb", "--query", q2, "--out", o];
+        let base = ["search", "--quiet", "--workers", "2", "--db", db, "--query", q2, "--out", o];
         let e = one_line_error(f, &[&base[..], &["--split", "fragments", "--"], extra].concat(), &out);
         assert!(e.contains(&format!("BLAST+ option {option} is searched split by queries only (drop --split fragments)")), "{e}");
         let e = one_line_error(f, &[&base[..], &["--no-agent", "--"], extra].concat(), &out);

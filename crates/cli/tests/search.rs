@@ -630,8 +630,16 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "0"], Some(&out));
     assert!(e.contains("invalid value '0' for '--workers <WORKERS>': must be at least 1"), "{e}");
     // A BLAST+ failure in every task (taxonomy filtering of a database without taxonomy,
-    // which only the real search can tell): retried once, then BLAST's own line.
-    for split in SPLITS {
+    // which only the real search can tell): retried once, then BLAST's own line. By
+    // fragments a taxonomy filter is refused before anything runs (the search space
+    // comes from the taxa kept in the whole database).
+    let e = fails(
+        &["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&out), "--split", "fragments", "--", "-taxids", "9606"],
+        Some(&out),
+    );
+    assert!(e.contains("BLAST+ option -taxids is searched split by queries only") && e.trim().lines().count() == 1, "{e}");
+    {
+        let split = ["--split", "queries"];
         let o = gepsea()
             .args(["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "2"])
             .args(split)
