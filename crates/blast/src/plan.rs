@@ -237,10 +237,13 @@ pub fn blast_batch_letters(program: &str, blast_args: &[String]) -> usize {
 
 /// The name of each batch's finished part: a SHA-256 of everything that decides its
 /// bytes — the database (its manifest: checksums and sizes, or an existing database's
-/// `-info`), program, output format, BLAST+ options, split, and the batch's queries as
-/// written. A rerun of the same search finds the parts an interrupted run finished; a
-/// changed database, query or option names other parts, so nothing stale is reused.
+/// `-info`), program, output format, BLAST+ options, split, the batch's queries as
+/// written, and the versions of gepsea's parts and of BLAST+ (`versions`). A rerun of
+/// the same search finds the parts an interrupted run finished; a changed database,
+/// query, option or BLAST+ (a multi-day job's rerun after a system upgrade) names other
+/// parts, so nothing stale is reused and one output never mixes two BLAST+ versions.
 pub fn part_keys(
+    versions: &str,
     manifest: &Manifest,
     program: &str,
     outfmt: &str,
@@ -250,7 +253,11 @@ pub fn part_keys(
 ) -> Vec<String> {
     use sha2::{Digest, Sha256};
     let mut common = Sha256::new();
-    common.update(b"gepsea part 1\0");
+    // Raised whenever a fix changes what a part holds: 2 since parts searched by
+    // fragments with `-num_alignments` kept too few hits (fixed in 35bec0e).
+    common.update(b"gepsea part 2\0");
+    common.update(versions.as_bytes());
+    common.update(b"\0");
     common.update(serde_json::to_vec(manifest).expect("a manifest serialises"));
     for s in [program, outfmt, &split.to_string()] {
         common.update(s.as_bytes());
@@ -586,6 +593,34 @@ pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_is_named_by_everything_that_decides_its_bytes_the_versions_included() {
+        let manifest = Manifest {
+            format_version: 1,
+            name: "db".into(),
+            dbtype: crate::fasta::MolType::Prot,
+            title: "db".into(),
+            blast_version: "2.12.0+".into(),
+            sequences: 2,
+            residues: 40,
+            fragments: Vec::new(),
+            external: None,
+        };
+        let batches = [b">q1\nMKV\n".to_vec(), b">q2\nMKW\n".to_vec()];
+        let keys = |versions: &str, args: &[String]| part_keys(versions, &manifest, "blastp", "0", args, SplitBy::Fragments, &batches);
+        let now = keys("gepsea 0.1.0 BLAST+ 2.12.0+", &[]);
+        assert_eq!(now.len(), 2);
+        assert_ne!(now[0], now[1]);
+        assert_eq!(now, keys("gepsea 0.1.0 BLAST+ 2.12.0+", &[]), "a rerun finds the same parts");
+        for other in [
+            keys("gepsea 0.1.0 BLAST+ 2.16.0+", &[]),
+            keys("gepsea 0.2.0 BLAST+ 2.12.0+", &[]),
+            keys("gepsea 0.1.0 BLAST+ 2.12.0+", &["-evalue".into(), "1".into()]),
+        ] {
+            assert!(other.iter().all(|k| !now.contains(k)), "{other:?}");
+        }
+    }
 
     #[test]
     fn the_overflow_guard_needs_a_split_and_many_hits_or_one_full_fragment() {

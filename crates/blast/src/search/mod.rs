@@ -460,7 +460,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
-    let parts: Vec<PathBuf> = part_keys(&manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts)
+    let versions = format!("gepsea {} BLAST+ {}", env!("CARGO_PKG_VERSION"), tools::version()?);
+    let parts: Vec<PathBuf> = part_keys(&versions, &manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts)
         .into_iter()
         .map(|k| parts_dir.join(format!("{k}.part")))
         .collect();
