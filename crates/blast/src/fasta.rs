@@ -80,6 +80,8 @@ pub enum FastaError {
     EmptyId { path: PathBuf, line: usize },
     #[error("{path}:{line}: sequence {id:?} has no residues")]
     EmptySequence { path: PathBuf, line: usize, id: String },
+    #[error("{path}: every sequence is empty, so BLAST+ has nothing to search (it fails with \"Sequence contains no data\")")]
+    NoResidues { path: PathBuf },
     #[error("{path}:{line}: invalid character {ch:?} in sequence {id:?}")]
     BadChar { path: PathBuf, line: usize, id: String, ch: char },
     #[error("{path}:{line}: duplicate sequence identifier {id:?} (first seen on line {first})")]
@@ -176,11 +178,27 @@ pub struct Totals {
     pub bytes: u64,
 }
 
+/// What [`scan`] makes of a record without residues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmptyRecords {
+    /// An error naming its line: a database sequence must have residues.
+    Refuse,
+    /// Kept: BLAST+ reports an empty query with no hits (and a warning) beside the
+    /// others.
+    Keep,
+}
+
 /// Validates FASTA line by line without holding it — data before the first header, an
-/// empty identifier, a sequence without residues, a character that is no residue —
-/// and hands every header and sequence line to `visit`. Blank lines are skipped; a
-/// trailing `\r` is not part of a line. Memory is one line, whatever the input size.
-pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>) -> Result<(), FastaError>) -> Result<Totals, FastaError> {
+/// empty identifier, a sequence without residues (unless `empty` keeps it), a character
+/// that is no residue — and hands every header and sequence line to `visit`. Blank
+/// lines are skipped; a trailing `\r` is not part of a line. Memory is one line,
+/// whatever the input size.
+pub fn scan(
+    mut input: impl BufRead,
+    path: &Path,
+    empty: EmptyRecords,
+    mut visit: impl FnMut(Line<'_>) -> Result<(), FastaError>,
+) -> Result<Totals, FastaError> {
     let p = || path.to_path_buf();
     let mut buf = Vec::new();
     let mut totals = Totals::default();
@@ -188,7 +206,7 @@ pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>
     let mut current: Option<(String, usize, usize)> = None;
     let mut n = 0usize;
     let finish = |rec: &Option<(String, usize, usize)>| match rec {
-        Some((id, line, 0)) => Err(FastaError::EmptySequence { path: p(), line: *line, id: id.clone() }),
+        Some((id, line, 0)) if empty == EmptyRecords::Refuse => Err(FastaError::EmptySequence { path: p(), line: *line, id: id.clone() }),
         _ => Ok(()),
     };
     loop {
@@ -242,13 +260,14 @@ pub fn scan(mut input: impl BufRead, path: &Path, mut visit: impl FnMut(Line<'_>
     Ok(totals)
 }
 
-/// Reads and validates records from `input`, naming `path` in errors. Duplicate
+/// Reads and validates query records from `input`, naming `path` in errors. Duplicate
 /// identifiers are kept, as BLAST+ keeps them in a query file (queries are known by their
 /// position); a database with them is refused by `db format`, as makeblastdb
-/// `-parse_seqids` would.
+/// `-parse_seqids` would. So are records without residues, which BLAST+ reports with no
+/// hits, unless every record is one (BLAST+ then fails).
 pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaError> {
     let mut recs: Vec<Record> = Vec::new();
-    scan(BufReader::new(input), path, |l| {
+    scan(BufReader::new(input), path, EmptyRecords::Keep, |l| {
         match l {
             Line::Header { defline, line, .. } => {
                 recs.push(Record { defline: defline.to_string(), lines: Vec::new(), residues: 0, line });
@@ -261,6 +280,9 @@ pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaErro
         }
         Ok(())
     })?;
+    if recs.iter().all(|r| r.residues == 0) {
+        return Err(FastaError::NoResidues { path: path.to_path_buf() });
+    }
     Ok(recs)
 }
 
@@ -328,8 +350,14 @@ mod tests {
         assert_eq!(e, "x.fa:1: sequence data before the first '>' header line");
         // Duplicate query identifiers are BLAST+'s business: it accepts them.
         assert_eq!(parse(">a\nAC\n>a x\nAC\n").unwrap().len(), 2);
-        let e = parse(">a\n>b\nAC\n").unwrap_err().to_string();
-        assert_eq!(e, "x.fa:1: sequence \"a\" has no residues");
+        // An empty query is BLAST+'s too (reported with no hits), unless all are; a
+        // database sequence must have residues.
+        let r = parse(">a\n>b\nAC\n>c\n").unwrap();
+        assert_eq!(r.iter().map(|r| (r.id(), r.residues, r.line)).collect::<Vec<_>>(), [("a", 0, 1), ("b", 2, 2), ("c", 0, 4)]);
+        let e = parse(">a\n\n>b\n").unwrap_err().to_string();
+        assert_eq!(e, "x.fa: every sequence is empty, so BLAST+ has nothing to search (it fails with \"Sequence contains no data\")");
+        let e = scan(">a\n>b\nAC\n".as_bytes(), Path::new("db.fa"), EmptyRecords::Refuse, |_| Ok(())).unwrap_err().to_string();
+        assert_eq!(e, "db.fa:1: sequence \"a\" has no residues");
         assert!(matches!(parse("\n\n"), Err(FastaError::Empty { .. })));
     }
 

@@ -357,6 +357,47 @@ pub fn batches(queries: &[Record], per_batch: usize) -> Vec<std::ops::Range<usiz
     out
 }
 
+/// Whether BLAST+ cannot compute Karlin-Altschul statistics for query `q` of type
+/// `moltype`: it has no residues, or only unknown ones (`X` in a protein, `N` in a
+/// nucleotide sequence, stops and gaps aside). BLAST+ reports such a query with no hits,
+/// and prints its pairwise report's statistics block by the batch it is searched in: none
+/// when another query of that batch has statistics, else one of `-1.00`s.
+pub fn without_statistics(q: &Record, moltype: MolType) -> bool {
+    let unknown = if moltype == MolType::Prot { [b'X', b'x'] } else { [b'N', b'n'] };
+    q.lines.iter().all(|l| l.bytes().all(|b| unknown.contains(&b) || matches!(b, b'*' | b'-') || b.is_ascii_whitespace()))
+}
+
+/// `ranges` with every batch none of whose queries has statistics
+/// ([`without_statistics`]: empty ones, all `X`) joined to the batch before it (leading
+/// ones to the first batch after them). Serial BLAST+ searches them in its batches of
+/// 10,000 letters with their neighbours, and a batch cut by letters could hold them
+/// alone: a run of only empty queries fails ("BLAST engine error: Warning: Sequence
+/// contains no data"), and one of only such queries prints `-1.00` statistics blocks
+/// where serial BLAST+ prints none.
+pub fn join_batches_without_statistics(
+    ranges: Vec<std::ops::Range<usize>>,
+    queries: &[Record],
+    moltype: MolType,
+) -> Vec<std::ops::Range<usize>> {
+    let mut out: Vec<std::ops::Range<usize>> = Vec::with_capacity(ranges.len());
+    let mut leading: Option<usize> = None;
+    for r in ranges {
+        if queries[r.clone()].iter().all(|q| without_statistics(q, moltype)) {
+            match out.last_mut() {
+                Some(last) => last.end = r.end,
+                None => leading = Some(leading.unwrap_or(r.start)),
+            }
+        } else {
+            out.push(leading.take().unwrap_or(r.start)..r.end);
+        }
+    }
+    // Only when no query has statistics.
+    if let Some(start) = leading {
+        out.push(start..queries.len());
+    }
+    out
+}
+
 /// BLAST's preliminary hit-list size for a final list of `k` (see `docs/blast.md`).
 pub fn preliminary_list(k: usize, composition_stats: bool) -> usize {
     if composition_stats {
@@ -593,6 +634,32 @@ pub fn fallback_chunks(risky: &[usize]) -> std::slice::Chunks<'_, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_without_statistics_joins_a_neighbour() {
+        let q = |seqs: &[&str]| -> Vec<Record> {
+            let rec = |(i, s): (usize, &&str)| Record {
+                defline: format!(">q{i}"),
+                lines: if s.is_empty() { Vec::new() } else { vec![s.to_string()] },
+                residues: s.len(),
+                line: i + 1,
+            };
+            seqs.iter().enumerate().map(rec).collect()
+        };
+        let queries = q(&["", "XX*X", "MKVLA", "MKVLA", "", "MKVLA", "", "xx-x"]);
+        let lacking: Vec<bool> = queries.iter().map(|r| without_statistics(r, MolType::Prot)).collect();
+        assert_eq!(lacking, [true, true, false, false, true, false, true, true]);
+        assert!(!without_statistics(&q(&["NNNN"])[0], MolType::Prot) && without_statistics(&q(&["NNnN"])[0], MolType::Nucl));
+        let joined = join_batches_without_statistics((0..8).map(|i| i..i + 1).collect(), &queries, MolType::Prot);
+        assert_eq!(joined, [0..3, 3..5, 5..8]);
+        // Batches cut by letters: such a query never costs one of its own.
+        assert_eq!(join_batches_without_statistics(batches(&queries, 5), &queries, MolType::Prot), [0..3, 3..5, 5..8]);
+        assert_eq!(
+            join_batches_without_statistics(vec![0..4, 4..8], &queries, MolType::Prot),
+            [0..4, 4..8],
+            "a batch with statistics stays"
+        );
+    }
 
     #[test]
     fn a_part_is_named_by_everything_that_decides_its_bytes_the_versions_included() {

@@ -202,13 +202,19 @@ fn unusual_queries_are_reported_as_serial_blast_reports_them() {
     let records: Vec<String> = std::fs::read_to_string(f.join("q.fasta")).unwrap().split('>').skip(1).map(|r| format!(">{r}")).collect();
     let (head_line, seq) = records[2].split_once('\n').unwrap();
     let starred = format!("{head_line}\n{}*\n", seq.trim_end());
+    // Queries without residues too, first, between others and last: BLAST+ reports each
+    // with no hits (gepsea refused the file before 2026-12-01), but fails a run of only
+    // empty ones, which a batch cut by letters made of the two last ones.
     let queries = [
+        ">empty0 nothing\n".to_string(),
         records[0].clone(),
         records[1].to_lowercase(),
         starred,
         ">shorty\nMK\n".into(),
+        ">empty4\n\n".into(),
         format!(">xs\n{}\n", "X".repeat(28)),
         records[3].clone(),
+        ">empty7\n>empty8\n".into(),
     ]
     .concat();
     std::fs::write(d.0.join("unusual.fasta"), queries).unwrap();
@@ -222,12 +228,28 @@ fn unusual_queries_are_reported_as_serial_blast_reports_them() {
             text.contains("Could not calculate ungapped Karlin-Altschul parameters") || fmt == "0",
             "outfmt {fmt}: the X query's warning"
         );
-        for mode in [&["--split", "fragments"][..], &["--split", "fragments", "--no-agent"], &["--split", "queries"]] {
+        for mode in [
+            &["--split", "fragments", "--batch-residues", "500"][..],
+            &["--split", "fragments", "--no-agent", "--batch-residues", "500"],
+            &["--split", "queries", "--batch-residues", "500"],
+            &["--split", "fragments", "--batch-residues", "20"],
+            &["--split", "queries", "--batch-residues", "20"],
+        ] {
             let got = d.0.join(format!("gepsea.{fmt}"));
-            search(f, "blastp", "protdb", q, fmt, &got, &[mode, &["--batch-residues", "500"][..]].concat());
+            search(f, "blastp", "protdb", q, fmt, &got, mode);
             assert_identical(&got, &want, &format!("outfmt {fmt} {mode:?}"));
         }
     }
+    // Said once, naming the first empty query by file and line (BLAST+ warns of each).
+    let out = d.0.join("noted.6");
+    let o = gepsea().current_dir(f).args(["search", "--db", "protdb", "--query", q, "--outfmt", "6", "--out"]).arg(&out).output().unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{e}");
+    let notes: Vec<&str> = e.lines().filter(|l| l.contains("without residues")).collect();
+    assert_eq!(
+        notes,
+        [format!("gepsea search: 4 queries without residues are reported with no hits, as BLAST+ reports them: empty0 ({q}:1) and 3 more")]
+    );
 }
 
 /// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that

@@ -297,6 +297,19 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
     }
     let queries = fasta::read_or_stdin(&opts.query)?;
+    let empty: Vec<&Record> = queries.iter().filter(|q| q.residues == 0).collect();
+    if let Some(first) = empty.first() {
+        // Serial BLAST+ warns of each on standard error, twice; its output reports them
+        // with no hits, and so does ours.
+        let (n, name) = (empty.len(), opts.query.display());
+        let more = if n > 1 { format!(" and {} more", n - 1) } else { String::new() };
+        let (these, are) = if n == 1 { ("query", "is") } else { ("queries", "are") };
+        note!(
+            "gepsea search: {n} {these} without residues {are} reported with no hits, as BLAST+ reports them: {} ({name}:{}){more}",
+            first.id(),
+            first.line
+        );
+    }
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
     // The program that will run: the database's default one matches the queries' type,
     // or the search is refused below.
@@ -404,7 +417,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         gepsea_net::trust::ensure_private_dir(&scratch)?;
     }
     let db_dir = database.dir.clone();
-    validate_options(&program, &blastdb, &manifest.name, &queries[0], &opts.outfmt, &opts.blast_args, &scratch)?;
+    // An empty query would fail the check ("Sequence contains no data"); reading the
+    // queries refused a file of only empty ones.
+    let first = queries.iter().find(|q| q.residues > 0).unwrap_or(&queries[0]);
+    validate_options(&program, &blastdb, &manifest.name, first, &opts.outfmt, &opts.blast_args, &scratch)?;
 
     let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
         let mut buf = Vec::new();
@@ -434,6 +450,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             }
         }
     };
+    let batch_ranges = join_batches_without_statistics(batch_ranges, &queries, qtype);
     let mut batch_files = Vec::new();
     let mut batch_texts = Vec::new();
     for (b, r) in batch_ranges.iter().enumerate() {
