@@ -207,9 +207,21 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         Some(spec.scratch),
     )?;
     let fmt = base_format(spec.outfmt);
+    let titles = query_titles(spec.queries)?;
     let (open, close) = match fmt {
         0 => ("\nLambda      K        H", "\nEffective search space used: "),
         5 => ("<Iteration_stat>", "</Iteration_stat>"),
+        6 | 7 | 10 | 18 if titles.is_some() => {
+            let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
+            let titles = titles.as_deref().unwrap_or_default();
+            let fixed = match fmt {
+                18 => restore_titles(&report, titles, "Query= "),
+                10 => restore_ids(&report, titles, ','),
+                _ => restore_ids(&restore_titles(&report, titles, "# Query: "), titles, '\t'),
+            };
+            std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
+            return Ok(());
+        }
         _ => {
             std::fs::copy(&formatted, out).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
             return Ok(());
@@ -231,8 +243,94 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         }
         fixed = mask_pairwise(&fixed, &masks);
     }
+    if let (0, Some(t)) = (fmt, &titles) {
+        fixed = restore_titles(&fixed, t, "Query= ");
+    }
     std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
     Ok(())
+}
+
+/// The batch's query titles (deflines without `>`) when one of them holds bytes outside
+/// ASCII, which [`restore_titles`] must put back; `None` for the usual all-ASCII file.
+fn query_titles(queries: &Path) -> Result<Option<Vec<String>>, ReportError> {
+    let bytes = std::fs::read(queries).map_err(|e| ReportError::Io { path: queries.to_path_buf(), source: e })?;
+    if bytes.is_ascii() {
+        return Ok(None);
+    }
+    let records = crate::fasta::read_from(bytes.as_slice(), queries).map_err(|e| ReportError::Io {
+        path: queries.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    })?;
+    Ok(Some(records.into_iter().map(|r| r.defline[1..].to_string()).collect()))
+}
+
+/// BLAST+'s archives hold only ASCII: it writes a `#` for every other byte of a query's
+/// title ("Bad char [0xC3] in string"), so the formatter prints `Müller` as `M##ller`
+/// where serial BLAST+ prints the bytes. Puts them back: after the `n`-th line start
+/// with `prefix` (`Query= `, `# Query: `) the `n`-th title must be printed byte for
+/// byte, each such byte as `#`, a space possibly as the line break of a wrapped title;
+/// anything else is left as it is.
+fn restore_titles(report: &str, titles: &[String], prefix: &str) -> String {
+    let (bytes, mut out) = (report.as_bytes(), Vec::with_capacity(report.len()));
+    let mut at = 0;
+    let mut titles = titles.iter();
+    let next = |at: usize| {
+        let from_start = at == 0 && report.starts_with(prefix);
+        if from_start {
+            Some(0)
+        } else {
+            report[at..].find(&format!("\n{prefix}")).map(|p| at + p + 1)
+        }
+    };
+    while let Some(p) = next(at) {
+        let start = p + prefix.len();
+        out.extend_from_slice(&bytes[at..start]);
+        at = start;
+        let Some(title) = titles.next() else { break };
+        let original = title.as_bytes();
+        let Some(printed) = bytes.get(start..start + original.len()) else { continue };
+        let same = |(&s, &o): (&u8, &u8)| s == o || (s == b'#' && !o.is_ascii()) || (s == b'\n' && o == b' ');
+        if !title.is_ascii() && printed.iter().zip(original).all(same) {
+            out.extend(printed.iter().zip(original).map(|(&s, &o)| if s == b'#' { o } else { s }));
+            at = start + original.len();
+        }
+    }
+    out.extend_from_slice(&bytes[at..]);
+    // Whole characters went back in place of whole `#` runs; should the bytes not be
+    // text after all, the formatter's report stands.
+    String::from_utf8(out).unwrap_or_else(|_| report.to_string())
+}
+
+/// [`restore_titles`] for the query identifiers of tabular rows (`qseqid`, `qacc`,
+/// ...): a field that is, whole, the identifier of a title outside ASCII with each such
+/// byte a `#` becomes that identifier. No identifier in the database can be printed
+/// so: BLAST+ makes them the same way.
+fn restore_ids(report: &str, titles: &[String], separator: char) -> String {
+    let mangled: std::collections::HashMap<String, &str> = titles
+        .iter()
+        .filter_map(|t| t.split_whitespace().next())
+        .filter(|id| !id.is_ascii())
+        .map(|id| (id.bytes().map(|b| if b.is_ascii() { b as char } else { '#' }).collect(), id))
+        .collect();
+    if mangled.is_empty() {
+        return report.to_string();
+    }
+    let mut out = String::with_capacity(report.len());
+    for line in report.split_inclusive('\n') {
+        if line.starts_with('#') {
+            out.push_str(line);
+            continue;
+        }
+        let (body, end) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        for (i, field) in body.split(separator).enumerate() {
+            if i > 0 {
+                out.push(separator);
+            }
+            out.push_str(mangled.get(field).copied().unwrap_or(field));
+        }
+        out.push_str(end);
+    }
+    out
 }
 
 /// Masked query intervals (0-based, inclusive) by query number, from an archive's
@@ -414,6 +512,28 @@ mod tests {
             out,
             "q1 *****\n\n\n\n\n\nEffective search space used: 0\n\n\nq2 *****\n\n\n\nLambda      K        H        a\n 0.2\n\nEffective search space used: 22\nend\n"
         );
+    }
+
+    #[test]
+    fn query_titles_outside_ascii_get_their_bytes_back() {
+        let titles = ["q1 plain".to_string(), "q2 M\u{fc}ller \u{3b2}-lactamase x".to_string(), "q3 caf\u{e9}".to_string()];
+        // As the formatter prints them: a `#` per byte, the second title wrapped.
+        let report =
+            "head\nQuery= q1 plain\n\nLength=3\nQuery= q2 M##ller\n##-lactamase x\n\nLength=4\nQuery= q3 caf## and more\nQuery= extra\n";
+        let fixed = restore_titles(report, &titles, "Query= ");
+        assert_eq!(
+            fixed,
+            "head\nQuery= q1 plain\n\nLength=3\nQuery= q2 M\u{fc}ller\n\u{3b2}-lactamase x\n\nLength=4\nQuery= q3 caf\u{e9} and more\nQuery= extra\n"
+        );
+        // A line that does not match its title byte for byte is left alone.
+        let other = "# Query: q1 plain\n# Query: q2 Mxxller\n";
+        assert_eq!(restore_titles(other, &titles, "# Query: "), other);
+        let rows = "# Query: q1 plain\nq2\tM##ller\t1.0\n#\tM##ller\n";
+        let ids = ["q1 plain".to_string(), "M\u{fc}ller x".to_string()];
+        assert_eq!(restore_ids(rows, &ids, '\t'), "# Query: q1 plain\nq2\tM\u{fc}ller\t1.0\n#\tM##ller\n");
+        assert_eq!(restore_ids("M##ller,M##llerx\n", &ids, ','), "M\u{fc}ller,M##llerx\n");
+        let first = restore_titles("# Query: q1 plain\n# Query: q2 M##ller ##-lactamase x\n", &titles, "# Query: ");
+        assert_eq!(first, "# Query: q1 plain\n# Query: q2 M\u{fc}ller \u{3b2}-lactamase x\n");
     }
 
     #[test]

@@ -252,6 +252,30 @@ fn unusual_queries_are_reported_as_serial_blast_reports_them() {
     );
 }
 
+/// Query titles and identifiers outside ASCII: serial BLAST+ prints their bytes, and
+/// the formatter that prints a merge of fragments printed a `#` for each (BLAST+'s
+/// archives hold only ASCII).
+#[test]
+fn titles_outside_ascii_are_printed_as_serial_blast_prints_them() {
+    let f = fixture();
+    let d = tempdir("utf8");
+    let records: Vec<String> = std::fs::read_to_string(f.join("q.fasta")).unwrap().split('>').skip(1).map(|r| format!(">{r}")).collect();
+    let renamed = records[0].replacen('>', ">g\u{e8}ne1 ", 1);
+    let described = records[1].replacen(' ', " M\u{fc}ller \u{3b2}-lactamase \u{65e5}\u{672c} ", 1);
+    std::fs::write(d.0.join("utf8.fasta"), [renamed, described, records[2].clone()].concat()).unwrap();
+    let q = d.0.join("utf8.fasta");
+    let q = q.to_str().unwrap();
+    for fmt in ["0", "7", "10", "18"] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastp", f, "protdb", q, fmt, &want, &[]);
+        for mode in [&["--split", "fragments"][..], &["--split", "fragments", "--no-agent"]] {
+            let got = d.0.join(format!("gepsea.{fmt}"));
+            search(f, "blastp", "protdb", q, fmt, &got, mode);
+            assert_identical(&got, &want, &format!("outfmt {fmt} {mode:?}"));
+        }
+    }
+}
+
 /// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that
 /// the error is one line without BLAST+'s usage text or a backtrace.
 fn one_line_error(dir: &Path, args: &[&str], out: &Path) -> String {
