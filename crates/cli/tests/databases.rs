@@ -329,6 +329,17 @@ fn bad_databases_get_clear_errors_and_leave_nothing() {
     // A name BLAST+ does not know.
     let e = fails(&d.0, &["search", "--quiet", "--db", "no_such_db", "--query", q, "--out", o], &out);
     assert!(e.contains("\"no_such_db\" not found") && e.contains("BLASTDB"), "{e}");
+    // Two databases in one `--db`, as `blastp -db "a b"` takes them: the way to join
+    // them, in one line, before anything runs (it was "not found" before).
+    let both = format!("{} {}", f.join("prot/exdb").display(), f.join("prot/exdb").display());
+    let e = fails(&d.0, &["search", "--quiet", "--db", &both, "--query", q, "--out", o], &out);
+    assert!(
+        e.trim().lines().count() == 1
+            && e.contains(&format!(
+                "names several databases, and gepsea searches one: join them with `blastdb_aliastool -dblist \"{both}\" -dbtype prot"
+            )),
+        "{e}"
+    );
     // A truncated volume (a copy of the database with one sequence file cut short).
     let copy = d.0.join("copy");
     std::fs::create_dir_all(&copy).unwrap();

@@ -185,6 +185,18 @@ pub fn open(given: &Path, work_dir: &Path, fragments: usize) -> Result<Database,
             reason: "the name is one gepsea uses for its own alias files; name the database by a path instead (e.g. ./NAME)".into(),
         });
     }
+    if name.split_whitespace().count() > 1 {
+        // BLAST+ takes `-db "nr swissprot"` as both databases together; gepsea cuts one
+        // into fragments. Said before `-info`, which reads them fine, and `locate`,
+        // which would call the pair missing.
+        let dbtype = info(&name).map(|(t, _)| t.as_str()).unwrap_or("prot");
+        return Err(DbError::External {
+            given: name.clone(),
+            reason: format!(
+                "names several databases, and gepsea searches one: join them with `blastdb_aliastool -dblist \"{name}\" -dbtype {dbtype} -out all -title all` and give --db all"
+            ),
+        });
+    }
     let (dbtype, info) = info(&name)?;
     for v in &info.volumes {
         // `-info` lists an alias restricted by OIDs as its alias file: nothing to check.
