@@ -216,8 +216,8 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
             let titles = titles.as_deref().unwrap_or_default();
             let fixed = match fmt {
                 18 => restore_titles(&report, titles, "Query= "),
-                10 => restore_ids(&report, titles, ','),
-                _ => restore_ids(&restore_titles(&report, titles, "# Query: "), titles, '\t'),
+                10 => restore_ids(&report, titles, separator(spec.outfmt, ',')),
+                _ => restore_ids(&restore_titles(&report, titles, "# Query: "), titles, separator(spec.outfmt, '\t')),
             };
             std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
             return Ok(());
@@ -299,6 +299,12 @@ fn restore_titles(report: &str, titles: &[String], prefix: &str) -> String {
     // Whole characters went back in place of whole `#` runs; should the bytes not be
     // text after all, the formatter's report stands.
     String::from_utf8(out).unwrap_or_else(|_| report.to_string())
+}
+
+/// The field separator of a tabular `outfmt`: its `delim=` (`-outfmt "6 delim=; std"`),
+/// or the format's own.
+fn separator(outfmt: &str, default: char) -> char {
+    outfmt.split_whitespace().find_map(|w| w.strip_prefix("delim=")?.chars().next()).unwrap_or(default)
 }
 
 /// [`restore_titles`] for the query identifiers of tabular rows (`qseqid`, `qacc`,
@@ -532,6 +538,7 @@ mod tests {
         let ids = ["q1 plain".to_string(), "M\u{fc}ller x".to_string()];
         assert_eq!(restore_ids(rows, &ids, '\t'), "# Query: q1 plain\nq2\tM\u{fc}ller\t1.0\n#\tM##ller\n");
         assert_eq!(restore_ids("M##ller,M##llerx\n", &ids, ','), "M\u{fc}ller,M##llerx\n");
+        assert_eq!((separator("6 delim=; std", '\t'), separator("10 qseqid", ','), separator("7", '\t')), (';', ',', '\t'));
         let first = restore_titles("# Query: q1 plain\n# Query: q2 M##ller ##-lactamase x\n", &titles, "# Query: ");
         assert_eq!(first, "# Query: q1 plain\n# Query: q2 M\u{fc}ller \u{3b2}-lactamase x\n");
     }
