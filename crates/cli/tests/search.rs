@@ -575,6 +575,15 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     // Unwritable output path.
     let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("no/such/dir/out.txt"))], None);
     assert!(e.contains("cannot write the output") && e.contains("no/such/dir"), "{e}");
+    // A path under a file: said of the output, not of the hidden work directory
+    // beside it (the first thing written there).
+    std::fs::write(p("plain-file"), "x").unwrap();
+    let e = fails(&["search", "--quiet", "--db", &db3, "--query", &q, "--out", &s(&p("plain-file/out.txt"))], None);
+    assert!(
+        e.trim() == format!("gepsea: error: cannot write the output {}: Not a directory (os error 20)", s(&p("plain-file/out.txt"))),
+        "{e}"
+    );
+    std::fs::remove_file(p("plain-file")).unwrap();
     // An output path that names an input is refused before anything is written, and
     // the input is intact: the query file (also through a link), a file of the
     // database. A directory is refused before the search too (it failed at the end,

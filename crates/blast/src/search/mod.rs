@@ -343,6 +343,11 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         Some(d) => (d.clone(), false),
         None => (out_dir.join(work_dir_name(&out_name)), true),
     };
+    if own_work_dir {
+        // Ours goes next to the output: a directory the user cannot write is the
+        // output's problem, not that of a hidden directory they never named.
+        std::fs::create_dir_all(&work_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    }
     // The default work directory is this search's alone (`WorkDirLock`); the user's may
     // serve other searches at the same time.
     let users = (!own_work_dir).then(|| files::SharedWorkDir::join(&work_dir));
