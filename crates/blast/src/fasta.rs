@@ -76,6 +76,8 @@ pub enum FastaError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}:{line}: sequence data before the first '>' header line")]
     DataBeforeHeader { path: PathBuf, line: usize },
+    #[error("{path}: FASTQ (its first line starts with '@'), where FASTA is needed: convert it first, e.g. `seqtk seq -A {path}`")]
+    Fastq { path: PathBuf },
     #[error("{path}:{line}: header line has no identifier after '>'")]
     EmptyId { path: PathBuf, line: usize },
     #[error("{path}:{line}: sequence {id:?} has no residues")]
@@ -242,6 +244,9 @@ pub fn scan(
             continue;
         } else {
             let Some(rec) = current.as_mut() else {
+                if n == 1 && line.starts_with('@') {
+                    return Err(FastaError::Fastq { path: p() });
+                }
                 return Err(FastaError::DataBeforeHeader { path: p(), line: n });
             };
             if let Some(ch) = line.chars().find(|c| !(c.is_ascii_alphabetic() || *c == '*' || *c == '-' || c.is_ascii_whitespace())) {
@@ -348,6 +353,8 @@ mod tests {
         assert_eq!(e, "x.fa:4: invalid character '1' in sequence \"b\"");
         let e = parse("ACGT\n>a\nAC\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa:1: sequence data before the first '>' header line");
+        let e = parse("@r1\nACGT\n+\nIIII\n").unwrap_err().to_string();
+        assert_eq!(e, "x.fa: FASTQ (its first line starts with '@'), where FASTA is needed: convert it first, e.g. `seqtk seq -A x.fa`");
         // Duplicate query identifiers are BLAST+'s business: it accepts them.
         assert_eq!(parse(">a\nAC\n>a x\nAC\n").unwrap().len(), 2);
         // An empty query is BLAST+'s too (reported with no hits), unless all are; a
