@@ -180,25 +180,27 @@ pub struct Totals {
     pub bytes: u64,
 }
 
-/// What [`scan`] makes of a record without residues.
+/// What [`scan`] reads: a database's sequences or queries, which BLAST+ reads more
+/// leniently.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EmptyRecords {
-    /// An error naming its line: a database sequence must have residues.
-    Refuse,
-    /// Kept: BLAST+ reports an empty query with no hits (and a warning) beside the
-    /// others.
-    Keep,
+pub enum Reading {
+    /// Every sequence has residues, and nothing but letters, `*` and `-`.
+    Database,
+    /// Records without residues are kept (BLAST+ reports such a query with no hits, and
+    /// a warning), and so are digits in sequence lines (BLAST+ ignores them: "FASTA-
+    /// Reader: Ignoring invalid residues"), which are not residues.
+    Queries,
 }
 
 /// Validates FASTA line by line without holding it — data before the first header, an
-/// empty identifier, a sequence without residues (unless `empty` keeps it), a character
-/// that is no residue — and hands every header and sequence line to `visit`. Blank
+/// empty identifier, a sequence without residues, a character that is no residue (see
+/// [`Reading`] for what queries may have) — and hands every header and sequence line to `visit`. Blank
 /// lines are skipped; a trailing `\r` is not part of a line. Memory is one line,
 /// whatever the input size.
 pub fn scan(
     mut input: impl BufRead,
     path: &Path,
-    empty: EmptyRecords,
+    reading: Reading,
     mut visit: impl FnMut(Line<'_>) -> Result<(), FastaError>,
 ) -> Result<Totals, FastaError> {
     let p = || path.to_path_buf();
@@ -208,7 +210,7 @@ pub fn scan(
     let mut current: Option<(String, usize, usize)> = None;
     let mut n = 0usize;
     let finish = |rec: &Option<(String, usize, usize)>| match rec {
-        Some((id, line, 0)) if empty == EmptyRecords::Refuse => Err(FastaError::EmptySequence { path: p(), line: *line, id: id.clone() }),
+        Some((id, line, 0)) if reading == Reading::Database => Err(FastaError::EmptySequence { path: p(), line: *line, id: id.clone() }),
         _ => Ok(()),
     };
     loop {
@@ -249,10 +251,11 @@ pub fn scan(
                 }
                 return Err(FastaError::DataBeforeHeader { path: p(), line: n });
             };
-            if let Some(ch) = line.chars().find(|c| !(c.is_ascii_alphabetic() || *c == '*' || *c == '-' || c.is_ascii_whitespace())) {
+            let ignored = |c: char| c.is_ascii_whitespace() || (reading == Reading::Queries && c.is_ascii_digit());
+            if let Some(ch) = line.chars().find(|&c| !(c.is_ascii_alphabetic() || c == '*' || c == '-' || ignored(c))) {
                 return Err(FastaError::BadChar { path: p(), line: n, id: rec.0.clone(), ch });
             }
-            let residues = line.bytes().filter(|b| !b.is_ascii_whitespace()).count();
+            let residues = line.chars().filter(|&c| !ignored(c)).count();
             rec.2 += residues;
             totals.residues += residues as u64;
             visit(Line::Sequence { text: line, residues })?;
@@ -272,7 +275,7 @@ pub fn scan(
 /// hits, unless every record is one (BLAST+ then fails).
 pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaError> {
     let mut recs: Vec<Record> = Vec::new();
-    scan(BufReader::new(input), path, EmptyRecords::Keep, |l| {
+    scan(BufReader::new(input), path, Reading::Queries, |l| {
         match l {
             Line::Header { defline, line, .. } => {
                 recs.push(Record { defline: defline.to_string(), lines: Vec::new(), residues: 0, line });
@@ -302,7 +305,7 @@ pub struct MolGuess {
 
 impl MolGuess {
     pub fn add(&mut self, letters: impl Iterator<Item = u8>) {
-        for b in letters.filter(|b| !b.is_ascii_whitespace()) {
+        for b in letters.filter(|b| !b.is_ascii_whitespace() && !b.is_ascii_digit()) {
             self.all += 1;
             if matches!(b.to_ascii_uppercase(), b'A' | b'C' | b'G' | b'T' | b'U' | b'N') {
                 self.nuc += 1;
@@ -349,8 +352,8 @@ mod tests {
 
     #[test]
     fn errors_name_the_line() {
-        let e = parse(">a\nAC\n>b\nA1C\n").unwrap_err().to_string();
-        assert_eq!(e, "x.fa:4: invalid character '1' in sequence \"b\"");
+        let e = parse(">a\nAC\n>b\nA.C\n").unwrap_err().to_string();
+        assert_eq!(e, "x.fa:4: invalid character '.' in sequence \"b\"");
         let e = parse("ACGT\n>a\nAC\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa:1: sequence data before the first '>' header line");
         let e = parse("@r1\nACGT\n+\nIIII\n").unwrap_err().to_string();
@@ -363,8 +366,15 @@ mod tests {
         assert_eq!(r.iter().map(|r| (r.id(), r.residues, r.line)).collect::<Vec<_>>(), [("a", 0, 1), ("b", 2, 2), ("c", 0, 4)]);
         let e = parse(">a\n\n>b\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa: every sequence is empty, so BLAST+ has nothing to search (it fails with \"Sequence contains no data\")");
-        let e = scan(">a\n>b\nAC\n".as_bytes(), Path::new("db.fa"), EmptyRecords::Refuse, |_| Ok(())).unwrap_err().to_string();
+        let e = scan(">a\n>b\nAC\n".as_bytes(), Path::new("db.fa"), Reading::Database, |_| Ok(())).unwrap_err().to_string();
         assert_eq!(e, "db.fa:1: sequence \"a\" has no residues");
+        // Digits in a query's sequence lines are BLAST+'s to ignore, not residues; a
+        // database sequence may not have them.
+        let r = parse(">a\n1 MKVL\n61 AC\n").unwrap();
+        assert_eq!((r[0].residues, guess_moltype(&r)), (6, MolType::Prot));
+        assert_eq!(guess_moltype(&parse(">n\n1 acgtacgtac\n11 acgt\n").unwrap()), MolType::Nucl);
+        let e = scan(">a\n1 MKVL\n".as_bytes(), Path::new("db.fa"), Reading::Database, |_| Ok(())).unwrap_err().to_string();
+        assert_eq!(e, "db.fa:2: invalid character '1' in sequence \"a\"");
         assert!(matches!(parse("\n\n"), Err(FastaError::Empty { .. })));
     }
 

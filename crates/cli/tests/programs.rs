@@ -202,6 +202,15 @@ fn unusual_queries_are_reported_as_serial_blast_reports_them() {
     let records: Vec<String> = std::fs::read_to_string(f.join("q.fasta")).unwrap().split('>').skip(1).map(|r| format!(">{r}")).collect();
     let (head_line, seq) = records[2].split_once('\n').unwrap();
     let starred = format!("{head_line}\n{}*\n", seq.trim_end());
+    // Sequence lines numbered as GenBank prints them ("61 mkvl..."): BLAST+ ignores the
+    // digits (gepsea refused the file before 2026-12-01).
+    let numbered = |record: &str| {
+        let (head, seq) = record.split_once('\n').unwrap();
+        let seq: String = seq.split_whitespace().collect();
+        let lines: Vec<String> =
+            seq.as_bytes().chunks(60).enumerate().map(|(i, c)| format!("{} {}\n", i * 60 + 1, std::str::from_utf8(c).unwrap())).collect();
+        format!("{head}\n{}", lines.concat())
+    };
     // Queries without residues too, first, between others and last: BLAST+ reports each
     // with no hits (gepsea refused the file before 2026-12-01), but fails a run of only
     // empty ones, which a batch cut by letters made of the two last ones.
@@ -214,6 +223,7 @@ fn unusual_queries_are_reported_as_serial_blast_reports_them() {
         ">empty4\n\n".into(),
         format!(">xs\n{}\n", "X".repeat(28)),
         records[3].clone(),
+        numbered(&records[4]),
         ">empty7\n>empty8\n".into(),
     ]
     .concat();

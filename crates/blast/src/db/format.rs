@@ -216,7 +216,7 @@ fn scan(input: &Path, work: &Path) -> Result<Scanned, DbError> {
     let mut hashes = IdHashes::new(work, ID_HASHES_IN_MEMORY);
     let mut spill_error = None;
     let mut guess = MolGuess::default();
-    let totals = fasta::scan(reader, input, fasta::EmptyRecords::Refuse, |l| {
+    let totals = fasta::scan(reader, input, fasta::Reading::Database, |l| {
         match l {
             Line::Header { id, offset, .. } => {
                 if let Err(e) = hashes.push(id_hash(seq_id_key(id))) {
@@ -260,7 +260,7 @@ fn scan(input: &Path, work: &Path) -> Result<Scanned, DbError> {
 fn confirm_duplicates(input: &Path, collided: &HashSet<u64>) -> Result<(), DbError> {
     let (reader, _) = fasta::open_with(input, READ_BUFFER)?;
     let mut first: HashMap<String, (usize, String)> = HashMap::new();
-    fasta::scan(reader, input, fasta::EmptyRecords::Refuse, |l| {
+    fasta::scan(reader, input, fasta::Reading::Database, |l| {
         if let Line::Header { id, line, .. } = l {
             let key = seq_id_key(id);
             if collided.contains(&id_hash(key)) {
