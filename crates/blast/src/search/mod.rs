@@ -392,7 +392,8 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             expected: mol_name(query_type),
         });
     }
-    tools::version()?;
+    // Also part of every part's name (`part_keys`).
+    let blast_version = tools::version()?;
     let recording = match &opts.replay {
         Some(r) => Some(r.open(&manifest, &opts.db, &opts.query, &program, &opts.outfmt, &opts.blast_args)?),
         None => None,
@@ -482,7 +483,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
-    let versions = format!("gepsea {} BLAST+ {}", env!("CARGO_PKG_VERSION"), tools::version()?);
+    let versions = format!("gepsea {} BLAST+ {}", env!("CARGO_PKG_VERSION"), blast_version);
     let parts: Vec<PathBuf> = part_keys(&versions, &manifest, &program, &opts.outfmt, &opts.blast_args, split, &batch_texts)
         .into_iter()
         .map(|k| parts_dir.join(format!("{k}.part")))
