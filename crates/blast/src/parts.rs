@@ -279,6 +279,10 @@ pub fn count_hits(report: &str, outfmt: &str) -> usize {
     c.hits()
 }
 
+/// What BLAST+'s `std` field stands for, in order.
+const STD_FIELDS: [&str; 12] =
+    ["qaccver", "saccver", "pident", "length", "mismatch", "gapopen", "qstart", "qend", "sstart", "send", "evalue", "bitscore"];
+
 /// [`count_hits`] fed a line at a time, so that a report on disk is counted without
 /// being read into memory.
 pub struct HitCounter {
@@ -294,7 +298,13 @@ pub struct HitCounter {
 impl HitCounter {
     pub fn new(outfmt: &str) -> Self {
         let base = report::base_format(outfmt);
-        let fields: Vec<&str> = outfmt.split_whitespace().skip(1).collect();
+        // The columns as printed: `std` stands for its twelve, `delim=` is none.
+        let fields: Vec<&str> = outfmt
+            .split_whitespace()
+            .skip(1)
+            .filter(|f| !f.starts_with("delim="))
+            .flat_map(|f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] })
+            .collect();
         let col = |names: &[&str], default: usize| {
             fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None })
         };
@@ -302,7 +312,8 @@ impl HitCounter {
             (Some(q), Some(s)) => Some((q, s)),
             _ => None,
         };
-        HitCounter { base, columns, separator: if base == 10 { ',' } else { '\t' }, in_list: false, last: None, n: 0 }
+        let separator = report::separator(outfmt, if base == 10 { ',' } else { '\t' });
+        HitCounter { base, columns, separator, in_list: false, last: None, n: 0 }
     }
 
     /// The next line of the report (without its line end).
@@ -381,6 +392,9 @@ mod tests {
         // Named fields: the query and subject columns wherever they are; none named: lines.
         assert_eq!(count_hits("90\tq1\ts1\n80\tq1\ts1\n", "6 pident qseqid sseqid"), 1);
         assert_eq!(count_hits("q1\t1e-5\nq1\t1e-3\n", "6 qseqid evalue"), 2);
+        // `std` names the query and subject columns; `delim=` changes the separator.
+        assert_eq!(count_hits("q1\ts1\t90\nq1\ts1\t80\nq1\ts2\t70\n", "6 std"), 2);
+        assert_eq!(count_hits("9;q1;s1\n8;q1;s1\n", "6 delim=; evalue std"), 1);
         let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
         assert_eq!(count_hits(pairwise, "0"), 2);
         assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);

@@ -303,7 +303,7 @@ fn restore_titles(report: &str, titles: &[String], prefix: &str) -> String {
 
 /// The field separator of a tabular `outfmt`: its `delim=` (`-outfmt "6 delim=; std"`),
 /// or the format's own.
-fn separator(outfmt: &str, default: char) -> char {
+pub(crate) fn separator(outfmt: &str, default: char) -> char {
     outfmt.split_whitespace().find_map(|w| w.strip_prefix("delim=")?.chars().next()).unwrap_or(default)
 }
 
