@@ -35,8 +35,10 @@ impl Record {
         }
     }
 
-    fn letters(&self) -> impl Iterator<Item = u8> + '_ {
-        self.lines.iter().flat_map(|l| l.bytes()).filter(|b| !b.is_ascii_whitespace())
+    /// The sequence's letters: its lines without what a query's lines may hold besides
+    /// ([`not_residue`]).
+    pub(crate) fn letters(&self) -> impl Iterator<Item = u8> + '_ {
+        self.lines.iter().flat_map(|l| l.bytes()).filter(|&b| !not_residue(b, Reading::Queries))
     }
 }
 
@@ -192,11 +194,17 @@ pub enum Reading {
     Queries,
 }
 
+/// Whether `b`, in a sequence line of what is being read, is no residue but something
+/// BLAST+ passes over: white space, and in a query digits (see [`Reading`]).
+fn not_residue(b: u8, reading: Reading) -> bool {
+    b.is_ascii_whitespace() || (reading == Reading::Queries && b.is_ascii_digit())
+}
+
 /// Validates FASTA line by line without holding it — data before the first header, an
 /// empty identifier, a sequence without residues, a character that is no residue (see
-/// [`Reading`] for what queries may have) — and hands every header and sequence line to `visit`. Blank
-/// lines are skipped; a trailing `\r` is not part of a line. Memory is one line,
-/// whatever the input size.
+/// [`Reading`] for what queries may have) — and hands every header and sequence line
+/// to `visit`. Blank lines are skipped; a trailing `\r` is not part of a line. Memory
+/// is one line, whatever the input size.
 pub fn scan(
     mut input: impl BufRead,
     path: &Path,
@@ -251,11 +259,12 @@ pub fn scan(
                 }
                 return Err(FastaError::DataBeforeHeader { path: p(), line: n });
             };
-            let ignored = |c: char| c.is_ascii_whitespace() || (reading == Reading::Queries && c.is_ascii_digit());
+            let ignored = |c: char| c.is_ascii() && not_residue(c as u8, reading);
             if let Some(ch) = line.chars().find(|&c| !(c.is_ascii_alphabetic() || c == '*' || c == '-' || ignored(c))) {
                 return Err(FastaError::BadChar { path: p(), line: n, id: rec.0.clone(), ch });
             }
-            let residues = line.chars().filter(|&c| !ignored(c)).count();
+            // Every character is ASCII now.
+            let residues = line.bytes().filter(|&b| !not_residue(b, reading)).count();
             rec.2 += residues;
             totals.residues += residues as u64;
             visit(Line::Sequence { text: line, residues })?;
@@ -305,7 +314,7 @@ pub struct MolGuess {
 
 impl MolGuess {
     pub fn add(&mut self, letters: impl Iterator<Item = u8>) {
-        for b in letters.filter(|b| !b.is_ascii_whitespace() && !b.is_ascii_digit()) {
+        for b in letters.filter(|b| !b.is_ascii_whitespace()) {
             self.all += 1;
             if matches!(b.to_ascii_uppercase(), b'A' | b'C' | b'G' | b'T' | b'U' | b'N') {
                 self.nuc += 1;

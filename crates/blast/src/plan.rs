@@ -364,9 +364,7 @@ pub fn batches(queries: &[Record], per_batch: usize) -> Vec<std::ops::Range<usiz
 /// when another query of that batch has statistics, else one of `-1.00`s.
 pub fn without_statistics(q: &Record, moltype: MolType) -> bool {
     let unknown = if moltype == MolType::Prot { [b'X', b'x'] } else { [b'N', b'n'] };
-    q.lines
-        .iter()
-        .all(|l| l.bytes().all(|b| unknown.contains(&b) || matches!(b, b'*' | b'-') || b.is_ascii_whitespace() || b.is_ascii_digit()))
+    q.letters().all(|b| unknown.contains(&b) || matches!(b, b'*' | b'-'))
 }
 
 /// `ranges` with every batch none of whose queries has statistics

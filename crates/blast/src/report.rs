@@ -274,12 +274,12 @@ fn restore_titles(report: &str, titles: &[String], prefix: &str) -> String {
     let (bytes, mut out) = (report.as_bytes(), Vec::with_capacity(report.len()));
     let mut at = 0;
     let mut titles = titles.iter();
+    let line_start = format!("\n{prefix}");
     let next = |at: usize| {
-        let from_start = at == 0 && report.starts_with(prefix);
-        if from_start {
+        if at == 0 && report.starts_with(prefix) {
             Some(0)
         } else {
-            report[at..].find(&format!("\n{prefix}")).map(|p| at + p + 1)
+            report[at..].find(&line_start).map(|p| at + p + 1)
         }
     };
     while let Some(p) = next(at) {

@@ -187,8 +187,8 @@ pub fn open(given: &Path, work_dir: &Path, fragments: usize) -> Result<Database,
     }
     if name.split_whitespace().count() > 1 {
         // BLAST+ takes `-db "nr swissprot"` as both databases together; gepsea cuts one
-        // into fragments. Said before `-info`, which reads them fine, and `locate`,
-        // which would call the pair missing.
+        // into fragments. Said before `locate`, which would call the pair missing
+        // (`-info` reads them fine, and names their type for the advice).
         let dbtype = info(&name).map(|(t, _)| t.as_str()).unwrap_or("prot");
         return Err(DbError::External {
             given: name.clone(),
