@@ -1,5 +1,6 @@
-//! CRC32C (Castagnoli), the checksum of every header and payload, and the one part of a
-//! large TCP transfer that costs as much as the kernel's copies.
+//! CRC32C (Castagnoli), the checksum of every header and of every payload on plain
+//! connections (encrypted ones leave payloads to their records' tags), and the one part
+//! of a large TCP transfer that costs as much as the kernel's copies.
 //!
 //! `crc-fast` folds with carry-less multiplies, chosen at run time: on a CPU with
 //! AVX-512 and VPCLMULQDQ (the Intel guests of earlier sessions) it checksums 1 MiB in

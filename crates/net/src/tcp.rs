@@ -187,7 +187,8 @@ impl TcpConn {
 
     /// Encodes `f` and appends it to the write queue: with its payload CRC in its
     /// header, or, for a piece of a large rendezvous message on a plain connection, with
-    /// the CRC to follow in a sum frame ([`FLAG_SUM_AFTER`]; see [`TcpConn::write_out`]).
+    /// the CRC to follow in a sum frame ([`FLAG_SUM_AFTER`]; see [`TcpConn::write_out`]);
+    /// on an encrypted connection without one (the seal's tags check every byte).
     pub fn queue(&mut self, f: &Frame) {
         let mut h = vec![0u8; HEADER_LEN];
         if self.sealer.is_none() && f.header.kind == Kind::Data && f.header.total >= SUM_AFTER_MIN as u64 && !f.payload.is_empty() {
@@ -199,12 +200,16 @@ impl TcpConn {
         }
         // Nothing may come between pieces and their sum.
         self.queue_sum();
-        f.header.encode(&f.payload, &mut h);
         if let Some(s) = &mut self.sealer {
+            // The records' tags are the payload's checksum here: a CRC as well was two
+            // more passes over every byte (sender and receiver), on the critical path
+            // of both (`Header::encode_sealed`).
+            f.header.encode_sealed(f.payload.len(), &mut h);
             s.push_plain(&h);
             s.push_plain_bytes(&f.payload);
             return;
         }
+        f.header.encode(&f.payload, &mut h);
         self.push_encoded(h, &f.payload);
     }
 

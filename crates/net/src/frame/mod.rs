@@ -210,6 +210,15 @@ impl Header {
         self.encode_with(payload.len(), self.flags | FLAG_PAYLOAD_CRC, crc32c(payload), out);
     }
 
+    /// Writes the header of a frame that travels inside sealed records (`crate::seal`):
+    /// their authentication tags already cover every byte of its payload (a record
+    /// altered, dropped or replayed fails to open, and the connection is reset and its
+    /// frames replayed, as after a checksum mismatch), so no payload CRC is computed
+    /// or flagged. The header keeps its own checksum.
+    pub fn encode_sealed(&self, payload_len: usize, out: &mut [u8]) {
+        self.encode_with(payload_len, self.flags & !FLAG_PAYLOAD_CRC, 0, out);
+    }
+
     /// Writes the header of a piece whose payload checksum follows in a [`Kind::Sum`]
     /// frame ([`FLAG_SUM_AFTER`]): nothing of the payload is read here.
     pub fn encode_sum_after(&self, payload_len: usize, out: &mut [u8]) {
@@ -504,6 +513,28 @@ mod tests {
         assert_eq!(decode_sums(&wire).unwrap(), sums);
         assert!(decode_sums(&wire[1..]).is_none(), "a partial entry is refused");
         assert!(!Kind::Sum.is_sequenced());
+    }
+
+    #[test]
+    fn a_sealed_frame_carries_no_payload_checksum_and_decodes_unchecked() {
+        // Inside sealed records the tags check the payload; the header still checks
+        // itself.
+        let f = sample(1000);
+        let mut b = vec![0u8; HEADER_LEN];
+        f.header.encode_sealed(f.payload.len(), &mut b);
+        b.extend_from_slice(&f.payload);
+        b[HEADER_LEN + 10] ^= 0x40;
+        let mut d = FrameDecoder::new(1 << 20);
+        d.extend(&b);
+        let (h, p) = d.next_frame().unwrap().unwrap();
+        assert_eq!(h.flags & FLAG_PAYLOAD_CRC, 0);
+        assert_eq!((h.len, h.crc, p.len()), (1000, 0, 1000));
+        let mut b = vec![0u8; HEADER_LEN];
+        f.header.encode_sealed(f.payload.len(), &mut b);
+        b[20] ^= 1;
+        let mut d = FrameDecoder::new(1 << 20);
+        d.extend(&b);
+        assert!(matches!(d.next_frame(), Err(FrameError::HeaderCrc { .. })));
     }
 
     #[test]
