@@ -493,18 +493,24 @@ mod tests {
         assert!(d.next_frame().is_err());
     }
 
-    #[test]
-    fn a_piece_with_its_sum_after_decodes_unchecked_and_its_sums_round_trip() {
-        let mut f = sample(1000);
-        f.header.kind = Kind::Data;
+    /// `f` with its header written by `encode` and one payload byte altered, decoded.
+    fn decoded_altered(f: &Frame, encode: fn(&Header, usize, &mut [u8])) -> (Header, Vec<u8>) {
         let mut b = vec![0u8; HEADER_LEN];
-        f.header.encode_sum_after(f.payload.len(), &mut b);
+        encode(&f.header, f.payload.len(), &mut b);
         b.extend_from_slice(&f.payload);
-        // The decoder leaves the payload's check to whoever receives the sum.
         b[HEADER_LEN + 10] ^= 0x40;
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&b);
         let (h, p) = d.next_frame().unwrap().unwrap();
+        (h, p.to_vec())
+    }
+
+    #[test]
+    fn a_piece_with_its_sum_after_decodes_unchecked_and_its_sums_round_trip() {
+        let mut f = sample(1000);
+        f.header.kind = Kind::Data;
+        // The decoder leaves the payload's check to whoever receives the sum.
+        let (h, p) = decoded_altered(&f, Header::encode_sum_after);
         assert_eq!(h.flags, FLAG_LAST | FLAG_SUM_AFTER);
         assert_eq!((h.len, h.crc, p.len()), (1000, 0, 1000));
         let sums = [(77, crc32c(&f.payload)), (u64::MAX, 0xdead_beef)];
@@ -520,13 +526,7 @@ mod tests {
         // Inside sealed records the tags check the payload; the header still checks
         // itself.
         let f = sample(1000);
-        let mut b = vec![0u8; HEADER_LEN];
-        f.header.encode_sealed(f.payload.len(), &mut b);
-        b.extend_from_slice(&f.payload);
-        b[HEADER_LEN + 10] ^= 0x40;
-        let mut d = FrameDecoder::new(1 << 20);
-        d.extend(&b);
-        let (h, p) = d.next_frame().unwrap().unwrap();
+        let (h, p) = decoded_altered(&f, Header::encode_sealed);
         assert_eq!(h.flags & FLAG_PAYLOAD_CRC, 0);
         assert_eq!((h.len, h.crc, p.len()), (1000, 0, 1000));
         let mut b = vec![0u8; HEADER_LEN];
