@@ -214,13 +214,12 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     // The target for either: a put is one trip to the owner and back, a lock
     // pair two, so the pair is the harder of the two.
     for (k, r, p) in [("remote board put", put_round, put_round.put), ("remote lock acquire + release", lock_round, lock_round.lockpair)] {
-        let target = r.target();
-        println!("| {k} | {:.1} | {:.1} | {:.1} | {target:.1} | {:.2}× |", p[0], p[1], p[2], p[1] / target);
+        println!("| {k} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× |", p[0], p[1], p[2], r.target(), r.vs_target(p));
     }
     println!(
         "(each: the round with the median p50 / target of {REMOTE_ROUNDS}, agents started afresh for each; p50 vs target per round, put: {}; lock pair: {})",
-        remotes.iter().map(|r| format!("{:.2}", r.put[1] / r.target())).collect::<Vec<_>>().join(", "),
-        remotes.iter().map(|r| format!("{:.2}", r.lockpair[1] / r.target())).collect::<Vec<_>>().join(", ")
+        remotes.iter().map(|r| format!("{:.2}", r.vs_target(r.put))).collect::<Vec<_>>().join(", "),
+        remotes.iter().map(|r| format!("{:.2}", r.vs_target(r.lockpair))).collect::<Vec<_>>().join(", ")
     );
     let tcp = put_round.tcp_rtt;
     println!("gepsea-net TCP round trip between the two nodes (8 B), in the put's round: {tcp:.2} µs");
@@ -318,12 +317,17 @@ impl Remote {
     fn target(&self) -> f64 {
         2.0 * self.tcp_rtt + 20.0
     }
+
+    /// `op`'s p50 against this round's target.
+    fn vs_target(&self, op: Percentiles) -> f64 {
+        op[1] / self.target()
+    }
 }
 
 /// The round whose p50 of `op` against its own target is the median.
 fn median_remote(rounds: &[Remote], op: impl Fn(&Remote) -> Percentiles) -> Remote {
     let mut sorted = rounds.to_vec();
-    sorted.sort_by(|a, b| (op(a)[1] / a.target()).total_cmp(&(op(b)[1] / b.target())));
+    sorted.sort_by(|a, b| a.vs_target(op(a)).total_cmp(&b.vs_target(op(b))));
     sorted[sorted.len() / 2]
 }
 
