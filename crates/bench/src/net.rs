@@ -35,9 +35,19 @@ pub struct NetArgs {
     /// Fewer iterations and smaller streams (a demo, not a measurement).
     #[arg(long)]
     pub quick: bool,
-    /// Skip the veth (network namespace) cases even when running as root.
+    /// Skip the veth (network namespace) cases even when running as root; the loopback
+    /// cases then run on the host's loopback, with the host's congestion control.
     #[arg(long)]
     pub no_netns: bool,
+    /// TCP congestion control of the namespaces the TCP cases run in (as root), for
+    /// gepsea and its references alike: a name from
+    /// /proc/sys/net/ipv4/tcp_available_congestion_control, or `host` for the host's
+    /// own setting. The host's setting is never changed. Default `cubic`, Linux's own
+    /// default: a host that paces with `bbr` slowed OpenMPI's 1 MiB TCP stream from
+    /// 6.6-7.1 to 4.3-5.1 GB/s here, and gepsea's less, so its ratios depended on the
+    /// host's image.
+    #[arg(long, default_value = "cubic")]
+    pub congestion: String,
     /// Run only the overlap experiment.
     #[arg(long)]
     pub overlap_only: bool,
@@ -159,7 +169,9 @@ type Netns = gepsea_net::testbed::NetnsPair;
 /// How two gepsea processes reach each other in one measured case.
 pub(crate) enum Where<'a> {
     Shm,
-    Loopback,
+    /// TCP on loopback: inside the first namespace of the pair when there is one, else
+    /// on the host's.
+    Loopback(Option<&'a Netns>),
     Veth(&'a Netns),
 }
 
@@ -170,6 +182,7 @@ pub(crate) fn netpeer_cmd(netpeer: &Path, place: &Where, ns: &str, node: u32, po
     let side = port as usize - 1;
     let mut c = match place {
         Where::Veth(n) => n.cmd(side, netpeer),
+        Where::Loopback(Some(n)) => n.cmd(0, netpeer),
         _ => Command::new(netpeer),
     };
     c.args(["--ns", ns, "--node", &node.to_string(), "--port", &port.to_string()]);
@@ -178,7 +191,7 @@ pub(crate) fn netpeer_cmd(netpeer: &Path, place: &Where, ns: &str, node: u32, po
     }
     let listen = match place {
         Where::Shm => return c,
-        Where::Loopback => "127.0.0.1:0".to_string(),
+        Where::Loopback(_) => "127.0.0.1:0".to_string(),
         Where::Veth(n) => format!("{}:0", n.ip[side]),
     };
     c.args(["--listen", &listen, "--directory"]).arg(dir);
@@ -265,7 +278,10 @@ fn mpi_case(refs: &Path, btl: &str, place: &Where, quick: bool, multiple: bool) 
             c
         }
         _ => {
-            let mut c = Command::new("mpirun");
+            let mut c = match place {
+                Where::Loopback(Some(n)) => n.cmd(0, "mpirun"),
+                _ => Command::new("mpirun"),
+            };
             c.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
             c.args(["-np", "2", "--mca", "btl", btl, "--bind-to", "core"]);
             if btl.contains("tcp") {
@@ -291,6 +307,7 @@ fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usi
     let port = (40000 + std::process::id() % 20000).to_string();
     let (mut server, mut client, host) = match place {
         Where::Veth(n) => (n.cmd(1, &prog), n.cmd(0, &prog), n.ip[1].clone()),
+        Where::Loopback(Some(n)) => (n.cmd(0, &prog), n.cmd(0, &prog), "127.0.0.1".to_string()),
         _ => (Command::new(&prog), Command::new(&prog), "127.0.0.1".to_string()),
     };
     server.args(["server", &host, &port, scale]);
@@ -302,8 +319,9 @@ fn raw_tcp_case(refs: &Path, place: &Where, quick: bool) -> Result<(BTreeMap<usi
 }
 
 /// Overlap: receiver posts irecv(S), computes C, waits. Returns (wait µs, total µs).
-/// Over shared memory (`tcp` false: both ports on node 0) or TCP on loopback (the
-/// sender is node 2, reached through a directory of addresses).
+/// Over shared memory (`tcp` false: both ports on node 0) or TCP on the host's
+/// loopback (the receiving port lives in this process; the sender is node 2, reached
+/// through a directory of addresses).
 fn overlap(
     netpeer: &Path,
     progress: Progress,
@@ -317,7 +335,7 @@ fn overlap(
     let (me, peer) = if tcp { (Addr::new(1, 1), Addr::new(2, 2)) } else { (Addr::new(0, 1), Addr::new(0, 2)) };
     let mut cfg = PortConfig::new(&ns, me);
     cfg.progress = progress;
-    let mut c = netpeer_cmd(netpeer, if tcp { &Where::Loopback } else { &Where::Shm }, &ns, peer.node, 2, &dir, Progress::Thread);
+    let mut c = netpeer_cmd(netpeer, if tcp { &Where::Loopback(None) } else { &Where::Shm }, &ns, peer.node, 2, &dir, Progress::Thread);
     if tcp {
         std::fs::create_dir_all(&dir)?;
         cfg.listen = Some("127.0.0.1:0".parse()?);
@@ -403,6 +421,14 @@ pub(crate) fn median_of(v: &[f64]) -> Option<f64> {
     v.get(v.len().saturating_sub(1) / 2).copied()
 }
 
+/// The kernel parameter that names a network namespace's TCP congestion control.
+const CONGESTION: &str = "net.ipv4.tcp_congestion_control";
+
+/// `/proc/sys/net/ipv4/<name>` of the host (this process's namespace), or "unknown".
+fn host_congestion(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string())
+}
+
 /// Runs the whole benchmark.
 pub fn run(args: &NetArgs) -> Result<()> {
     let netpeer = sibling("gepsea-netpeer")?;
@@ -437,6 +463,33 @@ pub fn run(args: &NetArgs) -> Result<()> {
     // (2026-12-05), so that the median of three was one bad round from another verdict.
     let reps = if quick { 1 } else { 5 };
     let mut pairs: Vec<PairedRatios> = Vec::new();
+    // SAFETY: trivial libc call.
+    let root = unsafe { libc::geteuid() } == 0;
+    let beds = if root && !args.no_netns && !args.overlap_only {
+        let n = Netns::new("gbn").context("creating two network namespaces")?;
+        if args.congestion != "host" {
+            n.set_sysctl(CONGESTION, &args.congestion).with_context(|| {
+                format!(
+                    "setting congestion control {:?} in the benchmark's namespaces (--congestion): the kernel offers {}",
+                    args.congestion,
+                    host_congestion("tcp_available_congestion_control")
+                )
+            })?;
+        }
+        Some(n)
+    } else {
+        None
+    };
+    let lo = Where::Loopback(beds.as_ref());
+    let congestion_host = host_congestion("tcp_congestion_control");
+    let congestion_cases = match &beds {
+        Some(n) => n.sysctl(0, CONGESTION).context("reading the namespaces' congestion control")?,
+        None => congestion_host.clone(),
+    };
+    eprintln!(
+        "TCP congestion control: {congestion_cases} ({}; the host's: {congestion_host})",
+        if beds.is_some() { "loopback and veth cases in namespaces of their own" } else { "the host's loopback" }
+    );
     if !args.overlap_only {
         // OpenMPI thread-safe too, in each round beside the plain one: gepsea-net's port
         // is always thread-safe (its event thread shares it), which costs locked
@@ -462,8 +515,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
         let (g, m) = alternate(
             reps,
             "TCP loopback",
-            |i| gepsea_case(&netpeer, &Where::Loopback, &format!("{ns}l{i}"), quick),
-            || mpi_case(&args.refs, "self,tcp", &Where::Loopback, quick, false),
+            |i| gepsea_case(&netpeer, &lo, &format!("{ns}l{i}"), quick),
+            || mpi_case(&args.refs, "self,tcp", &lo, quick, false),
         )?;
         pairs.extend(PairedRatios::tcp("lo", &g, &m));
         add("gepsea tcp lo", median_series(&g));
@@ -471,38 +524,29 @@ pub fn run(args: &NetArgs) -> Result<()> {
         // Event thread against progress inside library calls only (seed 004).
         eprintln!("measuring gepsea inline (no event thread) over shared memory and TCP loopback ...");
         add("gepsea shm inline", gepsea_case_with(&netpeer, &Where::Shm, &format!("{ns}si"), quick, Security::Plain, Progress::Inline)?);
-        add(
-            "gepsea lo inline",
-            gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}li"), quick, Security::Plain, Progress::Inline)?,
-        );
+        add("gepsea lo inline", gepsea_case_with(&netpeer, &lo, &format!("{ns}li"), quick, Security::Plain, Progress::Inline)?);
         // What links cost when authenticated (a handshake only) and encrypted (every
         // byte sealed), against the plain case above.
         eprintln!("measuring gepsea over TCP loopback, authenticated ...");
-        add("gepsea lo key", gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}k"), quick, Security::Keyed, Progress::Thread)?);
+        add("gepsea lo key", gepsea_case_with(&netpeer, &lo, &format!("{ns}k"), quick, Security::Keyed, Progress::Thread)?);
         eprintln!("measuring gepsea over TCP loopback, authenticated and encrypted ...");
-        add(
-            "gepsea lo enc",
-            gepsea_case_with(&netpeer, &Where::Loopback, &format!("{ns}e"), quick, Security::Encrypted, Progress::Thread)?,
-        );
+        add("gepsea lo enc", gepsea_case_with(&netpeer, &lo, &format!("{ns}e"), quick, Security::Encrypted, Progress::Thread)?);
         eprintln!("measuring raw TCP loopback ...");
-        add("raw tcp lo", raw_tcp_case(&args.refs, &Where::Loopback, quick)?);
-        // SAFETY: trivial libc call.
-        let root = unsafe { libc::geteuid() } == 0;
-        if root && !args.no_netns {
-            let n = Netns::new("gbn").context("creating two network namespaces")?;
+        add("raw tcp lo", raw_tcp_case(&args.refs, &lo, quick)?);
+        if let Some(n) = &beds {
             let (g, m) = alternate(
                 reps,
                 "TCP across a veth pair",
-                |i| gepsea_case(&netpeer, &Where::Veth(&n), &format!("{ns}v{i}"), quick),
-                || mpi_case(&args.refs, "self,tcp", &Where::Veth(&n), quick, false),
+                |i| gepsea_case(&netpeer, &Where::Veth(n), &format!("{ns}v{i}"), quick),
+                || mpi_case(&args.refs, "self,tcp", &Where::Veth(n), quick, false),
             )?;
             pairs.extend(PairedRatios::tcp("veth", &g, &m));
             add("gepsea veth", median_series(&g));
             add("OpenMPI veth", median_series(&m));
             eprintln!("measuring raw TCP across a veth pair ...");
-            add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(&n), quick)?);
+            add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(n), quick)?);
         } else {
-            eprintln!("skipping the veth cases (need root)");
+            eprintln!("skipping the veth cases (they need root, and no --no-netns)");
         }
     }
     eprintln!("measuring overlap (event thread vs inline; shared memory and TCP loopback) ...");
@@ -525,7 +569,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
         for (progress, pname) in [(Progress::Thread, "event thread"), (Progress::Inline, "inline")] {
             for (unexpected, rname) in [(false, "expected"), (true, "unexpected")] {
                 let case_ns = format!("{ns}u{}{}{}", tcp as u8, (progress == Progress::Inline) as u8, unexpected as u8);
-                unis.push(((link, pname, rname), net_report::uni_case(&netpeer, &case_ns, tcp, progress, unexpected, quick)?));
+                let place = if tcp { &lo } else { &Where::Shm };
+                unis.push(((link, pname, rname), net_report::uni_case(&netpeer, &case_ns, place, progress, unexpected, quick)?));
             }
         }
     }
@@ -585,6 +630,10 @@ pub fn run(args: &NetArgs) -> Result<()> {
         "  checksums: CRC32C of 1 MiB in {crc_hot:.1} µs in cache, {crc_after_copy:.1} µs after a 1 MiB copy (one pass on each side of every TCP message; OpenMPI's TCP transport has none)"
     );
     println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
+    println!(
+        "TCP congestion control: {congestion_cases} ({}; the host's: {congestion_host}; the overlap experiment runs on the host's loopback)",
+        if beds.is_some() { "loopback and veth cases in namespaces of their own" } else { "the host's loopback" }
+    );
     if let Some(dir) = args.json.as_ref().and_then(|p| p.parent()) {
         net_report::plots(dir, &lat, &bw, &overlaps)?;
         net_report::uni_plots(dir, &unis)?;
@@ -594,6 +643,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), "model": host},
             "probe_us": {"before": probe_before, "after": probe_after},
             "checksum_us_per_mib": {"in_cache": crc_hot, "after_copy": crc_after_copy},
+            "congestion_control": {"tcp_cases": congestion_cases, "host": congestion_host, "namespaces": beds.is_some()},
             "latency_us": lat, "bandwidth_gbs": bw, "overlap": ov_json, "unidirectional": uni_json,
             "paired_ratios": pairs.iter().map(|p| json!({"measure": p.label, "target": p.target, "median": p.median(), "rounds": p.rounds})).collect::<Vec<_>>(),
             "ratios": {"tcp_lo_lat_8B_vs_raw": r_tcp_lat, "tcp_veth_lat_8B_vs_raw": r_veth_lat, "overlap_target_met": overlap_ok},

@@ -135,18 +135,18 @@ pub(crate) type Uni = BTreeMap<usize, (f64, f64)>;
 /// rendezvous (64 KiB, 1 MiB).
 pub(crate) const UNI_SIZES: [usize; 4] = [1 << 10, 16 << 10, 64 << 10, 1 << 20];
 
-/// Runs `gepsea-netpeer uni-send` / `uni-recv` over shared memory (`tcp` false) or TCP
-/// on loopback, with `progress` on both sides, receives expected or `unexpected`.
-pub(crate) fn uni_case(netpeer: &Path, ns: &str, tcp: bool, progress: Progress, unexpected: bool, quick: bool) -> Result<Uni> {
+/// Runs `gepsea-netpeer uni-send` / `uni-recv` at `place` (shared memory or TCP on
+/// loopback), with `progress` on both sides, receives expected or `unexpected`.
+pub(crate) fn uni_case(netpeer: &Path, ns: &str, place: &Where, progress: Progress, unexpected: bool, quick: bool) -> Result<Uni> {
+    let tcp = !matches!(place, Where::Shm);
     let dir = std::env::temp_dir().join(format!("{ns}-dir"));
     let bytes = if quick { 4usize << 20 } else { 256 << 20 };
     let sizes = UNI_SIZES.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",");
     let node = |n: u32| if tcp { n } else { 0 };
-    let place = if tcp { Where::Loopback } else { Where::Shm };
     if tcp {
         std::fs::create_dir_all(&dir)?;
     }
-    let base = |port: u32| netpeer_cmd(netpeer, &place, ns, node(port), port, &dir, progress);
+    let base = |port: u32| netpeer_cmd(netpeer, place, ns, node(port), port, &dir, progress);
     let mut send = base(2);
     send.args(["uni-send", "--peer", &format!("{}:1", node(1)), "--sizes", &sizes, "--bytes", &bytes.to_string()]);
     let guard = Kill(vec![spawn_ready(send, "uni-send")?]);

@@ -86,6 +86,25 @@ impl NetnsPair {
         c
     }
 
+    /// Sets kernel parameter `key` (as `sysctl` names it) to `value` in both namespaces;
+    /// the host's own value is untouched. Network parameters such as
+    /// `net.ipv4.tcp_congestion_control` are per namespace.
+    pub fn set_sysctl(&self, key: &str, value: &str) -> std::io::Result<()> {
+        for ns in &self.ns {
+            run(&["ip", "netns", "exec", ns, "sysctl", "-qw", &format!("{key}={value}")])?;
+        }
+        Ok(())
+    }
+
+    /// Kernel parameter `key` as node `i`'s namespace has it.
+    pub fn sysctl(&self, i: usize, key: &str) -> std::io::Result<String> {
+        let out = self.cmd(i, "sysctl").args(["-n", key]).output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!("sysctl {key} in {}: {}", self.ns[i], String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
     /// `mpirun` (OpenMPI) with one rank in each namespace, across the veth pair (see
     /// `mpirun_across`). Writes the launcher's files into `dir`; add the program.
     pub fn mpirun(&self, dir: &std::path::Path) -> std::io::Result<Command> {

@@ -102,3 +102,24 @@ fn stream_survives_connections_destroyed_midway() {
     assert!(field("lost") >= 3, "{s}");
     assert!(field("established") >= 4, "{s}");
 }
+
+#[test]
+fn a_namespace_pair_takes_its_own_congestion_control_and_leaves_the_hosts() {
+    if !require_root() {
+        return;
+    }
+    const KEY: &str = "net.ipv4.tcp_congestion_control";
+    let host = || std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_string();
+    let before = host();
+    // Reno is built into every kernel; pick the other one when the host already runs it.
+    let wanted = if before == "reno" { "cubic" } else { "reno" };
+    let nodes = two_nodes();
+    nodes.set_sysctl(KEY, wanted).unwrap();
+    assert_eq!(nodes.sysctl(0, KEY).unwrap(), wanted);
+    assert_eq!(nodes.sysctl(1, KEY).unwrap(), wanted);
+    assert_eq!(host(), before);
+    let refused = nodes.set_sysctl(KEY, "no-such-algorithm").unwrap_err().to_string();
+    assert!(refused.contains("no-such-algorithm"), "{refused}");
+    assert_eq!(nodes.sysctl(0, KEY).unwrap(), wanted);
+    assert_eq!(host(), before);
+}
