@@ -735,3 +735,27 @@ fn unexpected_large_eager_messages_keep_their_own_bytes() {
     }
     assert_eq!(b.stats.unexpected, 12);
 }
+
+#[test]
+fn eager_messages_held_for_credits_are_counted_up_to_one_window_and_released_as_credits_return() {
+    // 8 credits of 100 bytes: a window of 800 bytes, 2 messages of 400 at a time.
+    let (mut a, mut b) = remote_eager_pair(8);
+    let sends: Vec<_> = (0..5).map(|i| a.isend(B, 5, Bytes::from(vec![i as u8; 400]))).collect();
+    // Queued, none gone yet: what waits is counted up to one window.
+    assert_eq!((a.eager_bytes_stalled(), a.eager_bytes_released()), (800, 0));
+    assert_eq!(step(&mut a, &mut b, usize::MAX), 2);
+    // Two let go; three wait for credits (1,200 bytes, still one window counted).
+    assert_eq!((a.eager_bytes_stalled(), a.eager_bytes_released()), (800, 800));
+    assert!(a.take(sends[2]).is_none());
+    // The receiver takes them in: credits come back (every half window) and the
+    // rest leave.
+    let r: Vec<_> = (0..5).map(|_| b.irecv(Some(A), Some(5), 400)).collect();
+    pump(&mut a, &mut b);
+    assert_eq!((a.eager_bytes_stalled(), a.eager_bytes_released()), (0, 2000));
+    for (i, r) in r.into_iter().enumerate() {
+        assert_eq!(received(b.take(r)).data, vec![i as u8; 400]);
+    }
+    // Rendezvous messages are not eager ones: neither counted nor released here.
+    a.isend(B, 5, Bytes::from(vec![0u8; 401]));
+    assert_eq!((a.eager_bytes_stalled(), a.eager_bytes_released()), (0, 2000));
+}

@@ -684,8 +684,12 @@ impl Port {
                 // copying, and sleeping now would add two wake-ups (the event thread's,
                 // then ours: 30-40 µs each here) to each message. Spin for about as
                 // long as the bytes take. A transfer that began while we spun (the
-                // peer's announcement came in) counts too.
-                let seen = SpinMark { in_flight: st.proto.bulk_bytes_in_flight(), moved: st.proto.bulk_bytes_moved(), at: now };
+                // peer's announcement came in) counts too, and so do eager messages
+                // held back for credits: a stream faster than its receiver waits for
+                // each return of credits, and a sender that slept through them left
+                // its writes to the event thread (64 KiB TCP streams 2.2-2.8 GB/s
+                // against 4.3-5.7 with a longer spin, cubic loopback).
+                let seen = SpinMark::of(&st.proto, now);
                 if let Some(more) = spin_extension(extended_for, seen) {
                     extended_for = Some(seen);
                     spin_until = now + more;

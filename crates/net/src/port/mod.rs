@@ -284,14 +284,26 @@ fn answer_spin(moved: u64) -> Option<Duration> {
     (moved >= ANSWER_SPIN_MIN).then(|| Duration::from_nanos(2 * moved * SPIN_NS_PER_KIB / 1024).max(ANSWER_SPIN_FLOOR))
 }
 
-/// What a waiter saw when it last extended its spin for rendezvous transfers.
+/// What a waiter saw when it last extended its spin for data on its way.
 #[derive(Clone, Copy, Debug)]
 struct SpinMark {
-    /// Bytes in flight ([`Proto::bulk_bytes_in_flight`]).
+    /// Bytes in flight: rendezvous transfers under way ([`Proto::bulk_bytes_in_flight`])
+    /// and eager messages held back for credits ([`Proto::eager_bytes_stalled`]).
     in_flight: usize,
-    /// Bytes moved so far ([`Proto::bulk_bytes_moved`]).
+    /// Bytes moved so far: rendezvous bytes ([`Proto::bulk_bytes_moved`]) and eager
+    /// messages let go ([`Proto::eager_bytes_released`]).
     moved: u64,
     at: Instant,
+}
+
+impl SpinMark {
+    fn of(proto: &Proto, at: Instant) -> SpinMark {
+        SpinMark {
+            in_flight: proto.bulk_bytes_in_flight() + proto.eager_bytes_stalled(),
+            moved: proto.bulk_bytes_moved() + proto.eager_bytes_released(),
+            at,
+        }
+    }
 }
 
 /// When a waiter's spin runs out while rendezvous bytes are in flight: how much longer

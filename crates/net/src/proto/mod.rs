@@ -309,6 +309,9 @@ pub struct Proto {
     helps_split_copies: bool,
     pub stats: ProtoStats,
     bulk_moved: u64,
+    /// Payload bytes of eager messages that left their queue so far (for
+    /// [`Proto::eager_bytes_released`]).
+    eager_released: u64,
     /// Piece size for peers on other nodes ([`Proto::set_remote_chunk`]).
     remote_chunk: usize,
     /// Eager limit of the normal channel for peers on other nodes
@@ -354,6 +357,7 @@ impl Proto {
             detached: HashSet::default(),
             stats: ProtoStats::default(),
             bulk_moved: 0,
+            eager_released: 0,
         }
     }
 
@@ -691,6 +695,33 @@ impl Proto {
     /// with [`Proto::bulk_bytes_in_flight`], how fast the transfers under way move.
     pub fn bulk_bytes_moved(&self) -> u64 {
         self.bulk_moved
+    }
+
+    /// Bytes of eager messages still in their queues, counted up to what one window of
+    /// credits lets go (`credits × eager_threshold`). In a port, frames leave as soon
+    /// as credits allow, so these are the ones held back for their receivers' credits:
+    /// a sender that streams faster than its receiver takes messages in waits for
+    /// credits, which come back as the receiver takes them (every half window), and
+    /// a return releases at most a window. With [`Proto::eager_bytes_released`], how
+    /// fast they leave.
+    pub fn eager_bytes_stalled(&self) -> usize {
+        let window = self.cfg.eager_threshold.saturating_mul(self.cfg.credits as usize);
+        let mut stalled = 0;
+        for q in self.peers.values().flat_map(|p| p.msgs.iter()) {
+            for out in q.iter().filter(|o| o.frame.header.kind == Kind::Eager) {
+                stalled += out.frame.payload.len();
+                if stalled >= window {
+                    return window;
+                }
+            }
+        }
+        stalled
+    }
+
+    /// Payload bytes of eager messages that have left their queue (credits allowing)
+    /// so far.
+    pub fn eager_bytes_released(&self) -> u64 {
+        self.eager_released
     }
 
     /// Removes and returns the result of a finished request; `None` while it runs.

@@ -46,6 +46,7 @@ impl Proto {
                     out = p.msgs[l].pop_front();
                 } else if p.credits[l] >= cost {
                     p.credits[l] -= cost;
+                    self.eager_released += front.frame.payload.len() as u64;
                     out = p.msgs[l].pop_front();
                 } else {
                     self.stats.credit_stalls += 1;
