@@ -44,7 +44,7 @@ pub struct NetArgs {
     /// /proc/sys/net/ipv4/tcp_available_congestion_control, or `host` for the host's
     /// own setting. The host's setting is never changed. Default `cubic`, Linux's own
     /// default: a host that paces with `bbr` slowed OpenMPI's 1 MiB TCP stream from
-    /// 6.6-7.1 to 4.3-5.1 GB/s here, and gepsea's less, so its ratios depended on the
+    /// 7.0-7.6 to 4.3-5.1 GB/s here, and gepsea's less, so its ratios depended on the
     /// host's image.
     #[arg(long, default_value = "cubic")]
     pub congestion: String,
