@@ -486,10 +486,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
         Some(n) => n.sysctl(0, CONGESTION).context("reading the namespaces' congestion control")?,
         None => congestion_host.clone(),
     };
-    eprintln!(
-        "TCP congestion control: {congestion_cases} ({}; the host's: {congestion_host})",
-        if beds.is_some() { "loopback and veth cases in namespaces of their own" } else { "the host's loopback" }
-    );
+    let congestion_where = if beds.is_some() { "loopback and veth cases in namespaces of their own" } else { "on the host's loopback" };
+    eprintln!("TCP congestion control: {congestion_cases} ({congestion_where}; the host's: {congestion_host})");
     if !args.overlap_only {
         // OpenMPI thread-safe too, in each round beside the plain one: gepsea-net's port
         // is always thread-safe (its event thread shares it), which costs locked
@@ -546,7 +544,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             eprintln!("measuring raw TCP across a veth pair ...");
             add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(n), quick)?);
         } else {
-            eprintln!("skipping the veth cases (they need root, and no --no-netns)");
+            eprintln!("skipping the veth cases (not root, or --no-netns)");
         }
     }
     eprintln!("measuring overlap (event thread vs inline; shared memory and TCP loopback) ...");
@@ -631,8 +629,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
     );
     println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
     println!(
-        "TCP congestion control: {congestion_cases} ({}; the host's: {congestion_host}; the overlap experiment runs on the host's loopback)",
-        if beds.is_some() { "loopback and veth cases in namespaces of their own" } else { "the host's loopback" }
+        "TCP congestion control: {congestion_cases} ({congestion_where}; the host's: {congestion_host}; the overlap experiment runs on the host's loopback)"
     );
     if let Some(dir) = args.json.as_ref().and_then(|p| p.parent()) {
         net_report::plots(dir, &lat, &bw, &overlaps)?;
