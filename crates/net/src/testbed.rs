@@ -28,6 +28,12 @@ fn run(args: &[&str]) -> std::io::Result<()> {
     }
 }
 
+/// Sets kernel parameter `setting` (`key=value`, as `sysctl` names it) inside
+/// namespace `ns`.
+fn set_sysctl_in(ns: &str, setting: &str) -> std::io::Result<()> {
+    run(&["ip", "netns", "exec", ns, "sysctl", "-qw", setting])
+}
+
 /// Runs `args` with `input` on its standard input.
 fn run_with_input(args: &[&str], input: &str) -> std::io::Result<()> {
     use std::io::Write;
@@ -91,7 +97,7 @@ impl NetnsPair {
     /// `net.ipv4.tcp_congestion_control` are per namespace.
     pub fn set_sysctl(&self, key: &str, value: &str) -> std::io::Result<()> {
         for ns in &self.ns {
-            run(&["ip", "netns", "exec", ns, "sysctl", "-qw", &format!("{key}={value}")])?;
+            set_sysctl_in(ns, &format!("{key}={value}"))?;
         }
         Ok(())
     }
@@ -327,7 +333,7 @@ impl WanSites {
         for ns in &sites.compute.ns {
             run(&["ip", "-n", ns, "route", "add", "default", "via", &sites.gateway])?;
         }
-        run(&["ip", "netns", "exec", &router, "sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        set_sysctl_in(&router, "net.ipv4.ip_forward=1")?;
         Ok(sites)
     }
 
@@ -418,7 +424,7 @@ impl WanSites {
     pub fn sysctl_nodes(&self, settings: &[&str]) -> std::io::Result<()> {
         for ns in self.compute.ns.iter().chain(std::iter::once(&self.storage_ns)) {
             for kv in settings {
-                run(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv])?;
+                set_sysctl_in(ns, kv)?;
             }
         }
         Ok(())
