@@ -89,6 +89,11 @@ pub struct RunArgs {
     /// Connections on the registration socket at once (default 1024); more are refused.
     #[arg(long, env = "GEPSEA_MAX_SESSIONS")]
     max_sessions: Option<usize>,
+    /// Run the links to other agents under this TCP congestion control (e.g. cubic,
+    /// reno, bbr) instead of the system's default (application processes read the same
+    /// variable). Useful where hosts default to bbr, which slows a cluster's bursts.
+    #[arg(long, value_name = "NAME", env = "GEPSEA_TCP_CONGESTION")]
+    tcp_congestion: Option<String>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -159,6 +164,7 @@ struct FileConfig {
     key_file: Option<PathBuf>,
     encrypt: Option<bool>,
     max_sessions: Option<usize>,
+    tcp_congestion: Option<String>,
 }
 
 fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
@@ -243,6 +249,7 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     if let Some(k) = a.key_file.clone().or(f.key_file) {
         c.key = Some(gepsea_net::auth::Key::from_file(&k)?);
     }
+    c.tcp_congestion = a.tcp_congestion.clone().or(f.tcp_congestion).filter(|s| !s.trim().is_empty());
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
     if c.encrypt && c.key.is_none() {
         bail!("--encrypt needs the job's key: give --key-file FILE (the same secret on every agent)");

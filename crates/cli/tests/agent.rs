@@ -436,3 +436,41 @@ fn c_example_offloads_its_output() {
 fn zstd_decode(z: &[u8]) -> Vec<u8> {
     gepsea_agent::core::compress::Engine::new().decompress(&Codec::Zstd, z).unwrap()
 }
+
+/// `--tcp-congestion`: the agent's links run under the algorithm named (here, what an
+/// agent on another node connecting to it gets: the accepted end), and a name the
+/// kernel cannot give is refused in one line before anything is created.
+#[test]
+fn the_agents_links_take_the_congestion_control_named_and_a_bad_name_is_refused() {
+    let default = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_string();
+    let wanted = if default == "reno" { "cubic" } else { "reno" };
+    let mut a = Agents::new(0, false);
+    a.agents.push(Some(a.start_agent_with(0, 1, &["--tcp-congestion", wanted])));
+    a.wait_ready(0);
+    let entry: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(a.dir.join("rv/agent-1.json")).unwrap()).unwrap();
+    let listen: std::net::SocketAddr = entry["listen"].as_str().unwrap().parse().unwrap();
+    let _peer = std::net::TcpStream::connect(listen).unwrap();
+    let filter = format!("( sport = :{} )", listen.port());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let algorithm = loop {
+        let out = Command::new("ss").args(["-tinH", "state", "established", &filter]).output().expect("running ss (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        // An address line, then one that starts with the algorithm.
+        if let Some(info) = text.lines().nth(1) {
+            break info.split_whitespace().next().unwrap_or("").to_string();
+        }
+        assert!(Instant::now() < deadline, "the agent never accepted the connection: {text:?}\n{}", a.log(0));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(algorithm, wanted, "system default {default}");
+
+    let out = a
+        .cmd(1, env!("CARGO_BIN_EXE_gepsea"))
+        .env("RUST_BACKTRACE", "1")
+        .args(["agent", "--node-id", "2", "--tcp-congestion", "no-such-algorithm"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    assert!(!out.status.success() && e.lines().count() == 1 && e.contains("\"no-such-algorithm\" cannot be used here"), "{e}");
+    assert!(!gepsea_agent::server::agent_socket(&a.ns, 2).exists());
+}

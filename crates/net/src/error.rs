@@ -39,6 +39,11 @@ pub enum NetError {
         "link encryption needs the job's key (--key-file, or a launch key): encrypting with no key would not tell a peer from anyone else"
     )]
     EncryptWithoutKey,
+    #[error(
+        "TCP congestion control {name:?} cannot be used here: {problem}; name one of them, or leave it \
+         unset (GEPSEA_TCP_CONGESTION) to keep the system's"
+    )]
+    Congestion { name: String, problem: String },
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

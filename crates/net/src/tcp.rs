@@ -58,6 +58,38 @@ pub fn watch_for_silence(stream: &mio::net::TcpStream, silence: Duration) -> io:
     Ok(())
 }
 
+/// Runs the connection of `socket` under congestion control `name` (`TCP_CONGESTION`).
+pub fn set_congestion(socket: &impl std::os::fd::AsFd, name: &str) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(socket, sockopt::TcpCongestion, &std::ffi::OsString::from(name))?;
+    Ok(())
+}
+
+/// Whether this process may run TCP connections under congestion control `name`: set
+/// on a fresh socket, so that a port refuses a bad name when it opens, with the
+/// kernel's lists, rather than log it at every connection.
+pub fn check_congestion(name: &str) -> Result<(), crate::NetError> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let problem = match socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None) {
+        Ok(s) => match set_congestion(&s, name) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => "the kernel has no such algorithm".to_string(),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EPERM) => "this process may not choose it".to_string(),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => format!("no socket to try it on ({e})"),
+    };
+    let list = |file: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{file}")).map_or_else(|e| format!("unknown ({e})"), |s| s.trim().to_string())
+    };
+    let problem = format!(
+        "{problem} (this kernel has: {}; a process without CAP_NET_ADMIN may choose: {})",
+        list("tcp_available_congestion_control"),
+        list("tcp_allowed_congestion_control")
+    );
+    Err(crate::NetError::Congestion { name: name.to_string(), problem })
+}
+
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {

@@ -112,6 +112,9 @@ pub struct AgentConfig {
     /// queries): one more is refused with a clear reply and closed. Each may buffer up
     /// to one registration frame (`wire::unix::MAX`), so this bounds that memory too.
     pub max_sessions: usize,
+    /// The TCP congestion control of the links to other agents
+    /// (`gepsea_net::PortConfig::tcp_congestion`); `None`: the port's default.
+    pub tcp_congestion: Option<String>,
 }
 
 impl AgentConfig {
@@ -131,6 +134,7 @@ impl AgentConfig {
             key: None,
             encrypt: false,
             max_sessions: 1024,
+            tcp_congestion: None,
         }
     }
 }
@@ -461,6 +465,9 @@ impl Agent {
         pc.encrypt = cfg.encrypt;
         pc.linger = Duration::from_millis(500);
         pc.keepalive = Some(cfg.peer_timeout);
+        if cfg.tcp_congestion.is_some() {
+            pc.tcp_congestion = cfg.tcp_congestion.clone();
+        }
         for (n, a) in &cfg.peers {
             if *n != me {
                 pc.routes.insert(Addr::new(*n, 0), *a);

@@ -72,12 +72,18 @@ impl Agents {
     }
 
     pub fn start_agent(&self, i: usize, n: usize) -> Child {
+        self.start_agent_with(i, n, &[])
+    }
+
+    /// [`Agents::start_agent`] with more arguments.
+    pub fn start_agent_with(&self, i: usize, n: usize, extra: &[&str]) -> Child {
         let log = std::fs::File::create(self.dir.join(format!("agent{}.log", i + 1))).unwrap();
         let listen = if self.bed.is_some() { format!("{}:7400", self.ips[i]) } else { "127.0.0.1:0".into() };
         self.cmd(i, env!("CARGO_BIN_EXE_gepsea"))
             .args(["agent", "--node-id", &(i + 1).to_string(), "--listen", &listen, "--nodes", &n.to_string(), "--peer-timeout-ms", "1500"])
             .arg("--rendezvous")
             .arg(self.dir.join("rv"))
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

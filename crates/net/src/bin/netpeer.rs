@@ -45,6 +45,10 @@ struct Cli {
     /// Also encrypt TCP links (needs --key-file).
     #[arg(long)]
     encrypt: bool,
+    /// Run TCP links under this congestion control (default: $GEPSEA_TCP_CONGESTION,
+    /// else the system's).
+    #[arg(long, value_name = "NAME")]
+    tcp_congestion: Option<String>,
     /// Fault injection: offer single copies as this process id.
     #[arg(long, hide = true)]
     claim_pid: Option<u32>,
@@ -230,6 +234,9 @@ fn main() -> Result<()> {
         cfg.key = Some(gepsea_net::auth::Key::from_file(k).context("--key-file")?);
     }
     cfg.encrypt = cli.encrypt;
+    if cli.tcp_congestion.is_some() {
+        cfg.tcp_congestion = cli.tcp_congestion.clone();
+    }
     let port = Port::open(cfg).context("opening port")?;
     if let Some(pid) = cli.claim_pid {
         port.claim_pid_for_single_copy(pid);

@@ -11,6 +11,9 @@ impl Port {
         if cfg.encrypt && cfg.key.is_none() {
             return Err(NetError::EncryptWithoutKey);
         }
+        if let Some(name) = &cfg.tcp_congestion {
+            crate::tcp::check_congestion(name)?;
+        }
         crate::trust::check_namespace(&cfg.namespace)?;
         let me = cfg.addr;
         let dir = cfg.runtime_dir();

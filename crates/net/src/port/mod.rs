@@ -137,6 +137,16 @@ pub struct PortConfig {
     /// Encrypt TCP links with a Noise session keyed by `key` (see [`crate::seal`]);
     /// every port of a job must agree. Needs `key`.
     pub encrypt: bool,
+    /// The TCP congestion control this port's connections run under (`TCP_CONGESTION`,
+    /// e.g. `cubic`, `reno`, `bbr`), in place of the system's default. Checked when the
+    /// port opens: a name the kernel does not have, or may not give this process, is
+    /// refused there. Default: `$GEPSEA_TCP_CONGESTION` when set, else the system's.
+    ///
+    /// For sites whose hosts default to a pacing algorithm such as BBR, which suits
+    /// long wide-area paths but slows the bursts of a cluster's links: 1 MiB one way on
+    /// loopback under a host's `bbr` took ≈207 µs against ≈177 with `cubic` set per
+    /// connection (`docs/benchmarks.md`).
+    pub tcp_congestion: Option<String>,
 }
 
 impl PortConfig {
@@ -166,6 +176,7 @@ impl PortConfig {
                 .map(|d| PathBuf::from(d).join(format!("{namespace}-{}-{}.trace", addr.node, addr.port))),
             key: None,
             encrypt: false,
+            tcp_congestion: std::env::var("GEPSEA_TCP_CONGESTION").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()),
         }
     }
 

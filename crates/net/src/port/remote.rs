@@ -38,6 +38,7 @@ impl State {
             }
         };
         self.watch_for_silence(&stream);
+        self.choose_congestion(&stream);
         let id = self.next_id;
         self.next_id += 1;
         let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
@@ -82,12 +83,25 @@ impl State {
         }
     }
 
+    /// With [`PortConfig::tcp_congestion`](super::PortConfig::tcp_congestion), the
+    /// connection runs under the congestion control chosen for the port (checked when
+    /// the port opened, so a failure here is unexpected: logged, the system's default
+    /// stays).
+    fn choose_congestion(&mut self, stream: &mio::net::TcpStream) {
+        if let Some(name) = &self.cfg.tcp_congestion {
+            if let Err(e) = crate::tcp::set_congestion(stream, name) {
+                self.log_error(format!("congestion control {name}: {e}"));
+            }
+        }
+    }
+
     pub(super) fn accept_tcp(&mut self) {
         loop {
             let Some(l) = self.tcp_listener.as_ref() else { return };
             match l.accept() {
                 Ok((stream, _)) => {
                     self.watch_for_silence(&stream);
+                    self.choose_congestion(&stream);
                     let id = self.next_id;
                     self.next_id += 1;
                     let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));

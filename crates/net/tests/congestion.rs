@@ -1,0 +1,110 @@
+//! A port's TCP connections run under the congestion control it is given
+//! (`PortConfig::tcp_congestion`), at the end that connects and at the end that accepts,
+//! and a name the kernel cannot give is refused when the port opens, through the
+//! configuration or the environment (`GEPSEA_TCP_CONGESTION`).
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use gepsea_net::{namespace_dir, Addr, NetError, Port, PortConfig};
+
+fn system_default() -> String {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").unwrap().trim().to_string()
+}
+
+/// An algorithm other than the system's default: Reno is built into every kernel, and
+/// when the default is Reno, CUBIC (Linux's own default) is the other.
+fn not_the_default() -> &'static str {
+    if system_default() == "reno" {
+        "cubic"
+    } else {
+        "reno"
+    }
+}
+
+/// The congestion control of every established TCP socket with `port` at one end, as
+/// `ss` reports them: an address line, then a line that starts with the algorithm.
+fn algorithms_on(port: u16) -> Vec<(String, String)> {
+    let filter = format!("( sport = :{port} or dport = :{port} )");
+    let out = Command::new("ss").args(["-tinH", "state", "established", &filter]).output().expect("running ss (iproute2)");
+    assert!(out.status.success(), "ss: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    lines
+        .chunks(2)
+        .map(|p| (p[0].split_whitespace().skip(2).collect::<Vec<_>>().join(" "), p[1].split_whitespace().next().unwrap_or("").to_string()))
+        .collect()
+}
+
+#[test]
+fn both_ends_of_a_link_run_under_the_congestion_control_given() {
+    let ns = Ns(unique("cc"));
+    let wanted = not_the_default();
+    let open = |node: u32| {
+        let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+        c.listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tcp_congestion = Some(wanted.to_string());
+        Port::open(c).unwrap()
+    };
+    let (a, b) = (open(1), open(2));
+    a.add_route(b.addr(), b.listen_addr().unwrap());
+    let r = b.irecv(Some(a.addr()), Some(7), 1 << 20);
+    let s = a.isend(b.addr(), 7, vec![5u8; 1 << 20]);
+    b.wait_timeout(r, Duration::from_secs(20)).unwrap();
+    a.wait_timeout(s, Duration::from_secs(20)).unwrap();
+    let sockets = algorithms_on(b.listen_addr().unwrap().port());
+    // The connecting socket (a's) and the accepted one (b's).
+    assert_eq!(sockets.len(), 2, "{sockets:?}");
+    for (addresses, algorithm) in &sockets {
+        assert_eq!(algorithm, wanted, "socket {addresses} (system default {})", system_default());
+    }
+}
+
+#[test]
+fn a_port_leaves_the_system_default_alone_when_given_none() {
+    let ns = Ns(unique("ccd"));
+    let open = |node: u32| {
+        let mut c = PortConfig::new(&ns.0, Addr::new(node, 1));
+        c.listen = Some("127.0.0.1:0".parse().unwrap());
+        c.tcp_congestion = None;
+        Port::open(c).unwrap()
+    };
+    let (a, b) = (open(1), open(2));
+    a.add_route(b.addr(), b.listen_addr().unwrap());
+    let r = b.irecv(Some(a.addr()), Some(7), 64);
+    let s = a.isend(b.addr(), 7, b"hello".to_vec());
+    b.wait_timeout(r, Duration::from_secs(20)).unwrap();
+    a.wait_timeout(s, Duration::from_secs(20)).unwrap();
+    let sockets = algorithms_on(b.listen_addr().unwrap().port());
+    assert_eq!(sockets.len(), 2, "{sockets:?}");
+    for (addresses, algorithm) in &sockets {
+        assert_eq!(*algorithm, system_default(), "socket {addresses}");
+    }
+}
+
+#[test]
+fn an_algorithm_the_kernel_cannot_give_is_refused_when_the_port_opens() {
+    let ns = Ns(unique("ccx"));
+    let mut c = PortConfig::new(&ns.0, Addr::new(1, 1));
+    c.listen = Some("127.0.0.1:0".parse().unwrap());
+    c.tcp_congestion = Some("no-such-algorithm".to_string());
+    let e = Port::open(c).map(|_| ()).unwrap_err();
+    assert!(matches!(&e, NetError::Congestion { name, .. } if name == "no-such-algorithm"), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("\"no-such-algorithm\"") && text.contains("no such algorithm") && text.contains("reno"), "{text}");
+    assert!(!namespace_dir(&ns.0).exists(), "a port that did not open left {}", namespace_dir(&ns.0).display());
+
+    // The same through the environment, in a process of its own.
+    let ns = Ns(unique("ccy"));
+    let out = Command::new(netpeer())
+        .args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "echo", "--peer", "2:1", "--count", "1"])
+        .env("GEPSEA_TCP_CONGESTION", "no-such-algorithm")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("\"no-such-algorithm\""), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
+}
