@@ -315,6 +315,11 @@ fn status(a: &StatusArgs) -> Result<()> {
             _ => "not authenticated (no --key-file)",
         }
     );
+    let system = v["system_congestion"].as_str().unwrap_or("unknown");
+    match v["tcp_congestion"].as_str() {
+        Some(c) => emit!("  congestion    {c} on links to other agents (chosen; the system's: {system})"),
+        None => emit!("  congestion    {system} on links to other agents (the system's)"),
+    }
     let expected = v["expected_nodes"].as_u64().map_or("not set (--nodes)".to_string(), |n| n.to_string());
     emit!("  ready         {} (expected nodes: {expected})", v["ready"]);
     emit!("  live agents   [{}]   dead: [{}]   scheduler: {}", list("view"), list("dead"), v["scheduler"]);

@@ -463,6 +463,8 @@ fn the_agents_links_take_the_congestion_control_named_and_a_bad_name_is_refused(
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(algorithm, wanted, "system default {default}");
+    let st = a.status(0);
+    assert_eq!((st["tcp_congestion"].as_str(), st["system_congestion"].as_str()), (Some(wanted), Some(default.as_str())), "{st}");
 
     let out = a
         .cmd(1, env!("CARGO_BIN_EXE_gepsea"))

@@ -14,6 +14,11 @@ pub(super) struct Status {
     authenticated: bool,
     /// Whether links to other agents are encrypted.
     encrypted: bool,
+    /// The TCP congestion control chosen for links to other agents (`--tcp-congestion`);
+    /// `None`: the system's, `system_congestion`.
+    tcp_congestion: Option<String>,
+    /// The system's default TCP congestion control, as this agent sees it.
+    system_congestion: Option<String>,
     ready: bool,
     expected_nodes: Option<usize>,
     /// This agent's incarnation (a restarted agent of a node has a new one).
@@ -85,6 +90,8 @@ impl Agent {
             rendezvous: self.cfg.rendezvous.as_ref().map(|p| p.display().to_string()),
             authenticated: self.cfg.key.is_some(),
             encrypted: self.cfg.encrypt,
+            tcp_congestion: self.port.tcp_congestion(),
+            system_congestion: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").ok().map(|s| s.trim().to_string()),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             incarnation: self.incarnation,

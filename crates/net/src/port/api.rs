@@ -164,6 +164,13 @@ impl Port {
         self.sh.st.lock().tcp_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// The congestion control this port's TCP connections run under, when it chose one
+    /// ([`PortConfig::tcp_congestion`](super::PortConfig::tcp_congestion)); `None`: the
+    /// system's default.
+    pub fn tcp_congestion(&self) -> Option<String> {
+        self.sh.st.lock().cfg.tcp_congestion.clone()
+    }
+
     /// Adds or replaces the TCP address of a remote port.
     pub fn add_route(&self, peer: Addr, addr: SocketAddr) {
         self.sh.st.lock().cfg.routes.insert(peer, addr);
