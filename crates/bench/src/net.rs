@@ -426,7 +426,7 @@ const CONGESTION: &str = "net.ipv4.tcp_congestion_control";
 
 /// `/proc/sys/net/ipv4/<name>` of the host (this process's namespace), or "unknown".
 fn host_congestion(name: &str) -> String {
-    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}")).map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string())
+    gepsea_net::tcp::ipv4_setting(name).unwrap_or_else(|_| "unknown".to_string())
 }
 
 /// Runs the whole benchmark.

@@ -249,7 +249,8 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     if let Some(k) = a.key_file.clone().or(f.key_file) {
         c.key = Some(gepsea_net::auth::Key::from_file(&k)?);
     }
-    c.tcp_congestion = a.tcp_congestion.clone().or(f.tcp_congestion).filter(|s| !s.trim().is_empty());
+    // As `PortConfig` takes `GEPSEA_TCP_CONGESTION`: trimmed, and empty is unset.
+    c.tcp_congestion = a.tcp_congestion.clone().or(f.tcp_congestion).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
     if c.encrypt && c.key.is_none() {
         bail!("--encrypt needs the job's key: give --key-file FILE (the same secret on every agent)");

@@ -67,6 +67,12 @@ pub fn watch_for_silence(stream: &mio::net::TcpStream, silence: Duration) -> io:
     Ok(())
 }
 
+/// This network namespace's TCP setting `name` (`/proc/sys/net/ipv4/<name>`, e.g.
+/// `tcp_congestion_control`), trimmed.
+pub fn ipv4_setting(name: &str) -> io::Result<String> {
+    Ok(std::fs::read_to_string(format!("/proc/sys/net/ipv4/{name}"))?.trim().to_string())
+}
+
 /// Runs the connection of `socket` under congestion control `name` (`TCP_CONGESTION`).
 pub fn set_congestion(socket: &impl std::os::fd::AsFd, name: &str) -> io::Result<()> {
     use nix::sys::socket::{setsockopt, sockopt};
@@ -88,9 +94,7 @@ pub fn check_congestion(name: &str) -> Result<(), crate::NetError> {
         },
         Err(e) => format!("no socket to try it on ({e})"),
     };
-    let list = |file: &str| {
-        std::fs::read_to_string(format!("/proc/sys/net/ipv4/{file}")).map_or_else(|e| format!("unknown ({e})"), |s| s.trim().to_string())
-    };
+    let list = |setting: &str| ipv4_setting(setting).unwrap_or_else(|e| format!("unknown ({e})"));
     let problem = format!(
         "{problem} (this kernel has: {}; a process without CAP_NET_ADMIN may choose: {})",
         list("tcp_available_congestion_control"),

@@ -91,7 +91,7 @@ impl Agent {
             authenticated: self.cfg.key.is_some(),
             encrypted: self.cfg.encrypt,
             tcp_congestion: self.port.tcp_congestion(),
-            system_congestion: std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control").ok().map(|s| s.trim().to_string()),
+            system_congestion: gepsea_net::tcp::ipv4_setting("tcp_congestion_control").ok(),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             incarnation: self.incarnation,
