@@ -27,7 +27,9 @@ use crate::error::NetError;
 use crate::frame::Addr;
 use crate::ring::{self, Consumer, ControlRef, Padded, Producer, RingControl, Storage};
 
-const SHM_MAGIC: u64 = u64::from_le_bytes(*b"GPSASHM1");
+/// Version 2: records are published by their stamps (`ring`), whose salts the segment
+/// carries; a version-1 peer is refused at the handshake instead of misreading rings.
+const SHM_MAGIC: u64 = u64::from_le_bytes(*b"GPSASHM2");
 const DATA_ALIGN: usize = 4096;
 
 /// Start of the shared segment.
@@ -157,6 +159,9 @@ impl ShmConn {
             // SAFETY: fresh zeroed mapping large enough for the header.
             let h = unsafe { &*(map.as_ptr() as *const ConnHeader) };
             h.ring_bytes.0.store(ring_bytes as u64, Ordering::Relaxed);
+            for r in &h.rings {
+                r.init_salt();
+            }
             h.magic.0.store(SHM_MAGIC, Ordering::Release);
         }
         let mine = Bell::new()?;
