@@ -99,6 +99,9 @@ pub struct ShmConn {
     /// namespace; `None` if it is not visible there). Single copies are only made from
     /// this process, whatever pid a request to send names.
     pub peer_pid: Option<u32>,
+    /// Records were consumed since the peer's `want_space` was last looked at behind a
+    /// fence ([`ShmConn::owe_space`]).
+    space_owed: bool,
 }
 
 // SAFETY: `hdr` points into `_map`, which the connection owns and which stays mapped
@@ -142,7 +145,19 @@ impl ShmConn {
             .map(|c| c.pid())
             .filter(|&p| p > 0)
             .map(|p| p as u32);
-        Ok(ShmConn { peer, side, _map: map, hdr, tx, rx, my_bell, peer_bell, sock: mio::net::UnixStream::from_std(sock), peer_pid })
+        Ok(ShmConn {
+            peer,
+            side,
+            _map: map,
+            hdr,
+            tx,
+            rx,
+            my_bell,
+            peer_bell,
+            sock: mio::net::UnixStream::from_std(sock),
+            peer_pid,
+            space_owed: false,
+        })
     }
 
     /// Initiator: creates the segment and hands it to the peer over `sock`.
@@ -226,8 +241,13 @@ impl ShmConn {
     }
 
     /// After publishing into `tx`: ring the peer if it sleeps. Returns whether it rang.
-    pub fn notify_data(&self) -> bool {
+    /// Also settles space owed ([`ShmConn::owe_space`]): a sleeping peer is rung anyway,
+    /// and an awake one finds freed space by itself (its spin retries its blocked
+    /// output, and going to sleep it looks, behind its fence, at what we freed before
+    /// ours).
+    pub fn notify_data(&mut self) -> bool {
         fence(Ordering::SeqCst);
+        self.space_owed = false;
         if self.hdr().awake[1 - self.side].0.load(Ordering::SeqCst) == 0 {
             self.peer_bell.ring();
             return true;
@@ -235,9 +255,29 @@ impl ShmConn {
         false
     }
 
-    /// After consuming from `rx`: ring the peer if it waits for space and sleeps.
-    pub fn notify_space(&self) {
-        fence(Ordering::SeqCst);
+    /// After consuming from `rx`: the peer may be waiting for the space, and must be
+    /// rung if it sleeps. Looking costs a fence (the freed `tail` must be visible before
+    /// the peer's `want_space` is read), and a fence here stood between a message's
+    /// arrival and the receiver's answer (≈20 cycles, and the store buffer drained).
+    /// So the look is owed, and settled off that path: by the next publish into `tx`
+    /// ([`ShmConn::notify_data`]), the next library call, or going to sleep
+    /// ([`ShmConn::settle_space`]). A peer asleep on a full ring waits at most until
+    /// then: the application's next call, or the event thread's look when the
+    /// application's lease ends.
+    pub fn owe_space(&mut self) {
+        self.space_owed = true;
+    }
+
+    /// Settles space owed ([`ShmConn::owe_space`]): rings the peer if it waits for space
+    /// and sleeps. `fenced`: the caller has just made a `SeqCst` fence after the space
+    /// was freed (going to sleep does).
+    pub fn settle_space(&mut self, fenced: bool) {
+        if !std::mem::take(&mut self.space_owed) {
+            return;
+        }
+        if !fenced {
+            fence(Ordering::SeqCst);
+        }
         let h = self.hdr();
         if h.want_space[1 - self.side].0.load(Ordering::SeqCst) != 0 && h.awake[1 - self.side].0.load(Ordering::SeqCst) == 0 {
             self.peer_bell.ring();
@@ -288,7 +328,8 @@ mod tests {
         tx.set_want_space(true);
         assert!(!tx.has_unannounced_work(), "nothing freed yet");
         assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
-        rx.notify_space();
+        rx.owe_space();
+        rx.settle_space(false);
         assert_eq!(
             nix::unistd::read(tx.my_bell.raw(), &mut [0u8; 8]).map_err(|e| e as i32),
             Err(nix::errno::Errno::EAGAIN as i32),
@@ -300,6 +341,42 @@ mod tests {
         assert!(tx.has_unannounced_work(), "freed space was missed: the sender would sleep on a ring with room");
         assert!(tx.tx.try_push(&[&rec]), "and the record now fits");
         assert!(!tx.has_unannounced_work(), "reported once");
+    }
+
+    /// Whether `c`'s doorbell was rung (and clears it).
+    fn rung(c: &ShmConn) -> bool {
+        nix::unistd::read(c.my_bell.raw(), &mut [0u8; 8]).is_ok()
+    }
+
+    #[test]
+    fn space_owed_to_a_sleeping_sender_is_paid_by_a_settle_or_the_next_publish() {
+        let (mut tx, mut rx) = pair(4096);
+        let rec = vec![7u8; 1000];
+        while tx.tx.try_push(&[&rec]) {}
+        // The sender sleeps, waiting for room.
+        tx.set_want_space(true);
+        assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
+        rx.owe_space();
+        assert!(!rung(&tx), "owing rings nobody: the receive's path has no fence");
+        rx.settle_space(false);
+        assert!(rung(&tx), "settling rings the sleeping sender");
+        rx.settle_space(false);
+        assert!(!rung(&tx), "once");
+        // Owed again, then paid by a publish of the receiver's own (it rings the sleeper).
+        assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
+        rx.owe_space();
+        assert!(rx.tx.try_push(&[b"answer"]));
+        assert!(rx.notify_data());
+        assert!(rung(&tx));
+        rx.settle_space(false);
+        assert!(!rung(&tx), "the publish settled it");
+        // Owed to an awake sender: no doorbell, it finds the space itself.
+        tx.set_awake(true);
+        assert_eq!(rx.rx.pop_with(|r| r.len()), Some(1000));
+        rx.owe_space();
+        rx.settle_space(false);
+        assert!(!rung(&tx));
+        assert!(tx.tx.space_released());
     }
 
     #[test]

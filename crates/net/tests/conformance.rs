@@ -223,6 +223,44 @@ fn progress_goes_on_without_library_calls_after_a_large_transfer(t: Transport) {
     }
 }
 
+/// A sender whose link is full (a shared-memory ring, a socket buffer) waits until the
+/// receiver frees room; a receiver that took one message and went off to compute (no
+/// library call) still frees room through its event thread, and the sender hears of it
+/// then, not when the computation ends. (Shared memory defers the receive's look at
+/// whether the sender sleeps waiting for room, to keep a fence off the message's path;
+/// `shm::tests` checks who pays that look. Here the sender's spin, extended while its
+/// held-back messages move, usually finds the room before it would sleep.)
+fn a_sender_on_a_full_link_resumes_while_the_receiver_computes(t: Transport) {
+    let p = Pair::new(t, |_| {});
+    let (a, b) = (p.a(), &p.b);
+    let eager = ProtoConfig::default().eager_threshold;
+    // 64 eager messages: four times a 256 KiB ring; the sender sleeps on it (its
+    // spin is 50 µs) several times.
+    let n = 64;
+    let compute = Duration::from_secs(2);
+    let sender = std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            let sends: Vec<_> = (0..n).map(|i| a.isend(b.addr(), 31, pattern(eager, i))).collect();
+            for r in sends {
+                a.wait_timeout(r, WAIT).unwrap();
+            }
+            std::time::Instant::now()
+        });
+        // b takes the first message, then computes.
+        let r = b.irecv(Some(p.a_addr), Some(31), eager);
+        assert!(received(b.wait_timeout(r, WAIT)).data == pattern(eager, 0), "{t:?}");
+        let computed = std::time::Instant::now() + compute;
+        std::thread::sleep(compute);
+        (sender.join().unwrap(), computed)
+    });
+    let (sent, computed) = sender;
+    assert!(sent < computed, "{t:?}: the sender finished only when the receiver's computation did");
+    for i in 1..n {
+        let m = received(b.wait_timeout(b.irecv(Some(p.a_addr), Some(31), eager), WAIT));
+        assert!(m.data == pattern(eager, i), "{t:?}: message {i}");
+    }
+}
+
 /// Waits in quick succession (a burst of library calls) may leave the TCP sockets with
 /// the next wait rather than hand them back to the event thread each time; when the
 /// application then stops calling, the event thread takes them back and progress goes
@@ -323,5 +361,6 @@ conformance!(
     large_messages_and_rma_are_exact,
     progress_goes_on_without_library_calls_after_a_large_transfer,
     progress_goes_on_without_library_calls_after_a_burst_of_large_waits,
+    a_sender_on_a_full_link_resumes_while_the_receiver_computes,
     a_cork_holds_writes_until_uncork_and_loses_nothing,
 );

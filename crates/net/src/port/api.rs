@@ -103,6 +103,7 @@ impl Port {
             links: FxHashMap::default(),
             scratch: Vec::new(),
             scratch_ids: Vec::new(),
+            space_owed: false,
             next_id: 0,
             awake: 0,
             waiters: 0,
@@ -181,6 +182,7 @@ impl Port {
         let r = f(&mut st);
         run_copies(&mut st);
         st.flush_all();
+        st.settle_space();
         st.update_app_bell();
         self.kick_if_needed(&mut st);
         r
@@ -641,6 +643,9 @@ impl Port {
         let mut now = started;
         let mut st = self.sh.st.lock();
         st.uncork();
+        // What the last wait's receives owe (it returned without looking): the message
+        // this wait is for is still on its way, so the fence is off its path.
+        st.settle_space();
         // Already finished (the event thread did the work while the application
         // computed): hand it over without touching the rings or the awake flags, whose
         // cache lines have gone cold meanwhile.

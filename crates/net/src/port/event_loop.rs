@@ -203,8 +203,21 @@ impl State {
                 // that went to sleep on a full ring would otherwise miss it (this was a
                 // 100 ms stall, ended only by the sleeping waiter's time slice).
                 pending |= c.has_unannounced_work();
+                // And space we freed and have not told a sleeping sender of.
+                c.settle_space(true);
             }
+            self.space_owed = false;
             pending
+        }
+    }
+
+    /// Rings the peers that sleep waiting for space this side freed and has not looked
+    /// at yet ([`crate::shm::ShmConn::owe_space`]).
+    pub(super) fn settle_space(&mut self) {
+        if std::mem::take(&mut self.space_owed) {
+            for c in self.shm.values_mut() {
+                c.settle_space(false);
+            }
         }
     }
 

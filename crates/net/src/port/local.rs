@@ -63,7 +63,7 @@ impl State {
     }
 
     pub(super) fn drain_shm(&mut self, id: usize) {
-        let State { shm, proto, cfg, .. } = self;
+        let State { shm, proto, cfg, space_owed, .. } = self;
         let Some(c) = shm.get_mut(&id) else { return };
         let max = cfg.max_frame.max(cfg.proto.chunk);
         let mut consumed = false;
@@ -89,7 +89,8 @@ impl State {
             }
         }
         if consumed {
-            c.notify_space();
+            c.owe_space();
+            *space_owed = true;
         }
         if let Some(e) = failure {
             let peer = c.peer;

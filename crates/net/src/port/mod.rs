@@ -365,6 +365,9 @@ struct State {
     scratch: Vec<Addr>,
     /// Reusable buffer for connection ids.
     scratch_ids: Vec<usize>,
+    /// Some shared-memory connection owes its peer a look at `want_space`
+    /// ([`crate::shm::ShmConn::owe_space`]); [`State::settle_space`] pays.
+    space_owed: bool,
     next_id: usize,
     awake: u32,
     /// The application polls the port itself ([`Port::start_polling`]; counted in
