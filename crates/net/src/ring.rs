@@ -26,9 +26,10 @@
 //! cross-core line transfer, not two (the record's and `head`'s): 8-byte one way in a
 //! bare ring of two pinned threads, 186–207 against 166–180 ns on the Intel guest of
 //! 2026-12-06, and between two `gepsea-netpeer` processes 0.461 against 0.374 µs
-//! (medians of 10 alternated rounds; `docs/benchmarks.md`). A wrap marker is stamped after the record it
-//! points to, so a consumer that follows one finds that record published. `head` is
-//! still stored, for a producer that takes over a ring; the consumer never reads it.
+//! (medians of 10 alternated rounds; `docs/benchmarks.md`). A wrap marker is stamped
+//! after the record it points to, so a consumer that follows one finds that record
+//! published. `head` is still stored, for a producer that takes over a ring; the
+//! consumer never reads it.
 //! `tail` is published with `Release` and loaded with `Acquire`, so the producer never
 //! overwrites bytes the consumer is still reading; the producer caches it and reloads
 //! it only when the cached value says "full", which keeps that line quiet.
@@ -163,8 +164,9 @@ mod storage {
 
         pub fn with_slice<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
             assert!(off + len <= self.len);
-            // SAFETY: bounds checked; the range was published by the producer (head
-            // loaded with Acquire) and is not rewritten until the consumer advances tail.
+            // SAFETY: bounds checked; the range was published by the producer (its
+            // record's stamp loaded with Acquire) and is not rewritten until the consumer
+            // advances tail.
             f(unsafe { std::slice::from_raw_parts(self.ptr.add(off), len) })
         }
     }
