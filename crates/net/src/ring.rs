@@ -6,10 +6,10 @@
 //! posted receive buffer, the system pool, an RMA region): two copies in all, which on
 //! these machines beats the kernel's single-copy CMA (see `docs/architecture.md`).
 //!
-//! Layout: `head` (bytes published, written only by the producer) and `tail` (bytes
-//! consumed, written only by the consumer) are monotonically increasing `u64`s, each on
-//! its own 128-byte line so that the two sides never write the same cache line. A record
-//! is a 16-byte prefix (its *stamp*, then its payload length) followed by the payload,
+//! Layout: the producer's `head` (bytes published) is its own; `tail` (bytes consumed,
+//! written only by the consumer) is a monotonically increasing `u64` in shared memory on
+//! its own 128-byte line, and so is the ring's `salt` (below). A record is a 16-byte
+//! prefix (its *stamp*, then its payload length) followed by the payload,
 //! padded to a 64-byte cache line: records start on a line of their own, so a small
 //! message (prefix, compact frame header and up to a few dozen payload bytes) is one
 //! line. A record never wraps: if it does not fit before the end of the buffer the
@@ -28,8 +28,7 @@
 //! 2026-12-06, and between two `gepsea-netpeer` processes 0.461 against 0.374 µs
 //! (medians of 10 alternated rounds; `docs/benchmarks.md`). A wrap marker is stamped
 //! after the record it points to, so a consumer that follows one finds that record
-//! published. `head` is still stored, for a producer that takes over a ring; the
-//! consumer never reads it.
+//! published. (`head` was shared until the stamps; nothing reads it now.)
 //! `tail` is published with `Release` and loaded with `Acquire`, so the producer never
 //! overwrites bytes the consumer is still reading; the producer caches it and reloads
 //! it only when the cached value says "full", which keeps that line quiet.
@@ -55,18 +54,17 @@ const WRAP: u32 = u32::MAX;
 #[repr(C, align(128))]
 pub struct Padded<T>(pub T);
 
-/// The two indices of one ring, and the salt of its stamps. Lives in shared memory.
+/// The consumer's index of one ring, and the salt of its stamps. Lives in shared memory.
 #[repr(C)]
 pub struct RingControl {
-    head: Padded<AtomicU64>,
     tail: Padded<AtomicU64>,
     salt: Padded<AtomicU64>,
 }
 
 impl RingControl {
-    /// An empty ring's indices, with a fresh salt.
+    /// An empty ring's index, with a fresh salt.
     pub fn new() -> Self {
-        RingControl { head: Padded(AtomicU64::new(0)), tail: Padded(AtomicU64::new(0)), salt: Padded(AtomicU64::new(fresh_salt())) }
+        RingControl { tail: Padded(AtomicU64::new(0)), salt: Padded(AtomicU64::new(fresh_salt())) }
     }
 
     /// Gives a ring found in zeroed shared memory its salt: by its creator, before the
@@ -83,10 +81,10 @@ fn fresh_salt() -> u64 {
     return 0x9e37_79b9_7f4a_7c15;
     #[cfg(not(loom))]
     {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(0x6765_7073_6561);
-        h.finish() | 1
+        use std::hash::BuildHasher;
+        // A hasher's keys are drawn from the OS at random: hashing anything gives a
+        // random word.
+        std::collections::hash_map::RandomState::new().hash_one(0u64) | 1
     }
 }
 
@@ -280,7 +278,8 @@ pub struct Consumer {
 
 /// Creates both ends over indices and storage of `capacity` bytes (a multiple of 128,
 /// so that half of it is whole records).
-/// The indices must be fresh (both zero) or belong to a ring used with the same capacity.
+/// The control must be fresh (zero `tail`) or belong to a drained ring used with the
+/// same capacity: the producer starts where the consumer is.
 pub fn split(ctl: ControlRef, data: Storage, capacity: usize) -> (Producer, Consumer) {
     #[allow(clippy::clone_on_copy)] // ControlRef and Storage are not Copy under loom
     let p = producer(ctl.clone(), data.clone(), capacity);
@@ -291,10 +290,9 @@ pub fn split(ctl: ControlRef, data: Storage, capacity: usize) -> (Producer, Cons
 /// The producer end alone (each process maps one end of each ring).
 pub fn producer(ctl: ControlRef, data: Storage, capacity: usize) -> Producer {
     assert!(capacity.is_multiple_of(2 * RECORD_ALIGN));
-    let head = ctl.get().head.0.load(Ordering::Relaxed);
     let tail = ctl.get().tail.0.load(Ordering::Acquire);
     let salt = ctl.get().salt.0.load(Ordering::Relaxed);
-    Producer { ctl, data, cap: capacity as u64, head, cached_tail: tail, salt }
+    Producer { ctl, data, cap: capacity as u64, head: tail, cached_tail: tail, salt }
 }
 
 /// The consumer end alone.
@@ -339,7 +337,6 @@ impl Producer {
             self.data.store_stamp(pos as usize, self.head ^ self.salt);
         }
         self.head += need;
-        self.ctl.get().head.0.store(self.head, Ordering::Release);
         true
     }
 
