@@ -234,11 +234,11 @@ fn a_sender_on_a_full_link_resumes_while_the_receiver_computes(t: Transport) {
     let p = Pair::new(t, |_| {});
     let (a, b) = (p.a(), &p.b);
     let eager = ProtoConfig::default().eager_threshold;
-    // 64 eager messages: four times a 256 KiB ring; the sender sleeps on it (its
-    // spin is 50 µs) several times.
+    // 64 eager messages: four times a 256 KiB ring, so the sender waits for room
+    // several times.
     let n = 64;
     let compute = Duration::from_secs(2);
-    let sender = std::thread::scope(|s| {
+    let (sent, computed) = std::thread::scope(|s| {
         let sender = s.spawn(|| {
             let sends: Vec<_> = (0..n).map(|i| a.isend(b.addr(), 31, pattern(eager, i))).collect();
             for r in sends {
@@ -253,7 +253,6 @@ fn a_sender_on_a_full_link_resumes_while_the_receiver_computes(t: Transport) {
         std::thread::sleep(compute);
         (sender.join().unwrap(), computed)
     });
-    let (sent, computed) = sender;
     assert!(sent < computed, "{t:?}: the sender finished only when the receiver's computation did");
     for i in 1..n {
         let m = received(b.wait_timeout(b.irecv(Some(p.a_addr), Some(31), eager), WAIT));
