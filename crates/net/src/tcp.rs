@@ -234,8 +234,19 @@ impl TcpConn {
     /// header, or, for a piece of a large rendezvous message on a plain connection, with
     /// the CRC to follow in a sum frame ([`FLAG_SUM_AFTER`]; see [`TcpConn::write_out`]);
     /// on an encrypted connection without one (the seal's tags check every byte).
+    ///
+    /// A data piece whose header already carries its checksum (`FLAG_PAYLOAD_CRC`,
+    /// computed while its CTS was awaited: `Proto::sum_ahead`) goes with it as it is.
     pub fn queue(&mut self, f: &Frame) {
         let mut h = vec![0u8; HEADER_LEN];
+        let summed = f.header.kind == Kind::Data && f.header.flags & FLAG_PAYLOAD_CRC != 0;
+        if self.sealer.is_none() && summed {
+            debug_assert_eq!(f.header.crc, crate::frame::crc32c(&f.payload), "a checksum computed ahead is the payload's");
+            self.queue_sum();
+            f.header.encode_summed(f.payload.len(), &mut h);
+            self.push_encoded(h, &f.payload);
+            return;
+        }
         if self.sealer.is_none() && f.header.kind == Kind::Data && f.header.total >= SUM_AFTER_MIN as u64 && !f.payload.is_empty() {
             f.header.encode_sum_after(f.payload.len(), &mut h);
             self.unsummed.push((f.header.seq, f.payload.clone()));

@@ -4,7 +4,9 @@
 //! survive a cut and are replayed over a new session; an altered byte is caught (by the
 //! records' tags, which stand for the payload checksums there) and the message arrives
 //! intact all the same; an encrypting port and a plain one refuse each other with an
-//! error that says why; encryption without a key is refused at open.
+//! error that says why; encryption without a key is refused at open. On a plain link,
+//! a byte altered in a piece whose checksum the waiting sender computed ahead (in its
+//! header) is caught as well.
 
 mod common;
 
@@ -89,7 +91,13 @@ impl Relay {
 }
 
 fn port(ns: &str, node: u32, key: Option<&Key>, encrypt: bool) -> Port {
+    port_spinning(ns, node, key, encrypt, PortConfig::new(ns, Addr::new(node, 1)).spin)
+}
+
+/// [`port`], whose waits spin for `spin` before they sleep.
+fn port_spinning(ns: &str, node: u32, key: Option<&Key>, encrypt: bool, spin: Duration) -> Port {
     let mut c = PortConfig::new(ns, Addr::new(node, 1));
+    c.spin = spin;
     c.listen = Some("127.0.0.1:0".parse().unwrap());
     c.key = key.cloned();
     c.encrypt = encrypt;
@@ -108,6 +116,16 @@ fn through_altering_relay(a_enc: bool, b_enc: bool, flip: Option<usize>) -> (Ns,
     let ns = Ns(unique("enc"));
     let (a, b) = (port(&ns.0, 1, Some(&k), a_enc), port(&ns.0, 2, Some(&k), b_enc));
     let relay = Relay::altering(b.listen_addr().unwrap(), flip);
+    a.add_route(b.addr(), relay.addr);
+    (ns, a, b, relay)
+}
+
+/// Plain ports, `a` reaching `b` through a relay that alters the byte at `flip` of what
+/// `a` sends; `a`'s waits spin for a second before they sleep.
+fn plain_spinning_through_altering_relay(flip: usize) -> (Ns, Port, Port, Relay) {
+    let ns = Ns(unique("sum"));
+    let (a, b) = (port_spinning(&ns.0, 1, None, false, Duration::from_secs(1)), port(&ns.0, 2, None, false));
+    let relay = Relay::altering(b.listen_addr().unwrap(), Some(flip));
     a.add_route(b.addr(), relay.addr);
     (ns, a, b, relay)
 }
@@ -220,4 +238,39 @@ fn encryption_without_a_key_is_refused() {
     c.encrypt = true;
     let e = Port::open(c).err().expect("refused");
     assert!(matches!(e, NetError::EncryptWithoutKey), "{e}");
+}
+
+#[test]
+fn a_byte_altered_in_a_piece_summed_ahead_is_caught_and_the_message_still_arrives_intact() {
+    // A sender that waits for its CTS checksums its pieces meanwhile, and they carry
+    // their checksums in their headers rather than in a sum frame after them. The
+    // receive is posted late so that the sender waits (spinning: it sums only then);
+    // the altered byte is in the third of the 1 MiB message's four pieces.
+    use gepsea_net::frame::{FrameDecoder, Kind, FLAG_PAYLOAD_CRC, FLAG_SUM_AFTER};
+    let (_ns, a, b, relay) = plain_spinning_through_altering_relay(600_000);
+    let data = secret(1 << 20, 11);
+    let sent = std::thread::scope(|s| {
+        let sender = s.spawn(|| a.wait_timeout(a.isend(b.addr(), 40, data.clone()), Duration::from_secs(20)));
+        std::thread::sleep(Duration::from_millis(100));
+        let got = b.wait_timeout(b.irecv(Some(a.addr()), Some(40), data.len()), Duration::from_secs(20));
+        assert!(matches!(&got, Ok(Completion::Received(m)) if m.data == data), "{got:?}\n{:?}", b.stats());
+        sender.join().unwrap()
+    });
+    assert_eq!(sent.unwrap(), Completion::Sent);
+    let errors = b.stats().recent_errors.join("\n");
+    assert!(errors.contains("payload checksum mismatch"), "the alteration went unnoticed: {errors}");
+    assert!(b.stats().connections_established >= 2, "the link was not renewed: {:?}", b.stats());
+    // The first connection's pieces, up to the altered one: checksums in their headers.
+    let first = relay.wire.lock().unwrap()[0].clone();
+    let mut dec = FrameDecoder::new(1 << 21);
+    dec.extend(&first[..first.len().min(550_000)]);
+    let mut pieces = 0;
+    while let Ok(Some((h, _))) = dec.next_frame() {
+        if h.kind == Kind::Data {
+            assert_ne!(h.flags & FLAG_PAYLOAD_CRC, 0, "piece at {} without its checksum", h.offset);
+            assert_eq!(h.flags & FLAG_SUM_AFTER, 0);
+            pieces += 1;
+        }
+    }
+    assert_eq!(pieces, 2, "the two pieces before the altered byte");
 }

@@ -210,6 +210,14 @@ impl Header {
         self.encode_with(payload.len(), self.flags | FLAG_PAYLOAD_CRC, crc32c(payload), out);
     }
 
+    /// Writes the header of a frame whose payload checksum was computed ahead and is in
+    /// `self.crc` (`FLAG_PAYLOAD_CRC` set: see `Proto::sum_ahead`); nothing of the
+    /// payload is read here.
+    pub fn encode_summed(&self, payload_len: usize, out: &mut [u8]) {
+        debug_assert_ne!(self.flags & FLAG_PAYLOAD_CRC, 0);
+        self.encode_with(payload_len, self.flags, self.crc, out);
+    }
+
     /// Writes the header of a frame that travels inside sealed records (`crate::seal`):
     /// their authentication tags already cover every byte of its payload (a record
     /// altered, dropped or replayed fails to open, and the connection is reset and its

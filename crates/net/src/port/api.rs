@@ -4,6 +4,10 @@
 
 use super::*;
 
+/// Bytes a spinning waiter checksums ahead between two looks at its sockets
+/// (`proto::ahead`): ≈1 µs of CRC32C, so a CTS that comes meanwhile waits at most that.
+const SUM_AHEAD_STEP: usize = 64 << 10;
+
 impl Port {
     /// Opens the port: binds its Unix socket (and TCP listener), publishes its address,
     /// starts the event thread.
@@ -85,6 +89,8 @@ impl Port {
         // or neither does, so the limit agrees.
         if !cfg.encrypt {
             proto.set_remote_eager(cfg.tcp_eager.min(cfg.max_frame));
+            // Only plain links carry payload checksums.
+            proto.set_sum_ahead(true);
         }
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
         proto.help_split_copies(cfg.progress == Progress::Thread);
@@ -716,6 +722,11 @@ impl Port {
             }
             let extended = extended_for.is_some();
             if now < spin_until {
+                // A rendezvous send awaits its CTS: checksum a step of its pieces now
+                // rather than after they are written (`proto::ahead`); once per pass
+                // (output waiting for a connection keeps the spin below from starting),
+                // then between looks at the sockets.
+                st.proto.sum_ahead(SUM_AHEAD_STEP);
                 // Spin without re-running the whole progress pass until there is
                 // something to do (one load per ring), releasing the lock every few
                 // rounds so that other threads of the process can get in.
@@ -725,6 +736,7 @@ impl Port {
                     std::hint::spin_loop();
                     n = n.wrapping_add(1);
                     if n.is_multiple_of(16) {
+                        st.proto.sum_ahead(SUM_AHEAD_STEP);
                         MutexGuard::unlocked(&mut st, || {});
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.

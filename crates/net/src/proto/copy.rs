@@ -275,7 +275,7 @@ impl Proto {
     pub(super) fn on_write_request(&mut self, src: Addr, cts: &Header, payload: &[u8]) -> Result<(), NetError> {
         let msg = cts.id;
         let bad = |reason: String| Err(NetError::Protocol { peer: src, reason });
-        let Some(Req::SendRts { dst, data }) = self.reqs.get(msg) else {
+        let Some(Req::SendRts { dst, data, .. }) = self.reqs.get(msg) else {
             return bad(format!("write request for message {msg}, which is not waiting for one"));
         };
         let (offset, len) = (cts.offset as usize, data.len());
@@ -286,7 +286,7 @@ impl Proto {
             return bad(format!("write request naming {} bytes, expected {}", payload.len(), Remote::LEN));
         };
         let data = data.slice(offset..);
-        let Some(Req::SendRts { dst, data: whole }) = self.reqs.remove(msg) else { unreachable!() };
+        let Some(Req::SendRts { dst, data: whole, .. }) = self.reqs.remove(msg) else { unreachable!() };
         self.reqs.insert(msg, Req::SendSplit { dst, data: whole });
         self.writes.push_back(WriteJob { remote, data, dst: src, msg, offset });
         Ok(())
@@ -321,7 +321,7 @@ impl Proto {
             return Err(NetError::Protocol { peer: src, reason: format!("asked for bytes {a}..{b} of a {}-byte message", data.len()) });
         }
         let data = data.clone();
-        self.push_pieces(src, msg, &data, a..b, None);
+        self.push_pieces(src, msg, &data, a..b, None, &[]);
         Ok(())
     }
 

@@ -43,11 +43,12 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use bytes::Bytes;
 
 use crate::error::NetError;
-use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_SINGLE_COPY, FLAG_WRITE};
+use crate::frame::{Addr, Channel, Frame, Header, Kind, FLAG_ERROR, FLAG_LAST, FLAG_PAYLOAD_CRC, FLAG_SINGLE_COPY, FLAG_WRITE};
 
 pub use crate::reqtable::ReqId;
 use crate::reqtable::ReqTable;
 
+mod ahead;
 mod copy;
 mod rma;
 mod transport;
@@ -128,6 +129,9 @@ enum Req {
     SendRts {
         dst: Addr,
         data: Bytes,
+        /// Its pieces' checksums computed while its `Cts` is awaited (see `ahead`);
+        /// `None` when they are not, or once the `Cts` took them.
+        ahead: Option<ahead::SumsAhead>,
     },
     /// Rendezvous send whose copy the receiver split with us (see [`copy`]): writing
     /// our part, or sending pieces the receiver asked for, until its final CTS.
@@ -323,6 +327,10 @@ pub struct Proto {
     /// Buffers of large eager messages that arrived before their receive, kept for the
     /// next ones ([`Proto::unexpected_copy`]).
     spare_buffers: Vec<Vec<u8>>,
+    /// Rendezvous sends whose pieces may be summed ahead, oldest first (`ahead`).
+    to_sum: VecDeque<ReqId>,
+    /// [`Proto::set_sum_ahead`].
+    sums_ahead_wanted: bool,
 }
 
 impl Proto {
@@ -334,6 +342,8 @@ impl Proto {
             remote_eager: cfg.eager_threshold,
             eager_in_place: HashMap::default(),
             spare_buffers: Vec::new(),
+            to_sum: VecDeque::new(),
+            sums_ahead_wanted: false,
             me,
             cfg,
             peers: HashMap::default(),
@@ -455,7 +465,11 @@ impl Proto {
         } else {
             let total = data.len() as u64;
             let offer = self.single_copy_pid.filter(|_| dst.node == self.me.node).map(|pid| Remote { pid, addr: data.as_ptr() as u64 });
-            let id = self.new_req(Req::SendRts { dst, data });
+            let id = self.new_req(Req::SendRts { dst, data, ahead: None });
+            let sums = self.sums_ahead_for(dst, id);
+            if let Some(Req::SendRts { ahead, .. }) = self.reqs.get_mut(id) {
+                *ahead = sums;
+            }
             let mut h = self.header(Kind::Rts, Channel::Normal, dst);
             h.tag = tag;
             h.id = id;

@@ -319,12 +319,12 @@ impl Proto {
         if cts.flags & FLAG_WRITE != 0 {
             return self.on_write_request(src, cts, payload);
         }
-        let (dst, data, split) = match self.reqs.get(msg) {
-            Some(Req::SendRts { dst, data }) => (dst, data, false),
-            Some(Req::SendSplit { dst, data }) => (dst, data, true),
+        let (dst, data, split, ahead) = match self.reqs.get_mut(msg) {
+            Some(Req::SendRts { dst, data, ahead }) => (*dst, data.clone(), false, ahead.take()),
+            Some(Req::SendSplit { dst, data }) => (*dst, data.clone(), true, None),
             _ => return Err(NetError::Protocol { peer: src, reason: format!("CTS for unknown message {msg}") }),
         };
-        if *dst != src {
+        if dst != src {
             return Err(NetError::Protocol { peer: src, reason: format!("CTS for message {msg} sent to {dst}") });
         }
         if split && cts.flags & FLAG_SINGLE_COPY == 0 {
@@ -337,15 +337,35 @@ impl Proto {
             self.complete(msg, Ok(Completion::Sent));
             return Ok(());
         }
-        let data = data.clone();
-        self.push_pieces(src, msg, &data, 0..data.len(), Some(msg));
+        let summed = ahead.map(|a| a.into_pieces()).unwrap_or_default();
+        self.push_pieces(src, msg, &data, 0..data.len(), Some(msg), &summed);
         Ok(())
     }
 
     /// Queues bytes `range` of rendezvous message `msg` to `dst` as data pieces, the
-    /// last flagged `FLAG_LAST` and completing `completes` once written.
-    pub(super) fn push_pieces(&mut self, dst: Addr, msg: u64, data: &Bytes, range: std::ops::Range<usize>, completes: Option<ReqId>) {
-        let pieces = self.pieces(dst, range.len());
+    /// last flagged `FLAG_LAST` and completing `completes` once written. `summed`: the
+    /// first pieces, `(length, CRC32C)`, whose checksums were computed ahead (`ahead`):
+    /// they go in the pieces' headers ([`FLAG_PAYLOAD_CRC`]), so the transport does not
+    /// compute them again; the rest of the range is cut as usual.
+    pub(super) fn push_pieces(
+        &mut self,
+        dst: Addr,
+        msg: u64,
+        data: &Bytes,
+        range: std::ops::Range<usize>,
+        completes: Option<ReqId>,
+        summed: &[(usize, u32)],
+    ) {
+        let mut pieces = Vec::with_capacity(summed.len());
+        let mut at = 0;
+        for &(len, _) in summed {
+            pieces.push((at, at + len));
+            at += len;
+        }
+        debug_assert!(at <= range.len());
+        if at < range.len() || pieces.is_empty() {
+            pieces.extend(self.pieces(dst, range.len() - at).into_iter().map(|(a, b)| (at + a, at + b)));
+        }
         for (i, (a, b)) in pieces.iter().enumerate() {
             let mut h = self.header(Kind::Data, Channel::Normal, dst);
             h.id = msg;
@@ -354,6 +374,10 @@ impl Proto {
             let last = i + 1 == pieces.len();
             if last {
                 h.flags |= FLAG_LAST;
+            }
+            if let Some(&(_, crc)) = summed.get(i) {
+                h.flags |= FLAG_PAYLOAD_CRC;
+                h.crc = crc;
             }
             let payload = data.slice(range.start + a..range.start + b);
             self.push(dst, Queue::Bulk, OutFrame { frame: Frame { header: h, payload }, completes: completes.filter(|_| last) });
