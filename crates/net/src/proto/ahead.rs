@@ -21,6 +21,12 @@
 
 use super::*;
 
+/// Sends queued for summing ahead at most: the queue is pruned only from its front
+/// (by [`Proto::sum_ahead`], or when a send is queued), so a port whose sends are
+/// answered without anyone waiting (an event loop that never calls `wait`) must not
+/// grow it without end. Beyond it a send is not summed ahead.
+const QUEUED_AT_MOST: usize = 64;
+
 /// What of a rendezvous send's pieces has been checksummed ahead, in piece order.
 #[derive(Default)]
 pub(super) struct SumsAhead {
@@ -57,6 +63,15 @@ impl Proto {
     /// ahead if they will carry checksums. Returns what its request keeps.
     pub(super) fn sums_ahead_for(&mut self, dst: Addr, id: ReqId) -> Option<SumsAhead> {
         if !self.sums_ahead_wanted || dst.node == self.me.node {
+            return None;
+        }
+        while let Some(&front) = self.to_sum.front() {
+            if matches!(self.reqs.get(front), Some(Req::SendRts { ahead: Some(_), .. })) {
+                break;
+            }
+            self.to_sum.pop_front();
+        }
+        if self.to_sum.len() >= QUEUED_AT_MOST {
             return None;
         }
         self.to_sum.push_back(id);
@@ -172,6 +187,25 @@ mod tests {
             assert_eq!(f.header.crc, crate::frame::crc32c(&f.payload));
         }
         assert_ne!(frames[2].header.flags & FLAG_LAST, 0);
+    }
+
+    #[test]
+    fn sends_answered_while_nobody_sums_do_not_pile_up_in_the_queue() {
+        // An event loop that never waits: every send is answered, none summed ahead.
+        let peer = addr(2, 1);
+        let mut p = Proto::new(addr(1, 1), ProtoConfig { eager_threshold: 256, ..ProtoConfig::default() });
+        p.set_sum_ahead(true);
+        for _ in 0..1000 {
+            p.isend(peer, 5, vec![1u8; 1000].into());
+            let msg = rts_id(&mut p, peer);
+            cts(&mut p, peer, msg);
+            assert!(p.to_sum.len() <= 1, "answered sends are dropped from the front");
+        }
+        // Unanswered ones are capped.
+        for _ in 0..1000 {
+            p.isend(peer, 5, vec![1u8; 1000].into());
+        }
+        assert_eq!(p.to_sum.len(), QUEUED_AT_MOST);
     }
 
     #[test]
