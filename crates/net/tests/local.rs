@@ -283,6 +283,37 @@ fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
 /// a port that says it polls is written to without doorbells, and whatever came in
 /// while it polled is announced on its event descriptor once it stops.
 #[test]
+fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
+    // A client's calls that each take longer than its event thread's look at the lease
+    // (a remote operation through the agent): every wait takes the lease and leaves a
+    // new one when it returns. The event thread must keep its look scheduled across
+    // them; when it forgot the lease mid-wait, every return woke it to re-arm the look
+    // (a system call, and a wake-up that took a core from the spinning processes).
+    let ns = unique("lease");
+    let _ns_dir = Ns(ns.clone());
+    let mut config = PortConfig::new(&ns, Addr::new(0, 1));
+    config.spin = Duration::from_secs(10); // never asleep: every wait spins to its answer
+    let a = Port::open(config).unwrap();
+    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    let calls = 200u32;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..calls {
+                let m = b.recv(Some(a.addr()), Some(1), 4).unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+                b.send(a.addr(), 2, m.data).unwrap();
+            }
+        });
+        for i in 0..calls {
+            a.send(b.addr(), 1, i.to_le_bytes().to_vec()).unwrap();
+            assert_eq!(a.recv(Some(b.addr()), Some(2), 4).unwrap().data, i.to_le_bytes());
+        }
+    });
+    let woken = a.stats().lease_wakeups;
+    assert!(woken < u64::from(calls / 10), "{woken} wake-ups of the event thread in {calls} calls");
+}
+
+#[test]
 fn detached_sends_and_a_polling_event_loop_miss_nothing() {
     let ns = unique("det");
     let _ns_dir = Ns(ns.clone());

@@ -112,6 +112,7 @@ impl Port {
             space_owed: false,
             next_id: 0,
             awake: 0,
+            in_wait: 0,
             waiters: 0,
             app_bell: Bell::new()?,
             app_bell_set: false,
@@ -227,6 +228,7 @@ impl Port {
         // re-reads the lease then.
         if st.thread_wake_at.is_none_or(|t| t > until + MAX_LEASE_BACKOFF) {
             st.thread_wake_at = Some(until);
+            st.stats.lease_wakeups += 1;
             let _ = self.sh.waker.wake();
         }
     }
@@ -642,12 +644,24 @@ impl Port {
     /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
     /// event thread (or, inline, our own poll) makes progress.
     pub(super) fn wait_until<R>(&self, timeout: Duration, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
+        let mut st = self.sh.st.lock();
+        st.in_wait += 1;
+        let r = self.wait_locked(&mut st, timeout, &mut done);
+        st.in_wait -= 1;
+        r
+    }
+
+    fn wait_locked<R>(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        timeout: Duration,
+        done: &mut impl FnMut(&mut State) -> Option<R>,
+    ) -> Option<R> {
         let started = Instant::now();
         let deadline = started.checked_add(timeout).unwrap_or(started + FOREVER);
         // The latest clock reading: one per pass, not one per use (a reading costs
         // ≈16 ns, a sizeable share of a small message's path).
         let mut now = started;
-        let mut st = self.sh.st.lock();
         st.uncork();
         // What the last wait's receives owe (it returned without looking): the message
         // this wait is for is still on its way, so the fence is off its path.
@@ -655,7 +669,7 @@ impl Port {
         // Already finished (the event thread did the work while the application
         // computed): hand it over without touching the rings or the awake flags, whose
         // cache lines have gone cold meanwhile.
-        if let Some(r) = done(&mut st) {
+        if let Some(r) = done(st) {
             st.last_return = Some(started);
             return Some(r);
         }
@@ -675,12 +689,12 @@ impl Port {
         // or inherited them from the wait before it (`State::quiet_lingers`).
         let mut quiet = std::mem::take(&mut st.quiet_lingers);
         loop {
-            progress_all(&mut st);
-            self.kick_if_needed(&mut st);
-            if let Some(r) = done(&mut st) {
+            progress_all(st);
+            self.kick_if_needed(st);
+            if let Some(r) = done(st) {
                 st.flush_all();
                 st.update_app_bell();
-                self.leave_awake(&mut st, started, now);
+                self.leave_awake(st, started, now);
                 st.answer_spin_until = answer_spin(st.proto.bulk_bytes_moved() - moved_before).map(|d| now + d);
                 if quiet {
                     if st.lease.is_some() && self.sh.progress == Progress::Thread {
@@ -697,7 +711,7 @@ impl Port {
                 if quiet {
                     st.unquiet_tcp();
                 }
-                self.leave_awake(&mut st, started, now);
+                self.leave_awake(st, started, now);
                 return None;
             }
             if now >= spin_until {
@@ -737,7 +751,7 @@ impl Port {
                     n = n.wrapping_add(1);
                     if n.is_multiple_of(16) {
                         st.proto.sum_ahead(SUM_AHEAD_STEP);
-                        MutexGuard::unlocked(&mut st, || {});
+                        MutexGuard::unlocked(st, || {});
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
@@ -755,7 +769,7 @@ impl Port {
                             // (`PortConfig::snooze_after`): let anything else runnable
                             // on this core (the peer that is to answer, another
                             // process's event thread doing the copy) go first.
-                            MutexGuard::unlocked(&mut st, std::thread::yield_now);
+                            MutexGuard::unlocked(st, std::thread::yield_now);
                         }
                     }
                     if st.proto.completions() != seen || st.has_work() {
@@ -778,11 +792,11 @@ impl Port {
             match self.sh.progress {
                 Progress::Thread => {
                     st.waiters += 1;
-                    self.sh.cv.wait_until(&mut st, slice);
+                    self.sh.cv.wait_until(st, slice);
                     st.waiters -= 1;
                 }
                 Progress::Inline => {
-                    MutexGuard::unlocked(&mut st, || poll_once(&self.sh, Some(slice - now)));
+                    MutexGuard::unlocked(st, || poll_once(&self.sh, Some(slice - now)));
                 }
             }
             st.set_awake(true);

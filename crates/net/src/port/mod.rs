@@ -203,6 +203,9 @@ pub struct PortStats {
     pub duplicates_dropped: u64,
     /// Doorbells rung towards sleeping shared-memory peers.
     pub doorbells: u64,
+    /// Times a `wait` returning within a burst of calls woke this port's event thread
+    /// so that it would look at the lease it left (`PortConfig::lease`).
+    pub lease_wakeups: u64,
     /// Single copies refused because the offer named a process other than the peer.
     pub single_copies_not_from_peer: u64,
     /// Rendezvous pieces from TCP peers received straight into the posted buffer
@@ -375,6 +378,9 @@ struct State {
     app_polling: bool,
     /// TCP writes are held back ([`Port::cork`]).
     corked: bool,
+    /// Application threads in `wait` (spinning or asleep) ...
+    in_wait: u32,
+    /// ... and of them, those asleep on the condition variable.
     waiters: u32,
     app_bell: Bell,
     app_bell_set: bool,
