@@ -59,9 +59,10 @@ impl Proto {
         self.sums_ahead_wanted = on;
     }
 
-    /// A rendezvous send to `dst` was just announced: queue its pieces for summing
-    /// ahead if they will carry checksums. Returns what its request keeps.
-    pub(super) fn sums_ahead_for(&mut self, dst: Addr, id: ReqId) -> Option<SumsAhead> {
+    /// What a rendezvous send to `dst`, about to be created, keeps of its sums ahead:
+    /// `Some` if its pieces will carry checksums and the queue has room, and then the
+    /// caller queues the send's id in `to_sum`.
+    pub(super) fn sums_ahead_for(&mut self, dst: Addr) -> Option<SumsAhead> {
         if !self.sums_ahead_wanted || dst.node == self.me.node {
             return None;
         }
@@ -71,11 +72,7 @@ impl Proto {
             }
             self.to_sum.pop_front();
         }
-        if self.to_sum.len() >= QUEUED_AT_MOST {
-            return None;
-        }
-        self.to_sum.push_back(id);
-        Some(SumsAhead::default())
+        (self.to_sum.len() < QUEUED_AT_MOST).then(SumsAhead::default)
     }
 
     /// Checksums at most `step` more bytes of the oldest rendezvous send still awaiting

@@ -465,10 +465,11 @@ impl Proto {
         } else {
             let total = data.len() as u64;
             let offer = self.single_copy_pid.filter(|_| dst.node == self.me.node).map(|pid| Remote { pid, addr: data.as_ptr() as u64 });
-            let id = self.new_req(Req::SendRts { dst, data, ahead: None });
-            let sums = self.sums_ahead_for(dst, id);
-            if let Some(Req::SendRts { ahead, .. }) = self.reqs.get_mut(id) {
-                *ahead = sums;
+            let ahead = self.sums_ahead_for(dst);
+            let sum_ahead = ahead.is_some();
+            let id = self.new_req(Req::SendRts { dst, data, ahead });
+            if sum_ahead {
+                self.to_sum.push_back(id);
             }
             let mut h = self.header(Kind::Rts, Channel::Normal, dst);
             h.tag = tag;
