@@ -548,7 +548,14 @@ impl State {
                 self.close_tcp(id);
                 return false;
             }
+            // An established connection replaced by the peer's new one was lost on
+            // its side before ours saw it fail (its reset may still be on the way):
+            // counted as lost, as if we had read the reset first.
+            let was_up = self.tcp.get(&existing).is_some_and(|e| e.state == ConnState::Established);
             self.close_tcp(existing);
+            if was_up {
+                self.stats.connections_lost += 1;
+            }
         }
         let link = self.links.get_mut(&peer).unwrap();
         link.conn = Some(id);
