@@ -28,10 +28,10 @@ test-unit:
 	$(CARGO) build --profile test --workspace --lib
 	$(CARGO) test --workspace --no-fail-fast
 
-# The shared-memory ring under the loom model checker (its own target dir: loom
-# needs a different build of the whole crate).
+# The shared-memory ring and the event thread's hand-over under the loom model
+# checker (its own target dir: loom needs a different build of the whole crate).
 test-loom:
-	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p gepsea-net --lib --release ring_loom
+	RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom $(CARGO) test -p gepsea-net --lib --release _loom
 
 # Every fuzz target (fuzz/fuzz_targets) for FUZZ_SECONDS each, coverage-guided by
 # libFuzzer on the stable toolchain; regressions (fuzz/regressions) replayed first.

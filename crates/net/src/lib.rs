@@ -14,6 +14,8 @@
 //! - [`reliable`]: per-link sequence/acknowledgement windows and replay (sans-IO).
 //! - [`proto`]: matching, credits, rendezvous and RMA state machines (sans-IO).
 //! - [`ring`]: the lock-free SPSC byte ring used in shared memory (loom-checked).
+//! - `handover`: how a port's event thread leaves its events to a spinning wait
+//!   instead of queueing for the lock (loom-checked).
 //! - `shm`, `tcp`: the two transports (`cma`: single copy between processes of one
 //!   node; `uio`: TCP reads straight into a posted buffer); `port`: the event loop
 //!   that drives them.
@@ -25,6 +27,7 @@ pub mod cma;
 mod crc;
 pub mod error;
 pub mod frame;
+mod handover;
 pub mod lent;
 #[cfg(not(loom))]
 pub mod port;

@@ -33,6 +33,25 @@ impl Timer {
         unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     }
 
+    /// Fires once after `after`, or sooner if it was already set to (for a thread that
+    /// arms it without the lock under which others may have set it meanwhile): one
+    /// system call, a second only when an earlier setting has to be put back.
+    pub fn arm_unless_sooner(&self, after: Duration) {
+        let after = after.max(Duration::from_nanos(1));
+        let value = libc::timespec { tv_sec: after.as_secs() as libc::time_t, tv_nsec: after.subsec_nanos() as libc::c_long };
+        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        let spec = libc::itimerspec { it_interval: zero, it_value: value };
+        let mut old = libc::itimerspec { it_interval: zero, it_value: zero };
+        // SAFETY: valid descriptor, a fully initialised itimerspec, and room for the old one.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, &mut old) };
+        let was = Duration::new(old.it_value.tv_sec as u64, old.it_value.tv_nsec as u32);
+        if !was.is_zero() && was < after {
+            let back = libc::itimerspec { it_interval: zero, it_value: old.it_value };
+            // SAFETY: as above; no old value wanted.
+            unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &back, std::ptr::null_mut()) };
+        }
+    }
+
     /// Consumes the expiration count after the timer fired.
     pub fn clear(&self) {
         let mut b = [0u8; 8];
@@ -63,5 +82,24 @@ mod tests {
         t.arm(None);
         // SAFETY: as above.
         assert_eq!(unsafe { libc::poll(&mut p, 1, 5) }, 0, "a disarmed timer stays quiet");
+    }
+
+    #[test]
+    fn arming_unless_sooner_keeps_an_earlier_setting_and_arms_a_disarmed_timer() {
+        let t = Timer::new().unwrap();
+        let mut p = libc::pollfd { fd: t.raw(), events: libc::POLLIN, revents: 0 };
+        t.arm(Some(Duration::from_micros(200)));
+        t.arm_unless_sooner(Duration::from_secs(30));
+        // SAFETY: one valid pollfd.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "the earlier setting stands");
+        t.clear();
+        t.arm_unless_sooner(Duration::from_micros(300));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "a disarmed timer is armed");
+        t.clear();
+        t.arm(Some(Duration::from_secs(30)));
+        t.arm_unless_sooner(Duration::from_micros(300));
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 5000) }, 1, "a later setting is brought forward");
     }
 }

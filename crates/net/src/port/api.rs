@@ -77,7 +77,7 @@ impl Port {
                 registry
                     .register(&mut SourceFd(&t.raw()), TIMER, Interest::READABLE)
                     .map_err(|e| NetError::io("registering the timer", e))?;
-                Some(t)
+                Some(Arc::new(t))
             }
             Progress::Inline => None,
         };
@@ -125,7 +125,7 @@ impl Port {
             answer_spin_until: None,
             lease_backoff: Duration::ZERO,
             thread_wake_at: None,
-            timer,
+            timer: timer.clone(),
             shm_retry: HashMap::new(),
             timed: HashSet::new(),
             tcp_set,
@@ -147,6 +147,8 @@ impl Port {
             progress,
             linger,
             trace,
+            handover: Default::default(),
+            timer,
         });
         let thread = if progress == Progress::Thread {
             let sh2 = sh.clone();
@@ -641,12 +643,32 @@ impl Port {
         let _ = self.sh.waker.wake();
     }
 
+    /// Serves the events the event thread left this spinning wait (`handover`). When
+    /// its TCP connections were among them, the wait takes the connections from the
+    /// event thread (`State::quiet_tcp`, as for a transfer under way): the wait reads
+    /// them itself anyway, and each further segment would wake the event thread only
+    /// to leave one more event here, taking a core from the spinning processes. Whether
+    /// it took them (it then writes what they take too, and gives them back as any
+    /// quiet wait does).
+    fn serve_and_take_tcp(&self, st: &mut MutexGuard<'_, State>, quiet: bool) -> bool {
+        let tcp = serve_handed_over(&self.sh, st);
+        let take = tcp && !quiet && self.sh.progress == Progress::Thread;
+        if take {
+            st.quiet_tcp();
+        }
+        take
+    }
+
     /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
     /// event thread (or, inline, our own poll) makes progress.
     pub(super) fn wait_until<R>(&self, timeout: Duration, mut done: impl FnMut(&mut State) -> Option<R>) -> Option<R> {
         let mut st = self.sh.st.lock();
         st.in_wait += 1;
+        self.sh.handover.spin_start();
         let r = self.wait_locked(&mut st, timeout, &mut done);
+        if self.sh.handover.spin_end() {
+            serve_handed_over(&self.sh, &mut st);
+        }
         st.in_wait -= 1;
         r
     }
@@ -689,6 +711,9 @@ impl Port {
         // or inherited them from the wait before it (`State::quiet_lingers`).
         let mut quiet = std::mem::take(&mut st.quiet_lingers);
         loop {
+            if self.sh.handover.take_pending() {
+                quiet |= self.serve_and_take_tcp(st, quiet);
+            }
             progress_all(st);
             self.kick_if_needed(st);
             if let Some(r) = done(st) {
@@ -755,6 +780,9 @@ impl Port {
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
+                        if self.sh.handover.take_pending() {
+                            quiet |= self.serve_and_take_tcp(st, quiet);
+                        }
                         if quiet || self.sh.progress == Progress::Inline {
                             st.flush_tcp_backlog();
                         }
@@ -791,9 +819,18 @@ impl Port {
             let slice = deadline.min(now + Duration::from_millis(100));
             match self.sh.progress {
                 Progress::Thread => {
+                    if self.sh.handover.spin_end() {
+                        // Left for this wait as it stopped spinning: serve them, and
+                        // look again before sleeping.
+                        serve_handed_over(&self.sh, st);
+                        self.sh.handover.spin_start();
+                        st.set_awake(true);
+                        continue;
+                    }
                     st.waiters += 1;
                     self.sh.cv.wait_until(st, slice);
                     st.waiters -= 1;
+                    self.sh.handover.spin_start();
                 }
                 Progress::Inline => {
                     MutexGuard::unlocked(st, || poll_once(&self.sh, Some(slice - now)));

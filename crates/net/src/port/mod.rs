@@ -407,7 +407,7 @@ struct State {
     /// timer from the application's core left a 4 MiB transfer in the overlap
     /// benchmark unprogressed for most of the compute phase (a median wait of 815 µs
     /// after 1 ms of computing, against 1.3 µs with the wake-up).
-    timer: Option<crate::timer::Timer>,
+    timer: Option<Arc<crate::timer::Timer>>,
     /// Local peers whose socket was not there yet: (first failure, next attempt).
     shm_retry: HashMap<Addr, (Instant, Instant)>,
     /// Every peer whose link may have a deadline (an acknowledgement due, a reconnect
@@ -444,6 +444,11 @@ struct Shared {
     progress: Progress,
     linger: Duration,
     trace: Option<crate::trace::Tracer>,
+    /// Events the event thread left for a spinning wait (see `crate::handover`).
+    handover: crate::handover::Handover<Ready>,
+    /// The event thread's timer (also in `State`): it re-arms it without the lock when
+    /// it hands the timer's event to a spinning wait.
+    timer: Option<Arc<crate::timer::Timer>>,
 }
 
 /// A process's communication endpoint. Cheap to share between threads (`&Port` is
