@@ -50,6 +50,7 @@ mod local;
 mod output;
 mod remote;
 mod tcp_set;
+mod wait;
 
 use event_loop::*;
 
