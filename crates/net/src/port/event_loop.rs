@@ -124,16 +124,19 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             }
             let timer = ready.iter().any(|r| r.token == TIMER);
             if sh.handover.offer(&mut ready) {
-                if timer {
-                    // The wait runs the deadlines that fell due; the next look is ours
-                    // to plan, without the lock: the cap on the back-off, or sooner if
-                    // the wait set a deadline meanwhile. (The wait re-arming the timer
-                    // put a system call and a VM exit on its path at every hand-over:
-                    // 1 MiB one way 189 against 178 µs, 16 alternated rounds.)
-                    if let Some(t) = &sh.timer {
+                // The wait serves the events and runs the deadlines that fell due; the
+                // rest of a pass (the lease's expiry, the next look) is still ours, so
+                // look again within the cap on the back-off, or sooner if the wait set
+                // a deadline meanwhile, without the lock. (A waker's event handed over
+                // without this left the look it asked for unplanned: a port whose
+                // application then stopped calling stayed awake, and its peers never
+                // rang it. The wait arming the timer instead put a system call and a VM
+                // exit on its path: 1 MiB one way 189 against 178 µs.)
+                if let Some(t) = &sh.timer {
+                    if timer {
                         t.clear();
-                        t.arm_unless_sooner(MAX_LEASE_BACKOFF);
                     }
+                    t.arm_unless_sooner(MAX_LEASE_BACKOFF);
                 }
                 break None;
             }
