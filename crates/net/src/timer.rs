@@ -23,12 +23,8 @@ impl Timer {
 
     /// Fires once after `after` (`None`: disarm).
     pub fn arm(&self, after: Option<Duration>) {
-        let after = after.map(|d| d.max(Duration::from_nanos(1)));
-        let value = match after {
-            Some(d) => libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long },
-            None => libc::timespec { tv_sec: 0, tv_nsec: 0 },
-        };
-        let spec = libc::itimerspec { it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 }, it_value: value };
+        let value = after.map_or(timespec(Duration::ZERO), |d| timespec(d.max(Duration::from_nanos(1))));
+        let spec = libc::itimerspec { it_interval: timespec(Duration::ZERO), it_value: value };
         // SAFETY: valid descriptor and a fully initialised itimerspec; no old value wanted.
         unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
     }
@@ -38,9 +34,8 @@ impl Timer {
     /// system call, a second only when an earlier setting has to be put back.
     pub fn arm_unless_sooner(&self, after: Duration) {
         let after = after.max(Duration::from_nanos(1));
-        let value = libc::timespec { tv_sec: after.as_secs() as libc::time_t, tv_nsec: after.subsec_nanos() as libc::c_long };
-        let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        let spec = libc::itimerspec { it_interval: zero, it_value: value };
+        let zero = timespec(Duration::ZERO);
+        let spec = libc::itimerspec { it_interval: zero, it_value: timespec(after) };
         let mut old = libc::itimerspec { it_interval: zero, it_value: zero };
         // SAFETY: valid descriptor, a fully initialised itimerspec, and room for the old one.
         unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, &mut old) };
@@ -61,6 +56,10 @@ impl Timer {
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
+}
+
+fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec { tv_sec: d.as_secs() as libc::time_t, tv_nsec: d.subsec_nanos() as libc::c_long }
 }
 
 #[cfg(test)]

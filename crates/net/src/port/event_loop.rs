@@ -116,13 +116,13 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             return;
         }
         ready.extend(events.iter().map(Ready::of));
+        let timer = ready.iter().any(|r| r.token == TIMER);
         // A spinning wait holds the lock and makes progress itself: leave it the events
         // rather than queue for the lock (`handover`).
         let st = loop {
             if let Some(st) = sh.st.try_lock() {
                 break Some(st);
             }
-            let timer = ready.iter().any(|r| r.token == TIMER);
             if sh.handover.offer(&mut ready) {
                 // The wait serves the events and runs the deadlines that fell due; the
                 // rest of a pass (the lease's expiry, the next look) is still ours, so

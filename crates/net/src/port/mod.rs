@@ -447,8 +447,8 @@ struct Shared {
     trace: Option<crate::trace::Tracer>,
     /// Events the event thread left for a spinning wait (see `crate::handover`).
     handover: crate::handover::Handover<Ready>,
-    /// The event thread's timer (also in `State`): it re-arms it without the lock when
-    /// it hands the timer's event to a spinning wait.
+    /// The event thread's timer (also in `State`): it arms it without the lock when it
+    /// leaves its events to a spinning wait.
     timer: Option<Arc<crate::timer::Timer>>,
 }
 

@@ -60,20 +60,22 @@ impl Port {
         }
     }
 
-    /// Serves the events the event thread left this spinning wait (`handover`). When
+    /// Serves the events the event thread left this spinning wait, if any (`handover`). When
     /// its TCP connections were among them, the wait takes the connections from the
     /// event thread (`State::quiet_tcp`, as for a transfer under way): the wait reads
     /// them itself anyway, and each further segment would wake the event thread only
     /// to leave one more event here, taking a core from the spinning processes. Whether
-    /// it took them (it then writes what they take too, and gives them back as any
-    /// quiet wait does).
-    fn serve_and_take_tcp(&self, st: &mut MutexGuard<'_, State>, quiet: bool) -> bool {
-        let tcp = serve_handed_over(&self.sh, st);
-        let take = tcp && !quiet && self.sh.progress == Progress::Thread;
-        if take {
-            st.quiet_tcp();
+    /// it took them, `quiet` is set (the wait then writes what they take too, and gives
+    /// them back as any quiet wait does).
+    fn serve_and_take_tcp(&self, st: &mut MutexGuard<'_, State>, quiet: &mut bool) {
+        if !self.sh.handover.take_pending() {
+            return;
         }
-        take
+        let tcp = serve_handed_over(&self.sh, st);
+        if tcp && !*quiet && self.sh.progress == Progress::Thread {
+            st.quiet_tcp();
+            *quiet = true;
+        }
     }
 
     /// The core wait loop: spin (polling the rings) for `spin`, then sleep until the
@@ -128,9 +130,7 @@ impl Port {
         // or inherited them from the wait before it (`State::quiet_lingers`).
         let mut quiet = std::mem::take(&mut st.quiet_lingers);
         loop {
-            if self.sh.handover.take_pending() {
-                quiet |= self.serve_and_take_tcp(st, quiet);
-            }
+            self.serve_and_take_tcp(st, &mut quiet);
             progress_all(st);
             self.kick_if_needed(st);
             if let Some(r) = done(st) {
@@ -197,9 +197,7 @@ impl Port {
                         // A spinning waiter reads its TCP sockets itself: the reply is
                         // handled here instead of waking the event thread and then us.
                         st.poll_tcp();
-                        if self.sh.handover.take_pending() {
-                            quiet |= self.serve_and_take_tcp(st, quiet);
-                        }
+                        self.serve_and_take_tcp(st, &mut quiet);
                         if quiet || self.sh.progress == Progress::Inline {
                             st.flush_tcp_backlog();
                         }
