@@ -213,6 +213,16 @@ pub(super) fn serve_handed_over(sh: &Shared, st: &mut MutexGuard<'_, State>) -> 
     sh.handover.take(&mut ready);
     let tcp = ready.iter().any(|r| r.token == TCP_SET);
     let timer = ready.iter().any(|r| r.token == TIMER);
+    // The event thread planned its next look itself, without the lock: within the cap
+    // on the back-off, or at a sooner setting it found. Say so here, so that a deadline
+    // set from now on within that cap arms the timer (`State::wake_event_thread_by`):
+    // a stale, passed `thread_wake_at` would have it wait for the look, up to 1 ms late.
+    let now = Instant::now();
+    let cap = now + MAX_LEASE_BACKOFF;
+    st.thread_wake_at = Some(match st.thread_wake_at {
+        Some(t) if t > now && t < cap => t,
+        _ => cap,
+    });
     for r in ready.into_iter().filter(|r| r.token != TIMER) {
         st.handle_event(r.token, r.readable, r.writable);
     }
@@ -541,8 +551,18 @@ mod tests {
                 assert!(Instant::now() < deadline, "the event thread left nothing to the spinning wait");
                 std::thread::yield_now();
             }
+            // A look the event thread planned before, now passed: stale.
+            let before = Instant::now();
+            st.thread_wake_at = Some(before - Duration::from_millis(5));
             serve_handed_over(&sh, &mut st);
             assert!(!sh.handover.spin_end(), "served once");
+            // The event thread looks again within the back-off's cap, and a deadline
+            // set within it is the timer's (not left to that look).
+            let planned = st.thread_wake_at.expect("the event thread's next look is known");
+            assert!(planned > before && planned <= Instant::now() + MAX_LEASE_BACKOFF, "{planned:?}");
+            let soon = Instant::now() + Duration::from_micros(100);
+            st.wake_event_thread_by(soon);
+            assert_eq!(st.thread_wake_at, Some(soon));
         }
         drop(port);
         let _ = std::fs::remove_dir_all(namespace_dir(&ns));
