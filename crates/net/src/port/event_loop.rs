@@ -252,7 +252,7 @@ pub(super) fn poll_once(sh: &Shared, timeout: Option<Duration>) {
     }
     let mut st = sh.st.lock();
     for ev in events.iter() {
-        st.handle_event(ev.token(), ev.is_readable() || ev.is_read_closed(), ev.is_writable());
+        st.handle_ready(Ready::of(ev));
     }
     st.timers();
     progress_all(&mut st);
