@@ -429,6 +429,27 @@ fn host_congestion(name: &str) -> String {
     gepsea_net::tcp::ipv4_setting(name).unwrap_or_else(|_| "unknown".to_string())
 }
 
+/// Why a namespace may have refused congestion control `name`, and what to do. A
+/// namespace other than the host's may only choose from the host's allowed list
+/// (`tcp_allowed_congestion_control`), even as root: a guest whose image allows
+/// `reno bbr` offers `cubic` and still refuses it there.
+fn congestion_refused(name: &str) -> String {
+    let available = host_congestion("tcp_available_congestion_control");
+    let allowed = host_congestion("tcp_allowed_congestion_control");
+    let listed = |list: &str| list.split_whitespace().any(|a| a == name);
+    let advice = if !listed(&available) {
+        format!("this kernel has no {name:?} (it offers {available}): pass --congestion with one of those, or `host`")
+    } else if !listed(&allowed) {
+        format!(
+            "a namespace may only choose from the host's net.ipv4.tcp_allowed_congestion_control ({allowed}): allow it \
+             with `sysctl -w net.ipv4.tcp_allowed_congestion_control=\"{allowed} {name}\"`, or pass --congestion host"
+        )
+    } else {
+        format!("the kernel offers {available} and allows {allowed}")
+    };
+    format!("setting congestion control {name:?} in the benchmark's namespaces (--congestion): {advice}")
+}
+
 /// Runs the whole benchmark.
 pub fn run(args: &NetArgs) -> Result<()> {
     let netpeer = sibling("gepsea-netpeer")?;
@@ -468,13 +489,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
     let beds = if root && !args.no_netns && !args.overlap_only {
         let n = Netns::new("gbn").context("creating two network namespaces")?;
         if args.congestion != "host" {
-            n.set_sysctl(CONGESTION, &args.congestion).with_context(|| {
-                format!(
-                    "setting congestion control {:?} in the benchmark's namespaces (--congestion): the kernel offers {}",
-                    args.congestion,
-                    host_congestion("tcp_available_congestion_control")
-                )
-            })?;
+            n.set_sysctl(CONGESTION, &args.congestion).with_context(|| congestion_refused(&args.congestion))?;
         }
         Some(n)
     } else {
