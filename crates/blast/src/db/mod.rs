@@ -33,6 +33,7 @@ use crate::tools::{self, ToolError};
 
 pub mod external;
 pub mod format;
+mod ids;
 
 pub use format::{default_name, format, FormatOptions};
 
