@@ -19,6 +19,8 @@ lint: setup
 	$(CARGO) fmt --all --check
 	$(CARGO) fmt --manifest-path fuzz/Cargo.toml --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# Doc links that name nothing (or something private) mislead the reader.
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 
 # Every test: unit, property, loom, multi-process and multi-namespace.
 test: setup test-unit test-loom

@@ -29,7 +29,7 @@ macro_rules! relay {
 
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// `-q` ("errors only"): the library's own lines ([`note!`]: progress, warnings, a
+/// `-q` ("errors only"): the library's own lines (`note!`: progress, warnings, a
 /// retried task) are not printed, and the processes it starts are told the same.
 pub fn set_quiet(quiet: bool) {
     QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);

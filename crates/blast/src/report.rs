@@ -179,7 +179,7 @@ pub fn write(spec: &Spec, hsps: &[String], out: &Path) -> Result<(), ReportError
     write_with(spec, &statistics(spec)?, hsps, out)
 }
 
-/// [`write`] with the statistics runs' output already at hand (`stats` must come from
+/// [`write()`] with the statistics runs' output already at hand (`stats` must come from
 /// [`statistics`] for the same queries, database, format and options).
 pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) -> Result<(), ReportError> {
     let text = &stats.archive;

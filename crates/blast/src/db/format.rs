@@ -263,7 +263,7 @@ fn set_stage(stage: Stage) {
 }
 
 /// For a signal handler (`gepsea db format` on SIGINT/SIGTERM): exits with `code` at
-/// once while [`format`] is checking its arguments, and after removing the temporary
+/// once while [`format()`] is checking its arguments, and after removing the temporary
 /// directory while it builds (a database's size: nr's is hundreds of GB), holding the
 /// stage's lock so that the build cannot start moving into place meanwhile. Returns
 /// while the finished database moves into place, which is left to finish (stopped
@@ -339,7 +339,7 @@ fn format_into(
     Ok(m)
 }
 
-/// What [`format`] reports as it goes.
+/// What [`format()`] reports as it goes.
 #[derive(Clone, Copy, Debug)]
 pub enum Progress {
     /// The scan is done.

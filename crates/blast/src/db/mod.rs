@@ -8,7 +8,7 @@
 //! the same whole-database alias (`stats.pal`) lets the final report recompute
 //! per-query statistics cheaply.
 //!
-//! - [`format`] builds a database from FASTA: fragments are real BLAST databases, and an
+//! - [`format`](mod@format) builds a database from FASTA: fragments are real BLAST databases, and an
 //!   alias over all of them in order (`<name>.pal`) *is* the whole database (same OIDs).
 //! - [`external`] opens an existing BLAST database without copying a byte of it: its
 //!   fragments are *virtual*, aliases over the whole database restricted to an OID range

@@ -465,7 +465,7 @@ pub enum TaskPayload {
     },
     /// Split by queries: search `batch` on the whole database in the report's format;
     /// the output is the batch's part. `threads` > 1: BLAST+ runs with that many
-    /// threads (the last tasks, see [`submit_tasks`]).
+    /// threads (the last tasks, see `accel::master::submit_tasks`).
     Batch {
         job: PathBuf,
         batch: usize,
