@@ -479,7 +479,8 @@ pub fn run(args: &NetArgs) -> Result<()> {
         .ok()
         .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
         .unwrap_or_default();
-    eprintln!("machine: {} cores, {host}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0));
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    eprintln!("machine: {cpus} cores, {host}");
     let probe_before = probe();
     eprintln!("cache-line round trip before: {probe_before:.3} µs");
     let quick = args.quick;
@@ -603,7 +604,6 @@ pub fn run(args: &NetArgs) -> Result<()> {
     }
     let probe_after = probe();
     let (crc_hot, crc_after_copy) = net_report::checksum_cost();
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
 
     // ----- report -----
     let names: Vec<&String> = lat.keys().collect();

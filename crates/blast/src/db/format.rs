@@ -20,9 +20,9 @@
 //! Memory: the read buffers, the checkpoints (at most [`MAX_CHECKPOINTS`] × 24 bytes)
 //! and, for duplicate detection, a 64-bit hash per sequence identifier, sorted in runs
 //! of at most 4 Mi hashes (32 MiB) that spill to the build directory and are merged at
-//! the end (8 bytes of disk per sequence; `super::ids`); a hash seen twice is confirmed by exact
-//! identifiers in one more pass over the input, so a collision is never reported as a
-//! duplicate. No FASTA copy is kept: each fragment's
+//! the end (8 bytes of disk per sequence; `super::ids`); a hash seen twice is confirmed
+//! by exact identifiers in one more pass over the input, so a collision is never
+//! reported as a duplicate. No FASTA copy is kept: each fragment's
 //! files are hashed (SHA-256) and sized once, here, for [`super::verify`] and
 //! [`super::open`].
 //!

@@ -18,8 +18,8 @@ pub struct SearchOptions {
     /// Virtual fragments of an existing database split by fragments (default: one per
     /// worker); a formatted database has the fragments `db format` made.
     pub fragments: Option<usize>,
-    /// Reuse the parts an interrupted run of the same search finished (see [`part_keys`](crate::plan::part_keys));
-    /// `false` searches everything again.
+    /// Reuse the parts an interrupted run of the same search finished (see
+    /// [`part_keys`](crate::plan::part_keys)); `false` searches everything again.
     pub resume: bool,
     pub query: PathBuf,
     pub out: PathBuf,
