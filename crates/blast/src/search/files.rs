@@ -113,6 +113,21 @@ impl SharedWorkDir {
             }
         }
     }
+
+    /// Whether this search, done with the directory's parts, is the last one using it
+    /// (then it keeps it to itself, as [`SharedWorkDir::alone`]). A search that is not
+    /// lets go of the directory instead of sharing it again, so that of two searches
+    /// finishing at the same moment the later check finds it free: sharing it again,
+    /// each saw the other's lock and both left the parts.
+    pub(crate) fn last_to_leave(&self) -> bool {
+        use rustix::fs::{flock, FlockOperation};
+        let Some(f) = &self.file else { return true };
+        if flock(f, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return true;
+        }
+        let _ = flock(f, FlockOperation::Unlock);
+        false
+    }
 }
 
 /// What an existing `out` would destroy if the search's output replaced it: the
@@ -217,5 +232,27 @@ pub(crate) struct RemoveDir(pub(crate) PathBuf);
 impl Drop for RemoveDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SharedWorkDir;
+
+    #[test]
+    fn of_two_searches_finishing_together_the_later_removes_the_parts() {
+        let dir = std::env::temp_dir().join(format!("gepsea-shared-work-{}", std::process::id()));
+        // Each `join` opens the directory anew: two searches' locks, as between processes.
+        let (a, b) = (SharedWorkDir::join(&dir), SharedWorkDir::join(&dir));
+        assert!(a.file.is_some() && b.file.is_some(), "this file system takes locks");
+        assert!(!a.last_to_leave(), "b still uses the directory");
+        assert!(b.last_to_leave(), "a let go: b is the last");
+        drop((a, b));
+        // A search still running keeps the parts from one that finishes, which lets go.
+        let (running, finishing) = (SharedWorkDir::join(&dir), SharedWorkDir::join(&dir));
+        assert!(!finishing.last_to_leave());
+        assert!(running.alone(), "the finished search let go of the directory");
+        drop((running, finishing));
+        std::fs::remove_dir(&dir).unwrap();
     }
 }

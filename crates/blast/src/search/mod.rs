@@ -417,7 +417,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         }
     }
     let done_work = |parts: &[PathBuf]| {
-        if !alone() {
+        if !users.as_ref().is_none_or(|u| u.last_to_leave()) {
             // Another search is using the work directory: its parts may be these.
             return;
         }
