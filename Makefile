@@ -47,11 +47,18 @@ SOAK_ROUNDS ?= 50
 soak: build | $(OUT)
 	./target/release/gepsea-bench soak --rounds $(SOAK_ROUNDS) --json $(OUT)/soak.json
 
+# The references' buffers must be in memory before their clocks start: a zeroed
+# `malloc` that the compiler turned into `calloc` faults inside the measured streams
+# (bench/mpi_pingpong.c). A reference that calls `calloc` is refused.
+NO_CALLOC = if nm -D $@ | grep -qw calloc; then rm -f $@; echo "$@ calls calloc: its buffers would fault inside the measurement; fill them with a non-zero byte" >&2; exit 1; fi
+
 $(OUT)/mpi_pingpong: bench/mpi_pingpong.c | $(OUT)
 	mpicc -O2 -o $@ $<
+	@$(NO_CALLOC)
 
 $(OUT)/tcp_pingpong: bench/tcp_pingpong.c | $(OUT)
 	cc -O2 -o $@ $<
+	@$(NO_CALLOC)
 
 $(OUT)/tcp_zerocopy: bench/tcp_zerocopy.c | $(OUT)
 	cc -O2 -o $@ $<

@@ -3,7 +3,9 @@
  *   tcp_pingpong server ADDR PORT SCALE (serves one client, then exits)
  *   tcp_pingpong client ADDR PORT SCALE
  * The client prints `LAT <size> <us>` (half round trip, median of 7 batches) and
- * `BW <size> <GB/s>`, like gepsea-netpeer and mpi_pingpong. */
+ * `BW <size> <GB/s>`, like gepsea-netpeer and mpi_pingpong. The buffer is filled with a
+ * non-zero byte first (see mpi_pingpong.c: a zeroed one would be `calloc`'s, its pages
+ * faulting inside the measurements). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -54,7 +56,8 @@ int main(int argc, char **argv) {
     }
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     double scale = argc > 4 ? atof(argv[4]) : 1.0;
-    char *buf = calloc(1, 4u << 20);
+    char *buf = malloc(4u << 20);
+    memset(buf, 0x5a, 4u << 20);
     for (int k = 0; k < 4; k++) {
         size_t s = LAT[k];
         long iters = (long)((4u << 20) / (s + 1024));
