@@ -483,7 +483,8 @@ fn main() -> Result<()> {
                 let mut posted = 0;
                 while posted < n.min(16) {
                     // Touched before the clock starts, as the MPI reference's buffers
-                    // are (its memset): page faults are not the transport's cost
+                    // are (a non-zero memset, which the compiler cannot turn into
+                    // `calloc`): page faults are not the transport's cost
                     // (16 × 4 MiB of them took ≈40 ms, inside the measured stream,
                     // until the sender waited for this "ready").
                     let mut b = touched(s);
