@@ -14,17 +14,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
+use gepsea_net::{Addr, Port, PortConfig};
 
-use crate::archive;
 use crate::db::{self, Manifest};
 use crate::fasta::{self, MolType, Record};
 use crate::output::Destination;
-use crate::report::{self};
-use crate::schedule::{AfterFailure, Scheduler, Target};
+use crate::schedule::{Scheduler, Target};
 use crate::tools::{self, ToolError};
 
 mod agents;
+mod baseline;
 pub(crate) mod files;
 mod mpiblast;
 mod progress;
@@ -32,13 +31,13 @@ mod request;
 
 pub use self::agents::agent_worker;
 use self::agents::*;
+use self::baseline::*;
 use self::files::*;
 use self::progress::*;
 pub use self::request::{Deliver, DeliverFn, SearchOptions, Summary};
 
 use self::mpiblast::*;
 pub use self::mpiblast::{worker, ClusterNet};
-use crate::error::check_interrupted;
 pub use crate::error::{interrupt, interrupted, SearchError};
 use crate::plan::*;
 pub use crate::plan::{
@@ -328,14 +327,6 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let first = queries.iter().find(|q| q.residues > 0).unwrap_or(&queries[0]);
     validate_options(&program, &blastdb, &manifest.name, first, &opts.outfmt, &opts.blast_args, &scratch)?;
 
-    let write_fasta = |path: &Path, recs: &[Record]| -> Result<(), SearchError> {
-        let mut buf = Vec::new();
-        for r in recs {
-            r.write_to(&mut buf);
-        }
-        std::fs::write(path, buf).map_err(|e| SearchError::Io(format!("{}: {e}", path.display())))
-    };
-
     let nfrag = manifest.fragments.len();
     let total_res: usize = queries.iter().map(|q| q.residues).sum();
     let batch_ranges = match split {
@@ -456,279 +447,30 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         done_work(&parts_for_cleanup);
         return Ok(s);
     }
-    let mut pc = PortConfig::new(&ns, MASTER);
-    // Where each worker is: local workers are ports 1..=W of this node; launched ones
-    // say hello from wherever the launcher put them (port = rank).
-    let mut worker_addr: Vec<Addr> = (0..workers).map(|w| Addr::new(MASTER.node, w as u32 + 1)).collect();
-    if let Env::ClusterNoAgent(net) = &env {
-        pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
-        pc.directory = Some(net.directory.clone());
-        pc.key = net.key.clone();
-    }
-    let port = Port::open(pc)?;
-    for w in 0..workers {
-        if matches!(env, Env::ClusterNoAgent(_)) {
-            break;
-        }
-        let mut c = Command::new(&opts.worker_exe);
-        tools::with_parent_death(&mut c)
-            .args(["worker", "--ns", &ns, "--port", &(w + 1).to_string()])
-            .arg("--scratch")
-            .arg(&scratch)
-            .arg("--")
-            .args(archive_args(&opts.blast_args, &opts.outfmt))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
-        cleanup.children.push(c.spawn().map_err(|e| SearchError::Io(format!("starting worker {}: {e}", opts.worker_exe.display())))?);
-    }
-
-    let k = hitlist_size(&opts.blast_args, &opts.outfmt);
-    let cbs = program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));
-    let prelim = preliminary_list(k, cbs);
-
-    let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
-    let mut results = QueryResults::new(queries.len(), &batch_ranges);
-    let mut reused_hits = 0;
-    for &b in &reusable {
-        results.written[b] = true;
-        reused_hits +=
-            crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
-    }
-    // Each batch's part of the report, written as soon as the batch is settled. The
-    // statistics runs and the formatter work in a directory on this node: `scratch` may
-    // be on the shared file system, where their files would cross the network.
-    let report_scratch = gepsea_net::trust::private_scratch(&format!("gepsea-report-{pid}"))?;
-    let _report_scratch = RemoveDir(report_scratch.clone());
-    let mut trace = crate::trace::RunTrace::default();
-    let write_parts = |results: &mut QueryResults, trace: &mut crate::trace::RunTrace| -> Result<(), SearchError> {
-        for (b, hsps) in results.take_settled() {
-            let clock = crate::tools::CpuClock::start();
-            let spec = report::Spec {
-                program: &program,
-                blastdb: blastdb.as_ref(),
-                db_name: &manifest.name,
-                queries: &batch_files[b],
-                outfmt: &opts.outfmt,
-                blast_args: &opts.blast_args,
-                scratch: &report_scratch,
-            };
-            // Formatted here, then stored compressed in the work directory (see
-            // `crate::parts::store`).
-            let local = report_scratch.join(format!("report-{b}"));
-            report::write(&spec, &hsps, &local)?;
-            let part_bytes = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
-            let tmp = crate::accel::part_tmp(&parts[b], "master");
-            let stored = crate::parts::store(&local, &tmp);
-            let _ = std::fs::remove_file(&local);
-            stored.map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
-            std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
-            let bt = batch_trace(trace, b);
-            bt.write_seconds += clock.wall_seconds();
-            bt.write_cpu_seconds += clock.seconds();
-            bt.write_thread_cpu_seconds += clock.thread_seconds();
-            bt.part_bytes = part_bytes;
-            bt.written_unix = crate::trace::unix_now();
-        }
-        Ok(())
-    };
-    let mut alive: Vec<bool> = vec![true; workers];
-    let mut idle: Vec<bool> = vec![false; workers];
-    // Per worker: when it reported ready, and when it stopped (for time accounting).
-    let mut hello_at: Vec<Option<Instant>> = vec![None; workers];
-    let mut gone_at: Vec<Option<Instant>> = vec![None; workers];
-    // When each worker was last given a task (for the trace).
-    let mut task_given: Vec<f64> = vec![0.0; workers];
-    let mut done_queries: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
-    let mut fallbacks = 0usize;
-    let mut blast_seconds = 0.0;
-    let mut last_death = String::new();
-    let mut progress = Progress::new(queries.len(), opts.quiet);
-    let mut ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
-
-    while !sched.all_done() {
-        check_interrupted()?;
-        // Hand out work.
-        for w in 0..workers {
-            if alive[w] && idle[w] {
-                let live = alive.iter().filter(|a| **a).count();
-                if let Some(t) = sched.assign(w, live) {
-                    let task = sched.task(t);
-                    let (query_file, database) = match &task.target {
-                        Target::Fragment(f) => (batch_files[task.batch].clone(), format!("{}.stats", manifest.fragments[*f].name)),
-                        Target::Whole => {
-                            let f = scratch.join(format!("whole{t}.fasta"));
-                            let recs: Vec<Record> = task.queries.iter().map(|&i| queries[i].clone()).collect();
-                            write_fasta(&f, &recs)?;
-                            (f, manifest.name.clone())
-                        }
-                    };
-                    let msg = serde_json::to_vec(&TaskMsg {
-                        task: t,
-                        query_file,
-                        database,
-                        blastdb: blastdb.clone(),
-                        program: program.clone(),
-                        recording: recording.clone(),
-                    })
-                    .unwrap();
-                    port.send(worker_addr[w], TAG_TASK, msg)?;
-                    task_given[w] = crate::trace::unix_now();
-                    if trace.started_unix == 0.0 {
-                        trace.started_unix = task_given[w];
-                    }
-                    idle[w] = false;
-                }
-            }
-        }
-        // Notice dead workers (killed, crashed): their task is handed out again.
-        for w in 0..workers {
-            if alive[w] {
-                // (Launched workers are not our children; the launcher watches them.)
-                if let Some(Ok(Some(st))) = cleanup.children.get_mut(w).map(|c| c.try_wait()) {
-                    alive[w] = false;
-                    gone_at[w] = Some(Instant::now());
-                    last_death = format!("worker {} exited with {st}", w + 1);
-                    if let Some(t) = sched.worker_lost(w) {
-                        note!("gepsea search: worker {} died ({st}); task {t} is reassigned", w + 1);
-                    }
-                }
-            }
-        }
-        if !alive.iter().any(|a| *a) {
-            return Err(SearchError::NoWorkers(last_death));
-        }
-        let m = match port.wait_timeout(ctrl, Duration::from_millis(50)) {
-            Err(NetError::Timeout(_)) => continue,
-            Err(NetError::PeerFailed { .. }) => continue,
-            Err(e) => return Err(e.into()),
-            Ok(Completion::Received(m)) => m,
-            Ok(other) => return Err(SearchError::Io(format!("unexpected completion {other:?}"))),
-        };
-        ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
-        let w = m.src.port as usize - 1;
-        let msg: Ctrl = serde_json::from_slice(&m.data).map_err(|e| SearchError::Io(format!("bad message from worker {}: {e}", w + 1)))?;
-        match msg {
-            Ctrl::Hello => {
-                worker_addr[w] = m.src;
-                idle[w] = true;
-                hello_at[w] = Some(Instant::now());
-            }
-            Ctrl::Failed { task, message } => {
-                idle[w] = true;
-                let what = describe(sched.task(task), &manifest);
-                match sched.failed(w) {
-                    Some((_, AfterFailure::Retry)) => {
-                        note!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
-                    }
-                    _ => return Err(SearchError::TaskFailed { task: Some(task), what, message }),
-                }
-            }
-            Ctrl::Result { task, len, blast_seconds: secs } => {
-                let data = match port.wait(port.irecv(Some(m.src), Some(TAG_DATA), len))? {
-                    Completion::Received(d) => d.data,
-                    other => return Err(SearchError::Io(format!("unexpected completion {other:?}"))),
-                };
-                idle[w] = true;
-                blast_seconds += secs;
-                sched.succeeded(w);
-                let text = String::from_utf8(data).map_err(|_| SearchError::Io(format!("task {task}: archive is not text")))?;
-                let t = sched.task(task).clone();
-                trace.tasks.push(crate::trace::TaskTrace {
-                    batch: t.batch,
-                    fragment: match t.target {
-                        Target::Fragment(f) => Some(f),
-                        Target::Whole => None,
-                    },
-                    seconds: secs,
-                    bytes: text.len() as u64,
-                    worker: w as u32 + 1,
-                    taken_unix: task_given[w],
-                    handed_unix: crate::trace::unix_now(),
-                    parse_seconds: 0.0,
-                    input_seconds: 0.0,
-                });
-                match t.target {
-                    Target::Whole => {
-                        let hsps = archive::hsps(&text).map_err(|error| SearchError::BadArchive { task, error })?;
-                        let hits = archive::hits_by_query(&hsps, 0, t.queries.len());
-                        for (local, list) in hits.iter().enumerate() {
-                            results.store(t.queries[local], list);
-                            done_queries += 1;
-                        }
-                    }
-                    Target::Fragment(f) => {
-                        archives[t.batch][f] = Some(text);
-                        if archives[t.batch].iter().all(|a| a.is_some()) {
-                            let range = batch_ranges[t.batch].clone();
-                            let started = Instant::now();
-                            let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, task)?;
-                            batch_trace(&mut trace, t.batch).merge_seconds += started.elapsed().as_secs_f64();
-                            archives[t.batch] = vec![None; nfrag];
-                            done_queries += range.len() - risky.len();
-                            if !risky.is_empty() {
-                                // Spread the re-searches over the workers: they are the
-                                // heaviest queries and otherwise form a serial tail.
-                                fallbacks += risky.len();
-                                for chunk in crate::plan::fallback_chunks(&risky) {
-                                    sched.add(t.batch, Target::Whole, chunk.to_vec());
-                                }
-                            }
-                        }
-                    }
-                }
-                write_parts(&mut results, &mut trace)?;
-                progress.set(done_queries);
-            }
-        }
-    }
-    progress.finish();
-    // All searching is done: release the workers before the master writes the report.
-    let stop = Instant::now();
-    let worker_seconds: f64 =
-        (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
-    for w in 0..workers {
-        if alive[w] {
-            let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
-        }
-    }
-    let hits = results.hits + reused_hits;
-    // Out of core: the parts, one in memory at a time, joined into the output in order.
-    let file = std::fs::File::create(&tmp_out).map_err(|e| SearchError::Output { path: tmp_out.clone(), source: e })?;
-    let assembly_started = Instant::now();
-    let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
-    for (b, p) in parts.iter().enumerate() {
-        let part = crate::parts::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(part, b + 1 == parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-    }
-    asm.finish().map_err(SearchError::Io)?;
-    trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
-    std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    done_work(&parts);
-    let wall = started.elapsed().as_secs_f64();
-    trace.finished_unix = crate::trace::unix_now();
-    let delivery = deliver(opts, None)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for c in cleanup.children.iter_mut() {
-        while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    Ok(Summary {
-        queries: queries.len(),
-        hits,
-        split,
-        tasks: sched.len(),
-        whole_db_fallbacks: fallbacks,
-        wall_seconds: wall,
-        blast_seconds,
-        worker_seconds,
-        output: opts.out.clone(),
-        accel: None,
-        delivery,
-        reused_parts: reusable.len(),
-        worker_active_seconds: trace.worker_active_seconds(),
-        trace,
-    })
+    run_baseline(
+        opts,
+        Baseline {
+            started,
+            workers,
+            manifest,
+            queries: &queries,
+            program,
+            blastdb,
+            batch_ranges,
+            batch_files,
+            scratch,
+            split,
+            tmp_out,
+            ns,
+            parts,
+            reusable,
+            sched,
+            recording,
+        },
+        &mut cleanup,
+        env,
+        &done_work,
+    )
 }
 
 fn deliver(opts: &SearchOptions, agent: Option<&gepsea_client::Client>) -> Result<Option<serde_json::Value>, SearchError> {

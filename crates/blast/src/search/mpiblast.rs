@@ -1,6 +1,6 @@
 //! The mpiBLAST baseline without agents (`--no-agent`): the messages between master
 //! and workers over gepsea-net, the worker's loop, and the master's per-query merge
-//! state. The master's loop itself is the tail of the search driver.
+//! state. The master's loop is [`super::baseline`].
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
