@@ -42,6 +42,16 @@ impl Record {
     }
 }
 
+/// `records` as one FASTA text, each as [`Record::write_to`] writes it: the query
+/// batches and whole-database re-searches the BLAST+ runs read.
+pub fn text_of<'a>(records: impl IntoIterator<Item = &'a Record>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for r in records {
+        r.write_to(&mut out);
+    }
+    out
+}
+
 /// Protein or nucleotide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -357,6 +367,7 @@ mod tests {
         let mut out = Vec::new();
         r[0].write_to(&mut out);
         assert_eq!(out, b">a desc with trailing blank \nACD\nEF\n");
+        assert_eq!(text_of(&r), b">a desc with trailing blank \nACD\nEF\n>b\nGG\n", "records one after the other");
     }
 
     #[test]

@@ -36,12 +36,8 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
     std::fs::create_dir_all(&job).map_err(|e| SearchError::Output { path: job.clone(), source: e })?;
     let _job_guard = RemoveDir(job.clone());
     for (b, r) in a.batch_ranges.iter().enumerate() {
-        let mut buf = Vec::new();
-        for q in &a.queries[r.clone()] {
-            q.write_to(&mut buf);
-        }
         let f = accel::batch_file(&job, b);
-        std::fs::write(&f, buf).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
+        std::fs::write(&f, crate::fasta::text_of(&a.queries[r.clone()])).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
     }
     let k = hitlist_size(&opts.blast_args, &opts.outfmt);
     let cbs = a.program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));

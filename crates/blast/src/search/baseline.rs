@@ -6,7 +6,7 @@
 //! search happens here, in one process: this is the baseline the agents are measured
 //! against. The messages and the worker's loop are in [`super::mpiblast`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -180,8 +180,8 @@ pub(super) fn run_baseline(
                         Target::Fragment(f) => (batch_files[task.batch].clone(), format!("{}.stats", manifest.fragments[*f].name)),
                         Target::Whole => {
                             let f = scratch.join(format!("whole{t}.fasta"));
-                            let recs: Vec<Record> = task.queries.iter().map(|&i| queries[i].clone()).collect();
-                            write_fasta(&f, &recs)?;
+                            let text = crate::fasta::text_of(task.queries.iter().map(|&i| &queries[i]));
+                            std::fs::write(&f, text).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
                             (f, manifest.name.clone())
                         }
                     };
@@ -352,12 +352,4 @@ pub(super) fn run_baseline(
         worker_active_seconds: trace.worker_active_seconds(),
         trace,
     })
-}
-
-fn write_fasta(path: &Path, recs: &[Record]) -> Result<(), SearchError> {
-    let mut buf = Vec::new();
-    for r in recs {
-        r.write_to(&mut buf);
-    }
-    std::fs::write(path, buf).map_err(|e| SearchError::Io(format!("{}: {e}", path.display())))
 }

@@ -352,10 +352,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let mut batch_texts = Vec::new();
     for (b, r) in batch_ranges.iter().enumerate() {
         let f = scratch.join(format!("batch{b}.fasta"));
-        let mut buf = Vec::new();
-        for q in &queries[r.clone()] {
-            q.write_to(&mut buf);
-        }
+        let buf = fasta::text_of(&queries[r.clone()]);
         std::fs::write(&f, &buf).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
         batch_files.push(f);
         batch_texts.push(buf);

@@ -349,11 +349,8 @@ impl BlastPlugin {
             // spread over the workers as separate tasks.
             let queries = crate::fasta::read(&batch_file(&job, batch)).map_err(failed)?;
             for chunk in crate::plan::fallback_chunks(&risky) {
-                let mut buf = Vec::new();
-                for &g in chunk {
-                    queries[g - start].write_to(&mut buf);
-                }
-                std::fs::write(whole_file(&job, batch, chunk[0]), buf).map_err(failed)?;
+                let text = crate::fasta::text_of(chunk.iter().map(|&g| &queries[g - start]));
+                std::fs::write(whole_file(&job, batch, chunk[0]), text).map_err(failed)?;
                 let payload = postcard::to_stdvec(&TaskPayload::Whole { job: job.clone(), batch, queries: chunk.to_vec(), attempt: 0 })
                     .map_err(failed)?;
                 ctx.services.submit_urgent(&payload)?;
