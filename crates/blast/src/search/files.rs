@@ -100,18 +100,10 @@ impl SharedWorkDir {
 
     /// Whether no other search is using the directory now. If so, this search keeps it
     /// to itself from here on (an exclusive lock), so that none starts using parts it is
-    /// about to remove; if not, it goes on sharing it.
+    /// about to remove; if not, it goes on sharing it (a failed conversion may have
+    /// dropped the shared lock: it is taken again).
     pub(crate) fn alone(&self) -> bool {
-        use rustix::fs::{flock, FlockOperation};
-        let Some(f) = &self.file else { return true };
-        match flock(f, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => true,
-            Err(_) => {
-                // A failed conversion may have dropped the shared lock: take it again.
-                let _ = flock(f, FlockOperation::LockShared);
-                false
-            }
-        }
+        self.exclusive_or(rustix::fs::FlockOperation::LockShared)
     }
 
     /// Whether this search, done with the directory's parts, is the last one using it
@@ -120,12 +112,18 @@ impl SharedWorkDir {
     /// finishing at the same moment the later check finds it free: sharing it again,
     /// each saw the other's lock and both left the parts.
     pub(crate) fn last_to_leave(&self) -> bool {
+        self.exclusive_or(rustix::fs::FlockOperation::Unlock)
+    }
+
+    /// Takes the directory's lock exclusively if no other search holds it; otherwise
+    /// applies `otherwise` to this search's lock and returns false.
+    fn exclusive_or(&self, otherwise: rustix::fs::FlockOperation) -> bool {
         use rustix::fs::{flock, FlockOperation};
         let Some(f) = &self.file else { return true };
         if flock(f, FlockOperation::NonBlockingLockExclusive).is_ok() {
             return true;
         }
-        let _ = flock(f, FlockOperation::Unlock);
+        let _ = flock(f, otherwise);
         false
     }
 }
