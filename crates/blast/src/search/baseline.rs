@@ -26,8 +26,8 @@ use crate::schedule::{AfterFailure, Scheduler, Target};
 use crate::tools;
 
 /// What the search driver prepared for the baseline's master: the checked options'
-/// outcome, the batches written to `scratch`, their parts' paths, and the tasks of
-/// the batches not already done.
+/// outcome, the batches written to `scratch`, their parts' paths, and which batches
+/// an earlier run already finished.
 pub(super) struct Baseline<'a> {
     pub(super) started: Instant,
     pub(super) workers: usize,
@@ -46,7 +46,6 @@ pub(super) struct Baseline<'a> {
     pub(super) parts: Vec<PathBuf>,
     /// Batches whose part an earlier run left (resume): not searched again.
     pub(super) reusable: Vec<usize>,
-    pub(super) sched: Scheduler,
     pub(super) recording: Option<crate::replay::Recording>,
 }
 
@@ -54,50 +53,41 @@ pub(super) struct Baseline<'a> {
 /// (the parts and work directory removed), then the delivery.
 pub(super) fn run_baseline(
     opts: &SearchOptions,
-    b: Baseline<'_>,
+    job: Baseline<'_>,
     cleanup: &mut Cleanup,
     env: Env<'_>,
     done_work: &dyn Fn(&[PathBuf]),
 ) -> Result<Summary, SearchError> {
-    let Baseline {
-        started,
-        workers,
-        manifest,
-        queries,
-        program,
-        blastdb,
-        batch_ranges,
-        batch_files,
-        scratch,
-        split,
-        tmp_out,
-        ns,
-        parts,
-        reusable,
-        mut sched,
-        recording,
-    } = b;
     let pid = std::process::id();
-    let nfrag = manifest.fragments.len();
-    let mut pc = PortConfig::new(&ns, MASTER);
+    let nfrag = job.manifest.fragments.len();
+    let mut sched = Scheduler::new();
+    for (b, r) in job.batch_ranges.iter().enumerate() {
+        if job.reusable.contains(&b) {
+            continue;
+        }
+        for frag in 0..nfrag {
+            sched.add(b, Target::Fragment(frag), r.clone().collect());
+        }
+    }
+    let mut pc = PortConfig::new(&job.ns, MASTER);
     // Where each worker is: local workers are ports 1..=W of this node; launched ones
     // say hello from wherever the launcher put them (port = rank).
-    let mut worker_addr: Vec<Addr> = (0..workers).map(|w| Addr::new(MASTER.node, w as u32 + 1)).collect();
+    let mut worker_addr: Vec<Addr> = (0..job.workers).map(|w| Addr::new(MASTER.node, w as u32 + 1)).collect();
     if let Env::ClusterNoAgent(net) = &env {
         pc.listen = Some(std::net::SocketAddr::new(net.ip, 0));
         pc.directory = Some(net.directory.clone());
         pc.key = net.key.clone();
     }
     let port = Port::open(pc)?;
-    for w in 0..workers {
+    for w in 0..job.workers {
         if matches!(env, Env::ClusterNoAgent(_)) {
             break;
         }
         let mut c = Command::new(&opts.worker_exe);
         tools::with_parent_death(&mut c)
-            .args(["worker", "--ns", &ns, "--port", &(w + 1).to_string()])
+            .args(["worker", "--ns", &job.ns, "--port", &(w + 1).to_string()])
             .arg("--scratch")
-            .arg(&scratch)
+            .arg(&job.scratch)
             .arg("--")
             .args(archive_args(&opts.blast_args, &opts.outfmt))
             .stdin(Stdio::null())
@@ -106,19 +96,19 @@ pub(super) fn run_baseline(
     }
 
     let k = hitlist_size(&opts.blast_args, &opts.outfmt);
-    let cbs = program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));
+    let cbs = job.program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));
     let prelim = preliminary_list(k, cbs);
 
-    let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; batch_ranges.len()];
-    let mut results = QueryResults::new(queries.len(), &batch_ranges);
+    let mut archives: Vec<Vec<Option<String>>> = vec![vec![None; nfrag]; job.batch_ranges.len()];
+    let mut results = QueryResults::new(job.queries.len(), &job.batch_ranges);
     let mut reused_hits = 0;
-    for &b in &reusable {
+    for &b in &job.reusable {
         results.written[b] = true;
-        reused_hits +=
-            crate::parts::count_hits_in(&parts[b], &opts.outfmt).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
+        reused_hits += crate::parts::count_hits_in(&job.parts[b], &opts.outfmt)
+            .map_err(|e| SearchError::Io(format!("{}: {e}", job.parts[b].display())))?;
     }
     // Each batch's part of the report, written as soon as the batch is settled. The
-    // statistics runs and the formatter work in a directory on this node: `scratch` may
+    // statistics runs and the formatter work in a directory on this node: `job.scratch` may
     // be on the shared file system, where their files would cross the network.
     let report_scratch = gepsea_net::trust::private_scratch(&format!("gepsea-report-{pid}"))?;
     let _report_scratch = RemoveDir(report_scratch.clone());
@@ -127,10 +117,10 @@ pub(super) fn run_baseline(
         for (b, hsps) in results.take_settled() {
             let clock = crate::tools::CpuClock::start();
             let spec = report::Spec {
-                program: &program,
-                blastdb: blastdb.as_ref(),
-                db_name: &manifest.name,
-                queries: &batch_files[b],
+                program: &job.program,
+                blastdb: job.blastdb.as_ref(),
+                db_name: &job.manifest.name,
+                queries: &job.batch_files[b],
                 outfmt: &opts.outfmt,
                 blast_args: &opts.blast_args,
                 scratch: &report_scratch,
@@ -140,11 +130,11 @@ pub(super) fn run_baseline(
             let local = report_scratch.join(format!("report-{b}"));
             report::write(&spec, &hsps, &local)?;
             let part_bytes = std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0);
-            let tmp = crate::accel::part_tmp(&parts[b], "master");
+            let tmp = crate::accel::part_tmp(&job.parts[b], "master");
             let stored = crate::parts::store(&local, &tmp);
             let _ = std::fs::remove_file(&local);
             stored.map_err(|e| SearchError::Io(format!("{}: {e}", tmp.display())))?;
-            std::fs::rename(&tmp, &parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", parts[b].display())))?;
+            std::fs::rename(&tmp, &job.parts[b]).map_err(|e| SearchError::Io(format!("{}: {e}", job.parts[b].display())))?;
             let bt = batch_trace(trace, b);
             bt.write_seconds += clock.wall_seconds();
             bt.write_cpu_seconds += clock.seconds();
@@ -154,44 +144,44 @@ pub(super) fn run_baseline(
         }
         Ok(())
     };
-    let mut alive: Vec<bool> = vec![true; workers];
-    let mut idle: Vec<bool> = vec![false; workers];
+    let mut alive: Vec<bool> = vec![true; job.workers];
+    let mut idle: Vec<bool> = vec![false; job.workers];
     // Per worker: when it reported ready, and when it stopped (for time accounting).
-    let mut hello_at: Vec<Option<Instant>> = vec![None; workers];
-    let mut gone_at: Vec<Option<Instant>> = vec![None; workers];
+    let mut hello_at: Vec<Option<Instant>> = vec![None; job.workers];
+    let mut gone_at: Vec<Option<Instant>> = vec![None; job.workers];
     // When each worker was last given a task (for the trace).
-    let mut task_given: Vec<f64> = vec![0.0; workers];
-    let mut done_queries: usize = reusable.iter().map(|&b| batch_ranges[b].len()).sum();
+    let mut task_given: Vec<f64> = vec![0.0; job.workers];
+    let mut done_queries: usize = job.reusable.iter().map(|&b| job.batch_ranges[b].len()).sum();
     let mut fallbacks = 0usize;
     let mut blast_seconds = 0.0;
     let mut last_death = String::new();
-    let mut progress = Progress::new(queries.len(), opts.quiet);
+    let mut progress = Progress::new(job.queries.len(), opts.quiet);
     let mut ctrl = port.irecv(None, Some(TAG_CTRL), 1 << 16);
 
     while !sched.all_done() {
         check_interrupted()?;
         // Hand out work.
-        for w in 0..workers {
+        for w in 0..job.workers {
             if alive[w] && idle[w] {
                 let live = alive.iter().filter(|a| **a).count();
                 if let Some(t) = sched.assign(w, live) {
                     let task = sched.task(t);
                     let (query_file, database) = match &task.target {
-                        Target::Fragment(f) => (batch_files[task.batch].clone(), format!("{}.stats", manifest.fragments[*f].name)),
+                        Target::Fragment(f) => (job.batch_files[task.batch].clone(), format!("{}.stats", job.manifest.fragments[*f].name)),
                         Target::Whole => {
-                            let f = scratch.join(format!("whole{t}.fasta"));
-                            let text = crate::fasta::text_of(task.queries.iter().map(|&i| &queries[i]));
+                            let f = job.scratch.join(format!("whole{t}.fasta"));
+                            let text = crate::fasta::text_of(task.queries.iter().map(|&i| &job.queries[i]));
                             std::fs::write(&f, text).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
-                            (f, manifest.name.clone())
+                            (f, job.manifest.name.clone())
                         }
                     };
                     let msg = serde_json::to_vec(&TaskMsg {
                         task: t,
                         query_file,
                         database,
-                        blastdb: blastdb.clone(),
-                        program: program.clone(),
-                        recording: recording.clone(),
+                        blastdb: job.blastdb.clone(),
+                        program: job.program.clone(),
+                        recording: job.recording.clone(),
                     })
                     .unwrap();
                     port.send(worker_addr[w], TAG_TASK, msg)?;
@@ -204,7 +194,7 @@ pub(super) fn run_baseline(
             }
         }
         // Notice dead workers (killed, crashed): their task is handed out again.
-        for w in 0..workers {
+        for w in 0..job.workers {
             if alive[w] {
                 // (Launched workers are not our children; the launcher watches them.)
                 if let Some(Ok(Some(st))) = cleanup.children.get_mut(w).map(|c| c.try_wait()) {
@@ -238,7 +228,7 @@ pub(super) fn run_baseline(
             }
             Ctrl::Failed { task, message } => {
                 idle[w] = true;
-                let what = describe(sched.task(task), &manifest);
+                let what = describe(sched.task(task), &job.manifest);
                 match sched.failed(w) {
                     Some((_, AfterFailure::Retry)) => {
                         note!("gepsea search: task {task} ({what}) failed on worker {}; retrying once", w + 1)
@@ -282,10 +272,10 @@ pub(super) fn run_baseline(
                     Target::Fragment(f) => {
                         archives[t.batch][f] = Some(text);
                         if archives[t.batch].iter().all(|a| a.is_some()) {
-                            let range = batch_ranges[t.batch].clone();
-                            let started = Instant::now();
+                            let range = job.batch_ranges[t.batch].clone();
+                            let merge_started = Instant::now();
                             let risky = merge_batch(&archives[t.batch], range.clone(), k, prelim, &mut results, task)?;
-                            batch_trace(&mut trace, t.batch).merge_seconds += started.elapsed().as_secs_f64();
+                            batch_trace(&mut trace, t.batch).merge_seconds += merge_started.elapsed().as_secs_f64();
                             archives[t.batch] = vec![None; nfrag];
                             done_queries += range.len() - risky.len();
                             if !risky.is_empty() {
@@ -308,26 +298,26 @@ pub(super) fn run_baseline(
     // All searching is done: release the workers before the master writes the report.
     let stop = Instant::now();
     let worker_seconds: f64 =
-        (0..workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
-    for w in 0..workers {
+        (0..job.workers).filter_map(|w| Some(gone_at[w].unwrap_or(stop).duration_since(hello_at[w]?).as_secs_f64())).sum();
+    for w in 0..job.workers {
         if alive[w] {
             let _ = port.send(worker_addr[w], TAG_SHUTDOWN, Vec::new());
         }
     }
     let hits = results.hits + reused_hits;
     // Out of core: the parts, one in memory at a time, joined into the output in order.
-    let file = std::fs::File::create(&tmp_out).map_err(|e| SearchError::Output { path: tmp_out.clone(), source: e })?;
+    let file = std::fs::File::create(&job.tmp_out).map_err(|e| SearchError::Output { path: job.tmp_out.clone(), source: e })?;
     let assembly_started = Instant::now();
     let mut asm = crate::parts::Assembler::new(std::io::BufWriter::with_capacity(1 << 20, file), report::base_format(&opts.outfmt));
-    for (b, p) in parts.iter().enumerate() {
+    for (b, p) in job.parts.iter().enumerate() {
         let part = crate::parts::open(p).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
-        asm.part_from(part, b + 1 == parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
+        asm.part_from(part, b + 1 == job.parts.len()).map_err(|e| SearchError::Io(format!("{}: {e}", p.display())))?;
     }
     asm.finish().map_err(SearchError::Io)?;
     trace.assembly_seconds = assembly_started.elapsed().as_secs_f64();
-    std::fs::rename(&tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    done_work(&parts);
-    let wall = started.elapsed().as_secs_f64();
+    std::fs::rename(&job.tmp_out, &opts.out).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
+    done_work(&job.parts);
+    let wall = job.started.elapsed().as_secs_f64();
     trace.finished_unix = crate::trace::unix_now();
     let delivery = deliver(opts, None)?;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -337,9 +327,9 @@ pub(super) fn run_baseline(
         }
     }
     Ok(Summary {
-        queries: queries.len(),
+        queries: job.queries.len(),
         hits,
-        split,
+        split: job.split,
         tasks: sched.len(),
         whole_db_fallbacks: fallbacks,
         wall_seconds: wall,
@@ -348,7 +338,7 @@ pub(super) fn run_baseline(
         output: opts.out.clone(),
         accel: None,
         delivery,
-        reused_parts: reusable.len(),
+        reused_parts: job.reusable.len(),
         worker_active_seconds: trace.worker_active_seconds(),
         trace,
     })

@@ -19,7 +19,7 @@ use gepsea_net::{Addr, Port, PortConfig};
 use crate::db::{self, Manifest};
 use crate::fasta::{self, MolType, Record};
 use crate::output::Destination;
-use crate::schedule::{Scheduler, Target};
+use crate::schedule::Target;
 use crate::tools::{self, ToolError};
 
 mod agents;
@@ -395,15 +395,6 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             queries.len()
         );
     }
-    let mut sched = Scheduler::new();
-    for (b, r) in batch_ranges.iter().enumerate() {
-        if reusable.contains(&b) {
-            continue;
-        }
-        for frag in 0..nfrag {
-            sched.add(b, Target::Fragment(frag), r.clone().collect());
-        }
-    }
     let done_work = |parts: &[PathBuf]| {
         if !users.as_ref().is_none_or(|u| u.last_to_leave()) {
             // Another search is using the work directory: its parts may be these.
@@ -461,7 +452,6 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
             ns,
             parts,
             reusable,
-            sched,
             recording,
         },
         &mut cleanup,
