@@ -3,7 +3,7 @@
 //! architecture of mpiBLAST itself, where the master merges and writes everything.
 //!
 //! The master cuts the queries into batches by residues and creates one task per
-//! (batch, fragment); the [`Scheduler`] hands tasks to idle workers with fragment
+//! (batch, fragment); the [`Scheduler`](crate::schedule::Scheduler) hands tasks to idle workers with fragment
 //! affinity. A worker runs BLAST+ with `-outfmt 11` on the fragment's whole-statistics
 //! alias and sends the archive back. When a batch's last fragment is in, its queries are
 //! merged; a query whose whole-database search might have overflowed BLAST's
