@@ -160,6 +160,13 @@ pub struct TcpConn {
     direct: Option<DirectRead>,
     /// Such a frame just ended.
     after_direct: bool,
+    /// The socket took less than it was offered: it is full until the kernel reports
+    /// room again ([`TcpConn::room_reported`]). Writing into a full socket whenever a
+    /// few hundred bytes of it were freed, as a spinning waiter's every pass did,
+    /// split a stream into writes of ≈400 bytes: the first 16 MiB of a fresh
+    /// connection's 1 MiB stream went out as 14 writes of 490 KiB and then 2935 of
+    /// 424 B, and moved at 1.1–2.2 GB/s against 4–7 once the socket's buffer had grown.
+    full: bool,
 }
 
 /// A piece received with [`FLAG_SUM_AFTER`], undelivered until its sum has matched.
@@ -212,6 +219,7 @@ impl TcpConn {
             pending: PendingSums::default(),
             direct: None,
             after_direct: false,
+            full: false,
         }
     }
 
@@ -310,9 +318,23 @@ impl TcpConn {
         }
     }
 
-    /// Writes as much of the queue as the socket takes. `Ok(())` also when it would block.
+    /// The kernel reported room in the socket (a writable edge): writes may go on.
+    pub fn room_reported(&mut self) {
+        self.full = false;
+    }
+
+    /// Whether the socket is full: nothing is written until [`TcpConn::room_reported`].
+    pub fn is_full(&self) -> bool {
+        self.full
+    }
+
+    /// Writes as much of the queue as the socket takes. `Ok(())` also when it would
+    /// block, and without a system call while the socket is known to be full: a
+    /// non-blocking TCP write that stopped short (or would block) has marked the socket
+    /// as waiting for room, and the kernel reports the room (an `EPOLLOUT` edge) once
+    /// half of what is queued has gone, so the next write carries that much.
     pub fn write_out(&mut self) -> io::Result<()> {
-        if self.state == ConnState::Connecting {
+        if self.state == ConnState::Connecting || self.full {
             return Ok(());
         }
         loop {
@@ -328,9 +350,13 @@ impl TcpConn {
                 self.queue_sum();
             }
             let slices: Vec<IoSlice<'_>> = self.wq.iter().take(64).map(|b| IoSlice::new(b)).collect();
+            let offered: usize = slices.iter().map(|s| s.len()).sum();
             match self.stream.write_vectored(&slices) {
                 Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection wrote zero bytes")),
                 Ok(mut n) => {
+                    if n < offered {
+                        self.full = true;
+                    }
                     self.wq_bytes -= n;
                     while n > 0 {
                         let front = self.wq.front_mut().unwrap();
@@ -343,9 +369,15 @@ impl TcpConn {
                         }
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.full = true;
+                    return Ok(());
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
+            }
+            if self.full {
+                return Ok(());
             }
         }
         Ok(())
@@ -392,7 +424,8 @@ impl TcpConn {
             if self.after_direct && buffered < PIECE_TAIL {
                 n = n.min(PIECE_TAIL - buffered);
             }
-            match self.stream.read(&mut spare[..n]) {
+            let r = self.stream.read(&mut spare[..n]);
+            match r {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     self.after_direct = false;
@@ -482,7 +515,8 @@ impl TcpConn {
         let tail = self.dec.spare();
         let tail_len = tail.len().min(PIECE_TAIL);
         loop {
-            match crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]) {
+            let r = crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]);
+            match r {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     d.crc = crate::crc::append(d.crc, &dest[before..]);
@@ -675,5 +709,57 @@ mod tests {
         let big = Bytes::from(vec![0u8; HELD_COPIES_AT_MOST]);
         p.hold(piece(1), 0, Some(big)).unwrap();
         assert!(matches!(p.hold(piece(2), 0, Some(Bytes::from_static(b"x"))), Err(FrameError::SumMissing { pieces: 2, .. })));
+    }
+
+    #[test]
+    fn a_full_socket_is_written_again_only_once_the_kernel_reports_room() {
+        use std::io::Read;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut reader, _) = listener.accept().unwrap();
+        client.set_nonblocking(true).unwrap();
+        let mut stream = mio::net::TcpStream::from_std(client);
+        let mut poll = mio::Poll::new().unwrap();
+        poll.registry().register(&mut stream, mio::Token(1), mio::Interest::READABLE | mio::Interest::WRITABLE).unwrap();
+        let mut events = mio::Events::with_capacity(8);
+        // The edge of the socket's first room, reported at registration.
+        poll.poll(&mut events, Some(std::time::Duration::from_millis(100))).unwrap();
+        let mut c = TcpConn::new(stream, None, false, 64 << 20);
+        // More than a socket takes with nobody reading.
+        let h = Header::new(Kind::Eager, Channel::Normal, Addr::new(1, 1), Addr::new(2, 1));
+        let payload = Bytes::from(vec![7u8; 1 << 20]);
+        for _ in 0..64 {
+            c.queue(&Frame { header: h.clone(), payload: payload.clone() });
+        }
+        let total = c.queued();
+        c.write_out().unwrap();
+        let left = c.queued();
+        assert!(c.is_full() && left > 0 && left < total, "{left} of {total} bytes left");
+
+        // The reader frees some room: nothing is written into it until the kernel says
+        // there is enough.
+        let mut buf = vec![0u8; 256 << 10];
+        reader.read_exact(&mut buf).unwrap();
+        c.write_out().unwrap();
+        assert_eq!(c.queued(), left, "a socket known to be full was written");
+
+        // The kernel reports room (a writable edge) before the reader has taken everything.
+        let mut taken = buf.len();
+        let writable = loop {
+            poll.poll(&mut events, Some(std::time::Duration::ZERO)).unwrap();
+            if events.iter().any(|e| e.token() == mio::Token(1) && e.is_writable()) {
+                break true;
+            }
+            if taken >= total - left {
+                break false;
+            }
+            reader.read_exact(&mut buf).unwrap();
+            taken += buf.len();
+        };
+        assert!(writable, "no writable edge after the reader took all {taken} bytes written");
+        c.room_reported();
+        assert!(!c.is_full());
+        c.write_out().unwrap();
+        assert!(c.queued() < left, "room reported, yet nothing written");
     }
 }

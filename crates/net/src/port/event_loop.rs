@@ -363,15 +363,16 @@ impl State {
     /// established one is read (a `read` each, the fewest system calls when data
     /// came); with more, only those the set (`tcp_set`) has edges for. While the set
     /// is out of the event thread's watch (`quiet_tcp`) and a connection is still
-    /// being set up, the set's edges are taken here in any case: they may be its
-    /// handshake's, which nothing else would read.
+    /// being set up, or one is full (`TcpConn::is_full`), the set's edges are taken
+    /// here in any case: they may be its handshake's, or the room the full one waits
+    /// for, which nothing else would report.
     pub(super) fn poll_tcp(&mut self) {
         if self.tcp.is_empty() {
             return;
         }
         let established = self.tcp.values().filter(|c| c.state == ConnState::Established).count();
         let read_each = established <= READ_EACH_MAX;
-        let setting_up = established < self.tcp.len();
+        let edges_needed = established < self.tcp.len() || self.tcp.values().any(|c| c.is_full());
         if read_each {
             let mut ids = std::mem::take(&mut self.scratch_ids);
             ids.extend(self.tcp.iter().filter(|(_, c)| c.state == ConnState::Established).map(|(id, _)| *id));
@@ -380,7 +381,7 @@ impl State {
             }
             self.scratch_ids = ids;
         }
-        if !read_each || (setting_up && !self.tcp_set.is_watched()) {
+        if !read_each || (edges_needed && !self.tcp_set.is_watched()) {
             self.drain_tcp_set();
         }
     }
@@ -410,9 +411,30 @@ impl State {
         self.shm.values().any(|c| c.peer == peer && c.peer_pid == Some(pid))
     }
 
-    /// Cheap check for the spin loop: anything in a ring or queued to send?
+    /// Cheap check for the spin loop: anything in a ring, or queued to send where it
+    /// can go? Output for a peer behind a full socket waits for the kernel to report
+    /// room, which the spin's look at the sockets (`poll_tcp`) finds: counting it as
+    /// work sent the spin round its progress pass without ever reaching that look, a
+    /// stream's sender spinning for 18 ms with its socket emptied.
     pub(super) fn has_work(&mut self) -> bool {
-        self.proto.has_output() || self.shm.values_mut().any(|c| c.rx.has_data())
+        (self.proto.has_output() && !self.output_waits_for_room()) || self.shm.values_mut().any(|c| c.rx.has_data())
+    }
+
+    /// Whether every peer with output queued is a remote one whose socket is full.
+    fn output_waits_for_room(&mut self) -> bool {
+        if !self.tcp.values().any(|c| c.is_full()) {
+            return false;
+        }
+        let mut peers = std::mem::take(&mut self.scratch);
+        self.proto.dirty_peers_into(&mut peers);
+        let (me, links, tcp) = (self.me, &self.links, &self.tcp);
+        let full = |p: &Addr| {
+            p.node != me.node && links.get(p).and_then(|l| l.conn).and_then(|cid| tcp.get(&cid)).is_some_and(|c| c.is_full())
+        };
+        let waiting = peers.iter().all(full);
+        peers.clear();
+        self.scratch = peers;
+        waiting
     }
 
     pub(super) fn output_settled(&mut self) -> bool {
@@ -457,6 +479,9 @@ impl State {
                     1 => self.check_shm_alive(id),
                     2 => {
                         if writable {
+                            if let Some(c) = self.tcp.get_mut(&id) {
+                                c.room_reported();
+                            }
                             self.tcp_writable(id);
                         }
                         if readable {
