@@ -256,6 +256,11 @@ impl TcpConn {
             return;
         }
         if self.sealer.is_none() && f.header.kind == Kind::Data && f.header.total >= SUM_AFTER_MIN as u64 && !f.payload.is_empty() {
+            if self.wq.is_empty() {
+                // The pieces of the pending sum have all left (a write that left their
+                // sum to come with what follows: `write_out_leaving_sum`).
+                self.queue_sum();
+            }
             f.header.encode_sum_after(f.payload.len(), &mut h);
             self.unsummed.push((f.header.seq, f.payload.clone()));
             self.unsummed_route = (f.header.src, f.header.dst);
@@ -334,6 +339,21 @@ impl TcpConn {
     /// as waiting for room, and the kernel reports the room (an `EPOLLOUT` edge) once
     /// half of what is queued has gone, so the next write carries that much.
     pub fn write_out(&mut self) -> io::Result<()> {
+        self.write_queue(true)
+    }
+
+    /// [`TcpConn::write_out`] for a caller about to queue more frames: a sum whose
+    /// pieces have all been written is left to go in the same write as those frames
+    /// (it is queued ahead of them, [`TcpConn::queue`]) rather than in one of its own.
+    /// A stream of 1 MiB messages wrote each message's 136-byte sum by itself: a second
+    /// system call per message, and on loopback a second pass through the receiving
+    /// socket's input path. The caller must call `write_out` once it has queued what
+    /// it had, or the sum would wait.
+    pub fn write_out_leaving_sum(&mut self) -> io::Result<()> {
+        self.write_queue(false)
+    }
+
+    fn write_queue(&mut self, sum_now: bool) -> io::Result<()> {
         if self.state == ConnState::Connecting || self.full {
             return Ok(());
         }
@@ -344,7 +364,7 @@ impl TcpConn {
             if self.wq.is_empty() {
                 // The pieces are with the kernel: checksum them while the receiver
                 // copies them out, and send the sum after them.
-                if self.unsummed.is_empty() {
+                if self.unsummed.is_empty() || !sum_now {
                     break;
                 }
                 self.queue_sum();
@@ -729,7 +749,7 @@ mod tests {
         let h = Header::new(Kind::Eager, Channel::Normal, Addr::new(1, 1), Addr::new(2, 1));
         let payload = Bytes::from(vec![7u8; 1 << 20]);
         for _ in 0..64 {
-            c.queue(&Frame { header: h.clone(), payload: payload.clone() });
+            c.queue(&Frame { header: h, payload: payload.clone() });
         }
         let total = c.queued();
         c.write_out().unwrap();
@@ -761,5 +781,63 @@ mod tests {
         assert!(!c.is_full());
         c.write_out().unwrap();
         assert!(c.queued() < left, "room reported, yet nothing written");
+    }
+
+    /// A frame as the receiver's decoder sees it: kind, sequence number, and the sums a
+    /// sum frame carries.
+    type Seen = (Kind, u64, Vec<(u64, u32)>);
+
+    fn frames_read(reader: &mut std::net::TcpStream, mut want: usize) -> Vec<Seen> {
+        use std::io::Read;
+        let mut dec = FrameDecoder::new(1 << 20);
+        let mut out = Vec::new();
+        while want > 0 {
+            let n = reader.read(dec.spare()).unwrap();
+            assert!(n > 0, "connection closed");
+            dec.filled(n);
+            while let Some((h, payload)) = dec.next_frame().unwrap() {
+                let sums = if h.kind == Kind::Sum { crate::frame::decode_sums(payload).unwrap() } else { Vec::new() };
+                out.push((h.kind, h.seq, sums));
+                want -= 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_sum_left_by_a_write_goes_ahead_of_the_next_piece_or_with_the_final_write() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut reader, _) = listener.accept().unwrap();
+        client.set_nonblocking(true).unwrap();
+        let mut c = TcpConn::new(mio::net::TcpStream::from_std(client), None, false, 1 << 20);
+        let body = Bytes::from(vec![9u8; SUM_AFTER_MIN]);
+        let crc = crate::frame::crc32c(&body);
+        let piece = |seq: u64| {
+            let mut h = Header::new(Kind::Data, Channel::Normal, Addr::new(1, 1), Addr::new(2, 1));
+            h.seq = seq;
+            h.total = 2 * SUM_AFTER_MIN as u64;
+            Frame { header: h, payload: body.clone() }
+        };
+        c.queue(&piece(1));
+        c.queue(&piece(2));
+        c.write_out_leaving_sum().unwrap();
+        assert_eq!(c.queued(), 0, "the pieces are written");
+        // Their sum goes ahead of the next piece, in its write...
+        c.queue(&piece(3));
+        assert_eq!(c.queued(), 2 * HEADER_LEN + 2 * crate::frame::SUM_ENTRY_LEN + SUM_AFTER_MIN);
+        c.write_out_leaving_sum().unwrap();
+        // ...and the last one with the write that ends the caller's turn.
+        c.write_out().unwrap();
+        assert_eq!(c.queued(), 0);
+        let seen = frames_read(&mut reader, 5);
+        let expected = vec![
+            (Kind::Data, 1, vec![]),
+            (Kind::Data, 2, vec![]),
+            (Kind::Sum, 0, vec![(1, crc), (2, crc)]),
+            (Kind::Data, 3, vec![]),
+            (Kind::Sum, 0, vec![(3, crc)]),
+        ];
+        assert_eq!(seen, expected);
     }
 }

@@ -428,9 +428,8 @@ impl State {
         let mut peers = std::mem::take(&mut self.scratch);
         self.proto.dirty_peers_into(&mut peers);
         let (me, links, tcp) = (self.me, &self.links, &self.tcp);
-        let full = |p: &Addr| {
-            p.node != me.node && links.get(p).and_then(|l| l.conn).and_then(|cid| tcp.get(&cid)).is_some_and(|c| c.is_full())
-        };
+        let full =
+            |p: &Addr| p.node != me.node && links.get(p).and_then(|l| l.conn).and_then(|cid| tcp.get(&cid)).is_some_and(|c| c.is_full());
         let waiting = peers.iter().all(full);
         peers.clear();
         self.scratch = peers;

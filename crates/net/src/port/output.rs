@@ -152,7 +152,7 @@ impl State {
                 // Hand the kernel the pieces checksummed so far: the peer copies and
                 // checks them while we checksum the next ones, instead of the whole
                 // message going through each step one after the other.
-                if let Err(e) = c.write_out() {
+                if let Err(e) = c.write_out_leaving_sum() {
                     let msg = format!("write to {peer}: {e}");
                     self.conn_lost(cid, &msg);
                     return;
