@@ -444,8 +444,7 @@ impl TcpConn {
             if self.after_direct && buffered < PIECE_TAIL {
                 n = n.min(PIECE_TAIL - buffered);
             }
-            let r = self.stream.read(&mut spare[..n]);
-            match r {
+            match self.stream.read(&mut spare[..n]) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     self.after_direct = false;
@@ -535,8 +534,7 @@ impl TcpConn {
         let tail = self.dec.spare();
         let tail_len = tail.len().min(PIECE_TAIL);
         loop {
-            let r = crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]);
-            match r {
+            match crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
                     d.crc = crate::crc::append(d.crc, &dest[before..]);
