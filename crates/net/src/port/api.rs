@@ -105,6 +105,7 @@ impl Port {
             links: FxHashMap::default(),
             scratch: Vec::new(),
             scratch_ids: Vec::new(),
+            next_room_look: Instant::now(),
             space_owed: false,
             next_id: 0,
             awake: 0,

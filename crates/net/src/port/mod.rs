@@ -369,6 +369,9 @@ struct State {
     scratch: Vec<Addr>,
     /// Reusable buffer for connection ids.
     scratch_ids: Vec<usize>,
+    /// When a spinner next asks the TCP set whether a full socket has room
+    /// (`State::poll_tcp`).
+    next_room_look: Instant,
     /// Some shared-memory connection owes its peer a look at `want_space`
     /// ([`crate::shm::ShmConn::owe_space`]); [`State::settle_space`] pays.
     space_owed: bool,
