@@ -370,10 +370,10 @@ impl State {
     /// Non-blocking reads of the TCP connections, for spinners. With a few, each
     /// established one is read (a `read` each, the fewest system calls when data
     /// came); with more, only those the set (`tcp_set`) has edges for. While the set
-    /// is out of the event thread's watch (`quiet_tcp`) and a connection is still
-    /// being set up, or one is full (`TcpConn::is_full`), the set's edges are taken
-    /// here in any case: they may be its handshake's, or the room the full one waits
-    /// for, which nothing else would report.
+    /// is out of the event thread's watch (`quiet_tcp`), or there is no event thread,
+    /// and a connection is still being set up, or one is full (`TcpConn::is_full`), the
+    /// set's edges are taken here in any case: they may be its handshake's, or the room
+    /// the full one waits for, which nothing else would report before this wait sleeps.
     pub(super) fn poll_tcp(&mut self) {
         if self.tcp.is_empty() {
             return;
@@ -396,7 +396,9 @@ impl State {
             }
             self.scratch_ids = ids;
         }
-        if !read_each || (edges_needed && !self.tcp_set.is_watched()) {
+        // Without an event thread, nobody else takes the set's edges while this spins.
+        let thread_watches = self.tcp_set.is_watched() && self.cfg.progress == Progress::Thread;
+        if !read_each || (edges_needed && !thread_watches) {
             self.drain_tcp_set();
         }
     }
