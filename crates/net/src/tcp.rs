@@ -729,14 +729,20 @@ mod tests {
         assert!(matches!(p.hold(piece(2), 0, Some(Bytes::from_static(b"x"))), Err(FrameError::SumMissing { pieces: 2, .. })));
     }
 
+    /// A connected pair on loopback: the writing end, non-blocking, as the port holds
+    /// it, and a blocking reader.
+    fn socket_pair() -> (mio::net::TcpStream, std::net::TcpStream) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        client.set_nonblocking(true).unwrap();
+        (mio::net::TcpStream::from_std(client), reader)
+    }
+
     #[test]
     fn a_full_socket_is_written_again_only_once_the_kernel_reports_room() {
         use std::io::Read;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut reader, _) = listener.accept().unwrap();
-        client.set_nonblocking(true).unwrap();
-        let mut stream = mio::net::TcpStream::from_std(client);
+        let (mut stream, mut reader) = socket_pair();
         let mut poll = mio::Poll::new().unwrap();
         poll.registry().register(&mut stream, mio::Token(1), mio::Interest::READABLE | mio::Interest::WRITABLE).unwrap();
         let mut events = mio::Events::with_capacity(8);
@@ -804,11 +810,8 @@ mod tests {
 
     #[test]
     fn a_sum_left_by_a_write_goes_ahead_of_the_next_piece_or_with_the_final_write() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut reader, _) = listener.accept().unwrap();
-        client.set_nonblocking(true).unwrap();
-        let mut c = TcpConn::new(mio::net::TcpStream::from_std(client), None, false, 1 << 20);
+        let (stream, mut reader) = socket_pair();
+        let mut c = TcpConn::new(stream, None, false, 1 << 20);
         let body = Bytes::from(vec![9u8; SUM_AFTER_MIN]);
         let crc = crate::frame::crc32c(&body);
         let piece = |seq: u64| {
