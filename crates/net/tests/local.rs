@@ -309,8 +309,11 @@ fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
             assert_eq!(a.recv(Some(b.addr()), Some(2), 4).unwrap().data, i.to_le_bytes());
         }
     });
+    // Forgetting the lease woke it at about every other call (135 in 200); kept, it is
+    // woken a few times, more when other processes take the cores (0-23 in 200 here,
+    // the 23 right after a build, against a bound of 20 that then failed twice in 17).
     let woken = a.stats().lease_wakeups;
-    assert!(woken < u64::from(calls / 10), "{woken} wake-ups of the event thread in {calls} calls");
+    assert!(woken < u64::from(calls / 4), "{woken} wake-ups of the event thread in {calls} calls");
 }
 
 #[test]
