@@ -1,7 +1,7 @@
 //! Agent mode of a search: the node's agent (or a cluster's agents) run the workers'
 //! tasks and merge and write the parts; the master submits the tasks and assembles the
 //! parts. The no-agent baseline (the master merges and writes everything) is in
-//! `mod.rs`.
+//! `baseline.rs`.
 
 use super::*;
 
@@ -14,6 +14,9 @@ pub(super) struct Accel<'a> {
     pub(super) db_dir: PathBuf,
     pub(super) blastdb: String,
     pub(super) batch_ranges: Vec<std::ops::Range<usize>>,
+    /// Each batch as FASTA text, as written into the search's scratch directory: the
+    /// job directory the agents read gets the same bytes.
+    pub(super) batch_texts: Vec<Vec<u8>>,
     pub(super) split: SplitBy,
     pub(super) tmp_out: PathBuf,
     pub(super) out_dir: PathBuf,
@@ -24,7 +27,7 @@ pub(super) struct Accel<'a> {
 
 /// Agent mode on one machine: start the node's agent and W workers registered with it;
 /// the master submits the tasks and assembles the parts the agents write.
-pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanup, env: Env<'_>) -> Result<Summary, SearchError> {
+pub(super) fn run_accel(opts: &SearchOptions, mut a: Accel<'_>, cleanup: &mut Cleanup, env: Env<'_>) -> Result<Summary, SearchError> {
     use crate::accel;
     let id = format!("{}-{}", std::process::id(), a.started.elapsed().as_nanos());
     let job_parent = match &env {
@@ -35,9 +38,9 @@ pub(super) fn run_accel(opts: &SearchOptions, a: Accel<'_>, cleanup: &mut Cleanu
     let job = job_parent.join(format!(".gepsea-job-{}", std::process::id()));
     std::fs::create_dir_all(&job).map_err(|e| SearchError::Output { path: job.clone(), source: e })?;
     let _job_guard = RemoveDir(job.clone());
-    for (b, r) in a.batch_ranges.iter().enumerate() {
+    for (b, text) in std::mem::take(&mut a.batch_texts).into_iter().enumerate() {
         let f = accel::batch_file(&job, b);
-        std::fs::write(&f, crate::fasta::text_of(&a.queries[r.clone()])).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
+        std::fs::write(&f, text).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
     }
     let k = hitlist_size(&opts.blast_args, &opts.outfmt);
     let cbs = a.program == "blastp" && !matches!(option_value(&opts.blast_args, "-comp_based_stats"), Some("0" | "F" | "f"));

@@ -376,7 +376,6 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         .into_iter()
         .map(|k| parts_dir.join(format!("{k}.part")))
         .collect();
-    drop(batch_texts);
     // With `--no-resume`, older parts are searched again; removed unless another search
     // sharing the work directory may be using them (it would write the same ones).
     if !opts.resume && alone() {
@@ -422,6 +421,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
                 db_dir,
                 blastdb,
                 batch_ranges,
+                batch_texts,
                 split,
                 tmp_out,
                 out_dir,
@@ -435,6 +435,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         done_work(&parts_for_cleanup);
         return Ok(s);
     }
+    drop(batch_texts);
     run_baseline(
         opts,
         Baseline {
