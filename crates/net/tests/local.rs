@@ -316,6 +316,47 @@ fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
     assert!(woken < u64::from(calls / 4), "{woken} wake-ups of the event thread in {calls} calls");
 }
 
+/// While the application keeps communicating, each look of the event thread takes a
+/// core from it; the looks at a wait that spins on and on thin out (the interval
+/// doubles from one lease up to 4 ms), and the event thread still looks (it takes
+/// progress over when the application stops calling). At a 1 ms cap the looks cost a
+/// 1 MiB TCP ping-pong 6–26 µs per one way on 2 cores (issue 20).
+#[test]
+fn the_event_threads_looks_at_a_long_spinning_wait_thin_out() {
+    let ns = unique("looks");
+    let _ns_dir = Ns(ns.clone());
+    let mut config = PortConfig::new(&ns, Addr::new(0, 1));
+    config.spin = Duration::from_secs(10); // never asleep: every wait spins to its answer
+    let a = Port::open(config).unwrap();
+    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    let answer_after = |delay: Duration, i: u32| {
+        let m = b.recv(Some(a.addr()), Some(1), 4).unwrap();
+        std::thread::sleep(delay);
+        b.send(a.addr(), 2, m.data).unwrap();
+        i
+    };
+    let long = Duration::from_millis(200);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // A burst of quick calls (which leaves a lease the event thread looks at),
+            // then one call that spins for `long`.
+            for i in 0..20 {
+                answer_after(Duration::ZERO, i);
+            }
+            answer_after(long, 20);
+        });
+        for i in 0..21u32 {
+            a.send(b.addr(), 1, i.to_le_bytes().to_vec()).unwrap();
+            assert_eq!(a.recv(Some(b.addr()), Some(2), 4).unwrap().data, i.to_le_bytes());
+        }
+    });
+    // Doubling from the 50 µs lease to the 4 ms cap: 7 looks in the first 6.4 ms, then
+    // one per 4 ms, ≈ 55 in all; at a 1 ms cap it was one per ms (≥ 200).
+    let looks = a.stats().busy_looks;
+    let most = long.as_millis() as u64 / 2;
+    assert!((1..=most).contains(&looks), "{looks} looks of the event thread at a wait spinning for {long:?} (expected 1 to {most})");
+}
+
 #[test]
 fn detached_sends_and_a_polling_event_loop_miss_nothing() {
     let ns = unique("det");

@@ -120,7 +120,6 @@ impl Port {
             corked: false,
             last_return: None,
             answer_spin_until: None,
-            lease_backoff: Duration::ZERO,
             thread_wake_at: None,
             timer: timer.clone(),
             shm_retry: HashMap::new(),
@@ -145,6 +144,7 @@ impl Port {
             linger,
             trace,
             handover: Default::default(),
+            busy_looks: AtomicU64::new(0),
             timer,
         });
         let thread = if progress == Progress::Thread {
@@ -553,7 +553,9 @@ impl Port {
 
     /// Transport counters.
     pub fn stats(&self) -> PortStats {
-        self.sh.st.lock().stats.clone()
+        let mut stats = self.sh.st.lock().stats.clone();
+        stats.busy_looks = self.sh.busy_looks.load(Ordering::Relaxed);
+        stats
     }
 
     /// Protocol counters.

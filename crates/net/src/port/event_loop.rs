@@ -108,9 +108,22 @@ pub(super) fn progress_all(st: &mut MutexGuard<'_, State>) {
     run_copies(st);
 }
 
+/// The next interval between the event thread's looks at an application that is still
+/// communicating: twice the last, from one lease up to [`MAX_LEASE_BACKOFF`]. Doubling
+/// keeps how late the event thread takes over after a burst of calls ends to about the
+/// burst's own length (a short burst is checked on soon), and the cap to at most that.
+/// (A lease longer than the cap is its own cap: `clamp` panics, and took the event
+/// thread with it, when its bounds cross.)
+fn lengthened(backoff: Duration, lease: Duration) -> Duration {
+    (backoff * 2).clamp(lease, MAX_LEASE_BACKOFF.max(lease))
+}
+
 pub(super) fn event_thread(sh: Arc<Shared>) {
     let mut events = Events::with_capacity(256);
     let mut ready: Vec<Ready> = Vec::new();
+    // How long after this look the next one comes while the application keeps
+    // communicating (`lengthened`); only this thread plans its looks.
+    let mut backoff = Duration::ZERO;
     loop {
         {
             let mut poll = sh.poll.lock();
@@ -134,17 +147,20 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             if sh.handover.offer(&mut ready) {
                 // The wait serves the events and runs the deadlines that fell due; the
                 // rest of a pass (the lease's expiry, the next look) is still ours, so
-                // look again within the cap on the back-off, or sooner if the wait set
-                // a deadline meanwhile, without the lock. (A waker's event handed over
-                // without this left the look it asked for unplanned: a port whose
-                // application then stopped calling stayed awake, and its peers never
-                // rang it. The wait arming the timer instead put a system call and a VM
-                // exit on its path: 1 MiB one way 189 against 178 µs.)
+                // look again after the back-off (a spinning wait is a burst still going
+                // on, as a renewed lease is), or sooner if the wait set a deadline
+                // meanwhile, without the lock. (A waker's event handed over without this
+                // left the look it asked for unplanned: a port whose application then
+                // stopped calling stayed awake, and its peers never rang it. The wait
+                // arming the timer instead put a system call and a VM exit on its path:
+                // 1 MiB one way 189 against 178 µs.)
+                backoff = lengthened(backoff, sh.lease);
+                sh.busy_looks.fetch_add(1, Ordering::Relaxed);
                 if let Some(t) = &sh.timer {
                     if timer {
                         t.clear();
                     }
-                    t.arm_unless_sooner(MAX_LEASE_BACKOFF);
+                    t.arm_unless_sooner(backoff);
                 }
                 break None;
             }
@@ -166,7 +182,7 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
                 // The application went quiet: stop claiming to be awake for it, and
                 // watch the sockets its last wait kept.
                 st.lease = None;
-                st.lease_backoff = Duration::ZERO;
+                backoff = Duration::ZERO;
                 if std::mem::take(&mut st.quiet_lingers) {
                     st.unquiet_tcp();
                 }
@@ -178,11 +194,10 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             } else {
                 // Renewed since we last looked: the application is busy communicating.
                 // Look again less and less often (each look is a wake-up that takes a
-                // core from the spinning application), up to MAX_LEASE_BACKOFF.
-                // (A lease longer than the cap is its own cap: `clamp` panics, and
-                // took the event thread with it, when its bounds cross.)
-                st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF.max(sh.lease));
-                lease_check = Some(until + st.lease_backoff);
+                // core from the spinning application).
+                backoff = lengthened(backoff, sh.lease);
+                sh.busy_looks.fetch_add(1, Ordering::Relaxed);
+                lease_check = Some(until + backoff);
             }
         } else if st.in_wait > st.waiters {
             // A wait is spinning: it took the lease and leaves a new one when it
@@ -192,8 +207,12 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             // agent that take longer than this pass did so about every other call (a
             // remote board put loop on 2 cores: 7,188 wake-ups in 0.5 s, each waiting
             // 20-30 µs for a core the spinning processes held, then taking it).
-            st.lease_backoff = (st.lease_backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF.max(sh.lease));
-            lease_check = Some(now + st.lease_backoff);
+            backoff = lengthened(backoff, sh.lease);
+            sh.busy_looks.fetch_add(1, Ordering::Relaxed);
+            lease_check = Some(now + backoff);
+        } else {
+            // Nobody is calling: the next burst's looks start close again.
+            backoff = Duration::ZERO;
         }
         while st.set_awake(false) {
             st.set_awake(true);
@@ -224,7 +243,7 @@ pub(super) fn serve_handed_over(sh: &Shared, st: &mut MutexGuard<'_, State>) -> 
     // The event thread planned its next look itself, without the lock: within the cap
     // on the back-off, or at a sooner setting it found. Say so here, so that a deadline
     // set from now on within that cap arms the timer (`State::wake_event_thread_by`):
-    // a stale, passed `thread_wake_at` would have it wait for the look, up to 1 ms late.
+    // a stale, passed `thread_wake_at` would have it wait for the look, up to the cap late.
     let now = Instant::now();
     let cap = now + MAX_LEASE_BACKOFF;
     st.thread_wake_at = Some(match st.thread_wake_at {

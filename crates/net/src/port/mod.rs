@@ -26,7 +26,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -207,6 +207,11 @@ pub struct PortStats {
     /// Times a `wait` returning within a burst of calls woke this port's event thread
     /// so that it would look at the lease it left (`PortConfig::lease`).
     pub lease_wakeups: u64,
+    /// Times the event thread looked at a port whose application was still
+    /// communicating (its lease renewed, or a `wait` of it spinning). Each look takes a
+    /// core from the application; they thin out as a burst of calls goes on, down to
+    /// one per 4 ms.
+    pub busy_looks: u64,
     /// Single copies refused because the offer named a process other than the peer.
     pub single_copies_not_from_peer: u64,
     /// Rendezvous pieces from TCP peers received straight into the posted buffer
@@ -250,9 +255,14 @@ impl Payload<'_> {
 /// A timeout that never comes.
 const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The longest the event thread lets a continuously renewed lease go unchecked: how
-/// late, at worst, it takes over progress after a long burst of calls ends.
-const MAX_LEASE_BACKOFF: Duration = Duration::from_millis(1);
+/// The longest the event thread lets a continuously renewed lease (or a wait that spins
+/// on) go unchecked: how late, at worst, it takes over progress after a long burst of
+/// calls ends (a shorter burst is checked on within about its own length: the interval
+/// doubles from one lease). Each look takes a core from the communicating application
+/// on a busy machine: at 1 ms they cost a 1 MiB TCP ping-pong on 2 cores ≈ 12 µs per
+/// one way against inline progress (2, 4 and 8 ms: 9, 11 and 12 µs of it recovered,
+/// `docs/benchmarks.md`, forty-seventh session).
+const MAX_LEASE_BACKOFF: Duration = Duration::from_millis(4);
 
 /// Marks a send that was written out (and so finished) before `isend` returned: the
 /// request never enters the protocol's tables, and `wait`/`test` answer it without
@@ -393,8 +403,6 @@ struct State {
     kick: bool,
     /// The awake lease left by the last `wait` (counted in `awake` while held).
     lease: Option<Instant>,
-    /// How much later than a renewed lease's end the event thread looks again.
-    lease_backoff: Duration,
     /// When the last `wait` returned: a wait that starts within a lease of it is part
     /// of a burst of calls and leaves a lease behind; one that follows a long
     /// computation does not.
@@ -453,6 +461,9 @@ struct Shared {
     /// The event thread's timer (also in `State`): it arms it without the lock when it
     /// leaves its events to a spinning wait.
     timer: Option<Arc<crate::timer::Timer>>,
+    /// `PortStats::busy_looks`: counted here, as the event thread counts some of them
+    /// without the lock.
+    busy_looks: AtomicU64,
 }
 
 /// A process's communication endpoint. Cheap to share between threads (`&Port` is
