@@ -259,9 +259,9 @@ const FOREVER: Duration = Duration::from_secs(365 * 24 * 3600);
 /// on) go unchecked: how late, at worst, it takes over progress after a long burst of
 /// calls ends (a shorter burst is checked on within about its own length: the interval
 /// doubles from one lease). Each look takes a core from the communicating application
-/// on a busy machine: at 1 ms they cost a 1 MiB TCP ping-pong on 2 cores ≈ 12 µs per
-/// one way against inline progress (2, 4 and 8 ms: 9, 11 and 12 µs of it recovered,
-/// `docs/benchmarks.md`, forty-seventh session).
+/// on a busy machine: at 1 ms they cost a 1 MiB TCP ping-pong on 2 cores ≈ 15 µs per
+/// one way against inline progress (capped at 2, 4 and 8 ms: 9, 11 and 12 µs of it
+/// recovered; `docs/benchmarks.md`, forty-seventh session).
 const MAX_LEASE_BACKOFF: Duration = Duration::from_millis(4);
 
 /// Marks a send that was written out (and so finished) before `isend` returned: the
