@@ -215,8 +215,8 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
         // (A look that finds neither a lease nor a spinning wait keeps the back-off.
         // Resetting it there too, the agents' ports, woken by requests between their
         // own bursts, looked more often: a remote lock pair's p50 came out at
-        // 0.76-1.22× its target in 9 of 39 rounds of `gepsea-bench agent`; kept, in 1
-        // of 30 (0.90), and with the 1 ms cap in none of 57.)
+        // 0.76-1.22× its target in 9 of 51 rounds of `gepsea-bench agent`; kept, in 1
+        // of 30 (0.90), and with the 1 ms cap in none of 66.)
         while st.set_awake(false) {
             st.set_awake(true);
             progress_all(&mut st);
