@@ -279,9 +279,18 @@ fn small_sends_finish_at_once_and_keep_their_order_behind_queued_ones() {
     assert_eq!(a.stats().recent_errors, Vec::<String>::new());
 }
 
-/// The agent's loop: detached sends raise no events, in order with everything else;
-/// a port that says it polls is written to without doorbells, and whatever came in
-/// while it polled is announced on its event descriptor once it stops.
+/// Two ports on one node; the first's waits spin to their answer, never asleep (each
+/// wait takes the lease, and leaves a new one when it returns).
+fn spinning_and_plain_ports(tag: &str) -> (Ns, Port, Port) {
+    let ns = unique(tag);
+    let dir = Ns(ns.clone());
+    let mut config = PortConfig::new(&ns, Addr::new(0, 1));
+    config.spin = Duration::from_secs(10);
+    let a = Port::open(config).unwrap();
+    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    (dir, a, b)
+}
+
 #[test]
 fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
     // A client's calls that each take longer than its event thread's look at the lease
@@ -289,12 +298,7 @@ fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
     // new one when it returns. The event thread must keep its look scheduled across
     // them; when it forgot the lease mid-wait, every return woke it to re-arm the look
     // (a system call, and a wake-up that took a core from the spinning processes).
-    let ns = unique("lease");
-    let _ns_dir = Ns(ns.clone());
-    let mut config = PortConfig::new(&ns, Addr::new(0, 1));
-    config.spin = Duration::from_secs(10); // never asleep: every wait spins to its answer
-    let a = Port::open(config).unwrap();
-    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
+    let (_ns_dir, a, b) = spinning_and_plain_ports("lease");
     let calls = 200u32;
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -318,45 +322,52 @@ fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
 
 /// While the application keeps communicating, each look of the event thread takes a
 /// core from it; the looks at a wait that spins on and on thin out (the interval
-/// doubles from one lease up to 4 ms), and the event thread still looks (it takes
-/// progress over when the application stops calling). At a 1 ms cap the looks cost a
+/// doubles from one lease up to 4 ms). At a 1 ms cap the looks cost a
 /// 1 MiB TCP ping-pong 6–26 µs per one way on 2 cores (issue 20).
 #[test]
 fn the_event_threads_looks_at_a_long_spinning_wait_thin_out() {
-    let ns = unique("looks");
-    let _ns_dir = Ns(ns.clone());
-    let mut config = PortConfig::new(&ns, Addr::new(0, 1));
-    config.spin = Duration::from_secs(10); // never asleep: every wait spins to its answer
-    let a = Port::open(config).unwrap();
-    let b = Port::open(PortConfig::new(&ns, Addr::new(0, 2))).unwrap();
-    let answer_after = |delay: Duration, i: u32| {
+    let (_ns_dir, a, b) = spinning_and_plain_ports("looks");
+    let call = |i: u32| {
+        a.send(b.addr(), 1, i.to_le_bytes().to_vec()).unwrap();
+        assert_eq!(a.recv(Some(b.addr()), Some(2), 4).unwrap().data, i.to_le_bytes());
+    };
+    let answer_after = |delay: Duration| {
         let m = b.recv(Some(a.addr()), Some(1), 4).unwrap();
         std::thread::sleep(delay);
         b.send(a.addr(), 2, m.data).unwrap();
-        i
     };
     let long = Duration::from_millis(200);
-    std::thread::scope(|s| {
+    let looks = std::thread::scope(|s| {
         s.spawn(|| {
-            // A burst of quick calls (which leaves a lease the event thread looks at),
-            // then one call that spins for `long`.
-            for i in 0..20 {
-                answer_after(Duration::ZERO, i);
+            for _ in 0..20 {
+                answer_after(Duration::ZERO);
             }
-            answer_after(long, 20);
+            answer_after(long);
         });
-        for i in 0..21u32 {
-            a.send(b.addr(), 1, i.to_le_bytes().to_vec()).unwrap();
-            assert_eq!(a.recv(Some(b.addr()), Some(2), 4).unwrap().data, i.to_le_bytes());
+        // A burst of quick calls (which leaves a lease the event thread looks at), then
+        // one call that spins for `long`: its looks are counted.
+        for i in 0..20 {
+            call(i);
         }
+        let before = a.stats().busy_looks;
+        call(20);
+        a.stats().busy_looks - before
     });
-    // Doubling from the 50 µs lease to the 4 ms cap: 7 looks in the first 6.4 ms, then
-    // one per 4 ms, ≈ 55 in all; at a 1 ms cap it was one per ms (≥ 200).
-    let looks = a.stats().busy_looks;
+    // Doubling from the 50 µs lease to the 4 ms cap: at most 7 looks in the first
+    // 6.4 ms, then one per 4 ms, ≈ 55 in all (43-56 here, also with three more busy
+    // processes on the 2 cores); at a 1 ms cap one per ms (175 and 196). A timer that
+    // fires late gives fewer, down to none (an event thread that got a core only after
+    // the burst's lease expired planned no look at the long wait, whose return then
+    // wakes it), so only the most is checked; that the event thread takes over once
+    // the calls stop is checked by `conformance.rs`'s
+    // `progress_goes_on_without_library_calls_after_a_burst_of_large_waits`.
     let most = long.as_millis() as u64 / 2;
-    assert!((1..=most).contains(&looks), "{looks} looks of the event thread at a wait spinning for {long:?} (expected 1 to {most})");
+    assert!(looks <= most, "{looks} looks of the event thread at a wait spinning for {long:?} (at most {most} expected)");
 }
 
+/// The agent's loop: detached sends raise no events, in order with everything else;
+/// a port that says it polls is written to without doorbells, and whatever came in
+/// while it polled is announced on its event descriptor once it stops.
 #[test]
 fn detached_sends_and_a_polling_event_loop_miss_nothing() {
     let ns = unique("det");
