@@ -322,8 +322,8 @@ fn waits_longer_than_the_event_threads_look_do_not_wake_it_each_time() {
 
 /// While the application keeps communicating, each look of the event thread takes a
 /// core from it; the looks at a wait that spins on and on thin out (the interval
-/// doubles from one lease up to 4 ms). At a 1 ms cap the looks cost a
-/// 1 MiB TCP ping-pong 6–26 µs per one way on 2 cores (issue 20).
+/// doubles from one lease up to 4 ms). At a 1 ms cap the looks cost a 1 MiB TCP
+/// ping-pong 6–26 µs per one way on 2 cores (issue 20).
 #[test]
 fn the_event_threads_looks_at_a_long_spinning_wait_thin_out() {
     let (_ns_dir, a, b) = spinning_and_plain_ports("looks");

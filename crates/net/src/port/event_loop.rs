@@ -108,21 +108,24 @@ pub(super) fn progress_all(st: &mut MutexGuard<'_, State>) {
     run_copies(st);
 }
 
-/// The next interval between the event thread's looks at an application that is still
-/// communicating: twice the last, from one lease up to [`MAX_LEASE_BACKOFF`]. Doubling
-/// keeps how late the event thread takes over after a burst of calls ends to about the
-/// burst's own length (a short burst is checked on soon), and the cap to at most that.
-/// (A lease longer than the cap is its own cap: `clamp` panics, and took the event
-/// thread with it, when its bounds cross.)
-fn lengthened(backoff: Duration, lease: Duration) -> Duration {
-    (backoff * 2).clamp(lease, MAX_LEASE_BACKOFF.max(lease))
+/// A look of the event thread that found the application still communicating: counted
+/// (`PortStats::busy_looks`), and the interval to the next look doubled and returned,
+/// from one lease up to [`MAX_LEASE_BACKOFF`]. Doubling keeps how late the event thread
+/// takes over after a burst of calls ends to about the burst's own length (a short
+/// burst is checked on soon), and the cap to at most that. (A lease longer than the cap
+/// is its own cap: `clamp` panics, and took the event thread with it, when its bounds
+/// cross.)
+fn busy_look(sh: &Shared, backoff: &mut Duration) -> Duration {
+    sh.busy_looks.fetch_add(1, Ordering::Relaxed);
+    *backoff = (*backoff * 2).clamp(sh.lease, MAX_LEASE_BACKOFF.max(sh.lease));
+    *backoff
 }
 
 pub(super) fn event_thread(sh: Arc<Shared>) {
     let mut events = Events::with_capacity(256);
     let mut ready: Vec<Ready> = Vec::new();
     // How long after this look the next one comes while the application keeps
-    // communicating (`lengthened`); only this thread plans its looks. Back to one lease
+    // communicating (`busy_look`); only this thread plans its looks. Back to one lease
     // once a look finds the lease expired (the burst ended).
     let mut backoff = Duration::ZERO;
     loop {
@@ -155,13 +158,12 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
                 // stopped calling stayed awake, and its peers never rang it. The wait
                 // arming the timer instead put a system call and a VM exit on its path:
                 // 1 MiB one way 189 against 178 µs.)
-                backoff = lengthened(backoff, sh.lease);
-                sh.busy_looks.fetch_add(1, Ordering::Relaxed);
+                let next = busy_look(&sh, &mut backoff);
                 if let Some(t) = &sh.timer {
                     if timer {
                         t.clear();
                     }
-                    t.arm_unless_sooner(backoff);
+                    t.arm_unless_sooner(next);
                 }
                 break None;
             }
@@ -196,9 +198,7 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
                 // Renewed since we last looked: the application is busy communicating.
                 // Look again less and less often (each look is a wake-up that takes a
                 // core from the spinning application).
-                backoff = lengthened(backoff, sh.lease);
-                sh.busy_looks.fetch_add(1, Ordering::Relaxed);
-                lease_check = Some(until + backoff);
+                lease_check = Some(until + busy_look(&sh, &mut backoff));
             }
         } else if st.in_wait > st.waiters {
             // A wait is spinning: it took the lease and leaves a new one when it
@@ -208,9 +208,7 @@ pub(super) fn event_thread(sh: Arc<Shared>) {
             // agent that take longer than this pass did so about every other call (a
             // remote board put loop on 2 cores: 7,188 wake-ups in 0.5 s, each waiting
             // 20-30 µs for a core the spinning processes held, then taking it).
-            backoff = lengthened(backoff, sh.lease);
-            sh.busy_looks.fetch_add(1, Ordering::Relaxed);
-            lease_check = Some(now + backoff);
+            lease_check = Some(now + busy_look(&sh, &mut backoff));
         }
         // (A look that finds neither a lease nor a spinning wait keeps the back-off.
         // Resetting it there too, the agents' ports, woken by requests between their
