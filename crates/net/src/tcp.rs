@@ -80,6 +80,31 @@ pub fn set_congestion(socket: &impl std::os::fd::AsFd, name: &str) -> io::Result
     Ok(())
 }
 
+/// The largest socket buffers this process may ask for: the smaller of the system's
+/// `net.core.rmem_max` and `net.core.wmem_max` (in this network namespace); `None`
+/// where they cannot be read.
+pub fn buffer_limit() -> Option<usize> {
+    let read = |name: &str| std::fs::read_to_string(format!("/proc/sys/net/core/{name}")).ok()?.trim().parse::<usize>().ok();
+    Some(read("rmem_max")?.min(read("wmem_max")?))
+}
+
+/// Whether buffers of `bytes` may be set under `limit` ([`buffer_limit`]): the kernel
+/// would cut a larger request down to the limit and still turn its own sizing off,
+/// which grows a busy connection's buffers well past a low limit.
+pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
+    limit.is_some_and(|l| bytes <= l)
+}
+
+/// Gives the connection of `socket` kernel buffers of `bytes` each way (`SO_SNDBUF`,
+/// `SO_RCVBUF`; the kernel doubles the value for its bookkeeping), which turns the
+/// kernel's own sizing off for this socket.
+pub fn set_buffers(socket: &impl std::os::fd::AsFd, bytes: usize) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(socket, sockopt::SndBuf, &bytes)?;
+    setsockopt(socket, sockopt::RcvBuf, &bytes)?;
+    Ok(())
+}
+
 /// Whether this process may run TCP connections under congestion control `name`: set
 /// on a fresh socket, so that a port refuses a bad name when it opens, with the
 /// kernel's lists, rather than log it at every connection.

@@ -49,11 +49,32 @@ struct Cli {
     /// else the system's).
     #[arg(long, value_name = "NAME")]
     tcp_congestion: Option<String>,
+    /// Kernel buffers of each TCP connection, each way, in bytes, or `auto` for the
+    /// kernel's own sizing (default: the port's, 4 MiB).
+    #[arg(long, value_name = "BYTES|auto", value_parser = parse_buffer)]
+    tcp_buffer: Option<BufferArg>,
     /// Fault injection: offer single copies as this process id.
     #[arg(long, hide = true)]
     claim_pid: Option<u32>,
     #[command(subcommand)]
     role: Role,
+}
+
+/// `--tcp-buffer`: a size, or the kernel's own sizing.
+#[derive(Clone, Copy, Debug)]
+enum BufferArg {
+    Auto,
+    Bytes(usize),
+}
+
+fn parse_buffer(s: &str) -> Result<BufferArg, String> {
+    if s == "auto" {
+        return Ok(BufferArg::Auto);
+    }
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(BufferArg::Bytes(n)),
+        _ => Err(format!("expected a number of bytes or `auto`, not {s:?}")),
+    }
 }
 
 fn parse_addr(s: &str) -> Result<Addr, String> {
@@ -236,6 +257,12 @@ fn main() -> Result<()> {
     cfg.encrypt = cli.encrypt;
     if cli.tcp_congestion.is_some() {
         cfg.tcp_congestion = cli.tcp_congestion.clone();
+    }
+    if let Some(b) = cli.tcp_buffer {
+        cfg.tcp_buffer = match b {
+            BufferArg::Auto => None,
+            BufferArg::Bytes(n) => Some(n),
+        };
     }
     let port = Port::open(cfg).context("opening port")?;
     if let Some(pid) = cli.claim_pid {

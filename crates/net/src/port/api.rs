@@ -90,11 +90,13 @@ impl Port {
         }
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
         proto.help_split_copies(cfg.progress == Progress::Thread);
+        let tcp_buffer = cfg.tcp_buffer.filter(|&bytes| crate::tcp::buffers_allowed(bytes, crate::tcp::buffer_limit()));
         let st = State {
             proto,
             me,
             incarnation,
             cfg,
+            tcp_buffer,
             registry,
             unix_listener,
             tcp_listener,
@@ -176,6 +178,13 @@ impl Port {
     /// system's default.
     pub fn tcp_congestion(&self) -> Option<String> {
         self.sh.st.lock().cfg.tcp_congestion.clone()
+    }
+
+    /// The kernel buffers, each way, this port's TCP connections get
+    /// ([`PortConfig::tcp_buffer`](super::PortConfig::tcp_buffer)); `None`: the kernel
+    /// sizes them, as asked or because the system's limits are below the size asked.
+    pub fn tcp_buffer(&self) -> Option<usize> {
+        self.sh.st.lock().tcp_buffer
     }
 
     /// Adds or replaces the TCP address of a remote port.

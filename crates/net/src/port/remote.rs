@@ -39,6 +39,7 @@ impl State {
         };
         self.watch_for_silence(&stream);
         self.choose_congestion(&stream);
+        self.size_buffers(&stream);
         let id = self.next_id;
         self.next_id += 1;
         let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
@@ -83,6 +84,17 @@ impl State {
         }
     }
 
+    /// With [`PortConfig::tcp_buffer`](super::PortConfig::tcp_buffer) (and limits that
+    /// allow it), the connection's kernel buffers are sized once, before anything is
+    /// sent; a failure is unexpected: logged, the kernel's own sizing stays.
+    fn size_buffers(&mut self, stream: &mio::net::TcpStream) {
+        if let Some(bytes) = self.tcp_buffer {
+            if let Err(e) = crate::tcp::set_buffers(stream, bytes) {
+                self.log_error(format!("socket buffers of {bytes} bytes: {e}"));
+            }
+        }
+    }
+
     /// With [`PortConfig::tcp_congestion`](super::PortConfig::tcp_congestion), the
     /// connection runs under the congestion control chosen for the port (checked when
     /// the port opened, so a failure here is unexpected: logged, the system's default
@@ -102,6 +114,7 @@ impl State {
                 Ok((stream, _)) => {
                     self.watch_for_silence(&stream);
                     self.choose_congestion(&stream);
+                    self.size_buffers(&stream);
                     let id = self.next_id;
                     self.next_id += 1;
                     let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));

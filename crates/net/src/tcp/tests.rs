@@ -156,3 +156,23 @@ fn a_sum_left_by_a_write_goes_ahead_of_the_next_piece_or_with_the_final_write() 
     ];
     assert_eq!(seen, expected);
 }
+
+#[test]
+fn buffers_are_set_only_within_the_systems_limits() {
+    assert!(buffers_allowed(4 << 20, Some(4 << 20)));
+    assert!(buffers_allowed(1, Some(4 << 20)));
+    assert!(!buffers_allowed((4 << 20) + 1, Some(4 << 20)), "the kernel would lock a cut-down buffer");
+    assert!(!buffers_allowed(1, None), "limits unknown: left to the kernel");
+}
+
+#[test]
+fn set_buffers_gives_each_direction_twice_the_size() {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let limit = buffer_limit().expect("reading net.core.rmem_max and wmem_max");
+    let wanted = (384 << 10).min(limit);
+    set_buffers(&client, wanted).unwrap();
+    assert_eq!(getsockopt(&client, sockopt::SndBuf).unwrap(), 2 * wanted);
+    assert_eq!(getsockopt(&client, sockopt::RcvBuf).unwrap(), 2 * wanted);
+}
