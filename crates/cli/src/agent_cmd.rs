@@ -94,6 +94,12 @@ pub struct RunArgs {
     /// variable). Useful where hosts default to bbr, which slows a cluster's bursts.
     #[arg(long, value_name = "NAME", env = "GEPSEA_TCP_CONGESTION")]
     tcp_congestion: Option<String>,
+    /// Kernel buffers of each link to another agent, each way, in bytes (default
+    /// 4194304), or `auto` for the kernel's own sizing: for links across a wide area,
+    /// whose bandwidth-delay product exceeds twice the size. A size above the system's
+    /// net.core.rmem_max or wmem_max leaves the links to the kernel as well.
+    #[arg(long, value_name = "BYTES|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
+    tcp_buffer: Option<TcpBuffer>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -165,8 +171,40 @@ struct FileConfig {
     encrypt: Option<bool>,
     max_sessions: Option<usize>,
     tcp_congestion: Option<String>,
+    tcp_buffer: Option<FileTcpBuffer>,
 }
 
+/// `--tcp-buffer`: a size in bytes, or the kernel's own sizing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TcpBuffer {
+    Auto,
+    Bytes(usize),
+}
+
+impl TcpBuffer {
+    fn size(self) -> Option<usize> {
+        match self {
+            TcpBuffer::Auto => None,
+            TcpBuffer::Bytes(n) => Some(n),
+        }
+    }
+}
+
+fn parse_tcp_buffer(s: &str) -> Result<TcpBuffer, String> {
+    match gepsea_net::tcp::parse_buffer_setting(s) {
+        Ok(None) => Ok(TcpBuffer::Auto),
+        Ok(Some(n)) => Ok(TcpBuffer::Bytes(n)),
+        Err(problem) => Err(format!("{s:?}: {problem}")),
+    }
+}
+
+/// `tcp-buffer` in a `--config` file: a number of bytes, or "auto".
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FileTcpBuffer {
+    Bytes(usize),
+    Word(String),
+}
 fn parse_peers(list: &[String]) -> Result<Vec<(u32, SocketAddr)>> {
     list.iter()
         .enumerate()
@@ -251,6 +289,15 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     }
     // As `PortConfig` takes `GEPSEA_TCP_CONGESTION`: trimmed, and empty is unset.
     c.tcp_congestion = a.tcp_congestion.clone().or(f.tcp_congestion).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let file_buffer = match f.tcp_buffer {
+        Some(FileTcpBuffer::Bytes(n)) => Some(parse_tcp_buffer(&n.to_string())),
+        Some(FileTcpBuffer::Word(w)) => Some(parse_tcp_buffer(&w)),
+        None => None,
+    };
+    let file_buffer = file_buffer.transpose().map_err(|e| anyhow::anyhow!("tcp-buffer in --config: {e}"))?;
+    if let Some(b) = a.tcp_buffer.or(file_buffer) {
+        c.tcp_buffer = b.size();
+    }
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
     if c.encrypt && c.key.is_none() {
         bail!("--encrypt needs the job's key: give --key-file FILE (the same secret on every agent)");
@@ -320,6 +367,10 @@ fn status(a: &StatusArgs) -> Result<()> {
     match v["tcp_congestion"].as_str() {
         Some(c) => emit!("  congestion    {c} on links to other agents (chosen; the system's: {system})"),
         None => emit!("  congestion    {system} on links to other agents (the system's)"),
+    }
+    match v["tcp_buffer"].as_u64() {
+        Some(b) => emit!("  buffers       {b} bytes each way on links to other agents"),
+        None => emit!("  buffers       the kernel's sizing on links to other agents"),
     }
     let expected = v["expected_nodes"].as_u64().map_or("not set (--nodes)".to_string(), |n| n.to_string());
     emit!("  ready         {} (expected nodes: {expected})", v["ready"]);
@@ -399,4 +450,55 @@ fn status(a: &StatusArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    /// The agent configuration from `args` (after the program name).
+    fn config_of(args: &[&str]) -> Result<AgentConfig> {
+        let cli = Cli::try_parse_from(std::iter::once("gepsea-agent").chain(args.iter().copied()))?;
+        Ok(config(&cli.run)?.0)
+    }
+
+    #[test]
+    fn tcp_buffer_comes_from_the_flag_over_the_file_over_the_default() {
+        /// Removed when the test ends, also when it fails.
+        struct Dir(PathBuf);
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Dir(std::env::temp_dir().join(format!("gepsea-agent-cfg-{}", std::process::id())));
+        let dir = &dir.0;
+        std::fs::create_dir_all(dir).unwrap();
+        let file = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let (auto, bytes, bad) = (
+            file("auto.toml", "tcp-buffer = \"auto\"\n"),
+            file("bytes.toml", "tcp-buffer = 65536\n"),
+            file("bad.toml", "tcp-buffer = \"lots\"\n"),
+        );
+        assert_eq!(config_of(&[]).unwrap().tcp_buffer, Some(gepsea_net::DEFAULT_TCP_BUFFER));
+        assert_eq!(config_of(&["--tcp-buffer", "auto"]).unwrap().tcp_buffer, None);
+        assert_eq!(config_of(&["--tcp-buffer", "1048576"]).unwrap().tcp_buffer, Some(1 << 20));
+        assert_eq!(config_of(&["--config", &auto]).unwrap().tcp_buffer, None);
+        assert_eq!(config_of(&["--config", &bytes]).unwrap().tcp_buffer, Some(65536));
+        assert_eq!(config_of(&["--config", &auto, "--tcp-buffer", "4096"]).unwrap().tcp_buffer, Some(4096));
+        let e = config_of(&["--config", &bad]).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("tcp-buffer in --config") && e.contains("\"lots\""), "{e}");
+        assert!(config_of(&["--tcp-buffer", "0"]).is_err(), "no buffer at all is not a size");
+    }
 }

@@ -476,3 +476,55 @@ fn the_agents_links_take_the_congestion_control_named_and_a_bad_name_is_refused(
     assert!(!out.status.success() && e.lines().count() == 1 && e.contains("\"no-such-algorithm\" cannot be used here"), "{e}");
     assert!(!gepsea_agent::server::agent_socket(&a.ns, 2).exists());
 }
+
+/// `--tcp-buffer`: the agent's links get the kernel buffers named (the accepted end of a
+/// connection from another node), `auto` leaves them to the kernel, and a size that is
+/// not one is refused, naming it.
+#[test]
+fn the_agents_links_take_the_socket_buffers_named_or_the_kernels_sizing() {
+    let limit = gepsea_net::tcp::buffer_limit().expect("reading net.core.rmem_max and wmem_max");
+    let wanted = (1usize << 20).min(limit);
+    let mut a = Agents::new(0, false);
+    a.agents.push(Some(a.start_agent_with(0, 2, &["--tcp-buffer", &wanted.to_string()])));
+    a.agents.push(Some(a.start_agent_with(1, 2, &["--tcp-buffer", "auto"])));
+    a.wait_ready(0);
+    a.wait_ready(1);
+    let listen_of = |node: u32| -> std::net::SocketAddr {
+        let entry: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(a.dir.join(format!("rv/agent-{node}.json"))).unwrap()).unwrap();
+        entry["listen"].as_str().unwrap().parse().unwrap()
+    };
+    let listen = listen_of(1);
+    let _peer = std::net::TcpStream::connect(listen).unwrap();
+    let filter = format!("( sport = :{} )", listen.port());
+    let doubled = 2 * wanted;
+    // Each accepted socket's skmem line, `skmem:(r0,rb…,t0,tb…,…)`, once the agent has
+    // taken it from the kernel's queue (until then the kernel's sizing shows).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("ss").args(["-tmnH", "state", "established", &filter]).output().expect("running ss (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mems: Vec<&str> = text.lines().filter(|l| l.contains("skmem:(")).collect();
+        if !mems.is_empty() && mems.iter().all(|m| m.contains(&format!(",rb{doubled},")) && m.contains(&format!(",tb{doubled},"))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "asked for {wanted} each way: {text}\n{}", a.log(0));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(a.status(0)["tcp_buffer"].as_u64(), Some(wanted as u64));
+    assert!(a.status(1)["tcp_buffer"].is_null(), "`auto`: the kernel's sizing");
+
+    let out = a
+        .cmd(2, env!("CARGO_BIN_EXE_gepsea"))
+        .env("RUST_BACKTRACE", "1")
+        .args(["agent", "--node-id", "3", "--tcp-buffer", "lots"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let first = e.lines().next().unwrap_or("");
+    assert!(
+        !out.status.success() && first.contains("--tcp-buffer") && first.contains("\"lots\": neither a number of bytes nor `auto`"),
+        "{e}"
+    );
+    assert!(!gepsea_agent::server::agent_socket(&a.ns, 3).exists());
+}

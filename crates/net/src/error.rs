@@ -44,6 +44,8 @@ pub enum NetError {
          unset (GEPSEA_TCP_CONGESTION) to keep the system's"
     )]
     Congestion { name: String, problem: String },
+    #[error("GEPSEA_TCP_BUFFER={value:?}: {problem}; give a number of bytes, or `auto` for the kernel's own sizing")]
+    BadTcpBuffer { value: String, problem: String },
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

@@ -60,5 +60,5 @@ pub const NAMESPACE_MAX: usize = 40;
 pub use error::NetError;
 pub use frame::{Addr, Channel};
 #[cfg(not(loom))]
-pub use port::{namespace_dir, Port, PortConfig, PortStats, Progress};
+pub use port::{namespace_dir, Port, PortConfig, PortStats, Progress, DEFAULT_TCP_BUFFER};
 pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};

@@ -95,6 +95,25 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
     limit.is_some_and(|l| bytes <= l)
 }
 
+/// A socket buffer setting as written by a user (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`):
+/// a number of bytes, or `auto` for the kernel's own sizing (`None`).
+pub fn parse_buffer_setting(text: &str) -> Result<Option<usize>, String> {
+    match text.trim() {
+        "auto" => Ok(None),
+        n => match n.parse::<usize>() {
+            Ok(0) => Err("no buffer at all is not a size".to_string()),
+            Ok(n) => Ok(Some(n)),
+            Err(_) => Err("neither a number of bytes nor `auto`".to_string()),
+        },
+    }
+}
+
+/// `GEPSEA_TCP_BUFFER`, when set (and not empty): the setting, or what is wrong with it.
+pub fn buffer_setting_from_env() -> Option<Result<Option<usize>, crate::NetError>> {
+    let value = std::env::var("GEPSEA_TCP_BUFFER").ok().filter(|v| !v.trim().is_empty())?;
+    Some(parse_buffer_setting(&value).map_err(|problem| crate::NetError::BadTcpBuffer { value, problem }))
+}
+
 /// Gives the connection of `socket` kernel buffers of `bytes` each way (`SO_SNDBUF`,
 /// `SO_RCVBUF`; the kernel doubles the value for its bookkeeping), which turns the
 /// kernel's own sizing off for this socket.

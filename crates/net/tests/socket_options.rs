@@ -190,3 +190,16 @@ fn without_a_size_the_kernel_sizes_a_links_buffers() {
         assert_eq!(after, before);
     }
 }
+
+#[test]
+fn a_bad_gepsea_tcp_buffer_is_refused_when_the_port_opens() {
+    let ns = Ns(unique("bufe"));
+    let out = Command::new(netpeer())
+        .args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "echo", "--peer", "2:1", "--count", "1"])
+        .env("GEPSEA_TCP_BUFFER", "lots")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("GEPSEA_TCP_BUFFER=\"lots\": neither a number of bytes nor `auto`"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
+}

@@ -115,6 +115,10 @@ pub struct AgentConfig {
     /// The TCP congestion control of the links to other agents
     /// (`gepsea_net::PortConfig::tcp_congestion`); `None`: the port's default.
     pub tcp_congestion: Option<String>,
+    /// The kernel buffers of each link to another agent, each way
+    /// (`gepsea_net::PortConfig::tcp_buffer`); `None`: the kernel sizes them (links
+    /// across a wide area, whose bandwidth-delay product exceeds 8 MiB).
+    pub tcp_buffer: Option<usize>,
 }
 
 impl AgentConfig {
@@ -135,6 +139,7 @@ impl AgentConfig {
             encrypt: false,
             max_sessions: 1024,
             tcp_congestion: None,
+            tcp_buffer: Some(gepsea_net::DEFAULT_TCP_BUFFER),
         }
     }
 }
@@ -468,6 +473,7 @@ impl Agent {
         if cfg.tcp_congestion.is_some() {
             pc.tcp_congestion = cfg.tcp_congestion.clone();
         }
+        pc.tcp_buffer = cfg.tcp_buffer;
         for (n, a) in &cfg.peers {
             if *n != me {
                 pc.routes.insert(Addr::new(*n, 0), *a);

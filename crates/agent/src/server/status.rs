@@ -19,6 +19,9 @@ pub(super) struct Status {
     tcp_congestion: Option<String>,
     /// The system's default TCP congestion control, as this agent sees it.
     system_congestion: Option<String>,
+    /// The kernel buffers of each link to another agent, each way (`--tcp-buffer`, where
+    /// the system's limits allow it); `None`: the kernel sizes them.
+    tcp_buffer: Option<usize>,
     ready: bool,
     expected_nodes: Option<usize>,
     /// This agent's incarnation (a restarted agent of a node has a new one).
@@ -92,6 +95,7 @@ impl Agent {
             encrypted: self.cfg.encrypt,
             tcp_congestion: self.port.tcp_congestion(),
             system_congestion: gepsea_net::tcp::ipv4_setting("tcp_congestion_control").ok(),
+            tcp_buffer: self.port.tcp_buffer(),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             incarnation: self.incarnation,

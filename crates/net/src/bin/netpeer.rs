@@ -68,12 +68,9 @@ enum BufferArg {
 }
 
 fn parse_buffer(s: &str) -> Result<BufferArg, String> {
-    if s == "auto" {
-        return Ok(BufferArg::Auto);
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(BufferArg::Bytes(n)),
-        _ => Err(format!("expected a number of bytes or `auto`, not {s:?}")),
+    match gepsea_net::tcp::parse_buffer_setting(s)? {
+        None => Ok(BufferArg::Auto),
+        Some(n) => Ok(BufferArg::Bytes(n)),
     }
 }
 

@@ -14,6 +14,9 @@ impl Port {
         if let Some(name) = &cfg.tcp_congestion {
             crate::tcp::check_congestion(name)?;
         }
+        if let Some(Err(e)) = crate::tcp::buffer_setting_from_env() {
+            return Err(e);
+        }
         crate::trust::check_namespace(&cfg.namespace)?;
         let me = cfg.addr;
         let dir = cfg.runtime_dir();

@@ -157,7 +157,8 @@ pub struct PortConfig {
     /// buffer than its own sizing reaches, so the connections are then left to it
     /// ([`Port::tcp_buffer`] says which).
     ///
-    /// Default 4 MiB. The kernel sizes a connection's buffers from what the last round
+    /// Default: `$GEPSEA_TCP_BUFFER` when set (bytes, or `auto` for `None`; anything
+    /// else is refused when the port opens), else 4 MiB. The kernel sizes a connection's buffers from what the last round
     /// trips carried, and large-message streams ran below their long-run rate while
     /// they grew: 256 MiB streams after a 64 KiB one in the same pair, GB/s, medians of
     /// 6 alternated rounds on a 2-core guest, with against without: 1 MiB messages
@@ -167,6 +168,9 @@ pub struct PortConfig {
     /// paths), which the kernel's sizing serves up to `net.ipv4.tcp_rmem`'s maximum.
     pub tcp_buffer: Option<usize>,
 }
+
+/// [`PortConfig::tcp_buffer`]'s default: 4 MiB each way.
+pub const DEFAULT_TCP_BUFFER: usize = 4 << 20;
 
 impl PortConfig {
     /// Defaults for `addr` in `namespace`.
@@ -196,7 +200,11 @@ impl PortConfig {
             key: None,
             encrypt: false,
             tcp_congestion: std::env::var("GEPSEA_TCP_CONGESTION").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()),
-            tcp_buffer: Some(4 << 20),
+            tcp_buffer: match crate::tcp::buffer_setting_from_env() {
+                Some(Ok(setting)) => setting,
+                // Refused when the port opens.
+                _ => Some(DEFAULT_TCP_BUFFER),
+            },
         }
     }
 

@@ -176,3 +176,11 @@ fn set_buffers_gives_each_direction_twice_the_size() {
     assert_eq!(getsockopt(&client, sockopt::SndBuf).unwrap(), 2 * wanted);
     assert_eq!(getsockopt(&client, sockopt::RcvBuf).unwrap(), 2 * wanted);
 }
+
+#[test]
+fn a_buffer_setting_is_a_number_of_bytes_or_auto() {
+    assert_eq!(parse_buffer_setting("4194304"), Ok(Some(4 << 20)));
+    assert_eq!(parse_buffer_setting(" auto "), Ok(None));
+    assert!(parse_buffer_setting("0").unwrap_err().contains("not a size"));
+    assert!(parse_buffer_setting("4M").unwrap_err().contains("neither a number of bytes nor `auto`"));
+}
