@@ -158,12 +158,14 @@ pub struct PortConfig {
     /// ([`Port::tcp_buffer`] says which).
     ///
     /// Default: `$GEPSEA_TCP_BUFFER` when set (bytes, or `auto` for `None`; anything
-    /// else is refused when the port opens), else 4 MiB. The kernel sizes a connection's buffers from what the last round
-    /// trips carried, and large-message streams ran below their long-run rate while
-    /// they grew: 256 MiB streams after a 64 KiB one in the same pair, GB/s, medians of
-    /// 6 alternated rounds on a 2-core guest, with against without: 1 MiB messages
-    /// 8.20 against 7.10 and 4 MiB 6.34 against 5.02 on loopback, 7.03 against 6.63
-    /// and 5.73 against 5.34 across a veth pair (`docs/benchmarks.md`). `None` for
+    /// else is refused when the port opens), else 4 MiB. The kernel sizes a
+    /// connection's buffers from what its last round trips carried, and large-message
+    /// streams ran below their long-run rate while they grew: 256 MiB streams after a
+    /// 64 KiB one in the same pair, GB/s, medians of 6 alternated rounds on a 2-core
+    /// guest, with against without: 1 MiB messages 8.20 against 7.10 and 4 MiB 6.34
+    /// against 5.02 on loopback, 7.03 against 6.63 and 5.73 against 5.34 across a veth
+    /// pair; smaller in `make bench-net`'s ratios to OpenMPI (0.845 against 0.815 at
+    /// 1 MiB on loopback, none seen across veth; `docs/benchmarks.md`). `None` for
     /// links whose bandwidth-delay product exceeds the 8 MiB this allows (wide-area
     /// paths), which the kernel's sizing serves up to `net.ipv4.tcp_rmem`'s maximum.
     pub tcp_buffer: Option<usize>,
