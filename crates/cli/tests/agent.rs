@@ -466,15 +466,24 @@ fn the_agents_links_take_the_congestion_control_named_and_a_bad_name_is_refused(
     let st = a.status(0);
     assert_eq!((st["tcp_congestion"].as_str(), st["system_congestion"].as_str()), (Some(wanted), Some(default.as_str())), "{st}");
 
+    let e = refused_agent(&a, 2, &["--tcp-congestion", "no-such-algorithm"]);
+    assert!(e.lines().count() == 1 && e.contains("\"no-such-algorithm\" cannot be used here"), "{e}");
+}
+
+/// The standard error of `gepsea agent` for node `node` given `args`, which must have
+/// refused to start (and left no socket behind).
+fn refused_agent(a: &Agents, node: u32, args: &[&str]) -> String {
     let out = a
-        .cmd(1, env!("CARGO_BIN_EXE_gepsea"))
+        .cmd(node as usize - 1, env!("CARGO_BIN_EXE_gepsea"))
         .env("RUST_BACKTRACE", "1")
-        .args(["agent", "--node-id", "2", "--tcp-congestion", "no-such-algorithm"])
+        .args(["agent", "--node-id", &node.to_string()])
+        .args(args)
         .output()
         .unwrap();
     let e = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    assert!(!out.status.success() && e.lines().count() == 1 && e.contains("\"no-such-algorithm\" cannot be used here"), "{e}");
-    assert!(!gepsea_agent::server::agent_socket(&a.ns, 2).exists());
+    assert!(!out.status.success(), "{args:?} was taken: {e}");
+    assert!(!gepsea_agent::server::agent_socket(&a.ns, node).exists());
+    e
 }
 
 /// `--tcp-buffer`: the agent's links get the kernel buffers named (the accepted end of a
@@ -514,17 +523,7 @@ fn the_agents_links_take_the_socket_buffers_named_or_the_kernels_sizing() {
     assert_eq!(a.status(0)["tcp_buffer"].as_u64(), Some(wanted as u64));
     assert!(a.status(1)["tcp_buffer"].is_null(), "`auto`: the kernel's sizing");
 
-    let out = a
-        .cmd(2, env!("CARGO_BIN_EXE_gepsea"))
-        .env("RUST_BACKTRACE", "1")
-        .args(["agent", "--node-id", "3", "--tcp-buffer", "lots"])
-        .output()
-        .unwrap();
-    let e = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let e = refused_agent(&a, 3, &["--tcp-buffer", "lots"]);
     let first = e.lines().next().unwrap_or("");
-    assert!(
-        !out.status.success() && first.contains("--tcp-buffer") && first.contains("\"lots\": neither a number of bytes nor `auto`"),
-        "{e}"
-    );
-    assert!(!gepsea_agent::server::agent_socket(&a.ns, 3).exists());
+    assert!(first.contains("--tcp-buffer") && first.contains("\"lots\": neither a number of bytes nor `auto`"), "{e}");
 }

@@ -99,15 +99,23 @@ fn an_algorithm_the_kernel_cannot_give_is_refused_when_the_port_opens() {
     assert!(!namespace_dir(&ns.0).exists(), "a port that did not open left {}", namespace_dir(&ns.0).display());
 
     // The same through the environment, in a process of its own.
-    let ns = Ns(unique("ccy"));
+    let stderr = refused_with("GEPSEA_TCP_CONGESTION", "no-such-algorithm");
+    assert!(stderr.contains("\"no-such-algorithm\""), "{stderr}");
+}
+
+/// The standard error of a peer process given `value` in the environment variable
+/// `var`, which must have refused to open its port.
+fn refused_with(var: &str, value: &str) -> String {
+    let ns = Ns(unique("env"));
     let out = Command::new(netpeer())
         .args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "echo", "--peer", "2:1", "--count", "1"])
-        .env("GEPSEA_TCP_CONGESTION", "no-such-algorithm")
+        .env(var, value)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("\"no-such-algorithm\""), "{stderr}");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{var}={value:?} was taken: {stderr}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
+    stderr
 }
 
 /// The kernel buffers of every established TCP socket with `port` at one end, as `ss -m`
@@ -193,13 +201,6 @@ fn without_a_size_the_kernel_sizes_a_links_buffers() {
 
 #[test]
 fn a_bad_gepsea_tcp_buffer_is_refused_when_the_port_opens() {
-    let ns = Ns(unique("bufe"));
-    let out = Command::new(netpeer())
-        .args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "echo", "--peer", "2:1", "--count", "1"])
-        .env("GEPSEA_TCP_BUFFER", "lots")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("GEPSEA_TCP_BUFFER=\"lots\": neither a number of bytes nor `auto`"), "{stderr}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("READY"));
+    let stderr = refused_with("GEPSEA_TCP_BUFFER", "lots");
+    assert!(stderr.contains("GEPSEA_TCP_BUFFER=\"lots\": neither a number of bytes nor `auto`"), "{stderr}");
 }
