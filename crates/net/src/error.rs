@@ -45,7 +45,7 @@ pub enum NetError {
     )]
     Congestion { name: String, problem: String },
     #[error("GEPSEA_TCP_BUFFER={value:?}: {problem}; give a number of bytes, or `auto` for the kernel's own sizing")]
-    BadTcpBuffer { value: String, problem: String },
+    BadTcpBuffer { value: String, problem: crate::tcp::BufferSettingError },
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

@@ -95,15 +95,24 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
     limit.is_some_and(|l| bytes <= l)
 }
 
+/// What is wrong with a socket buffer setting ([`parse_buffer_setting`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BufferSettingError {
+    #[error("no buffer at all is not a size")]
+    Zero,
+    #[error("neither a number of bytes nor `auto`")]
+    NotASize,
+}
+
 /// A socket buffer setting as written by a user (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`):
 /// a number of bytes, or `auto` for the kernel's own sizing (`None`).
-pub fn parse_buffer_setting(text: &str) -> Result<Option<usize>, String> {
+pub fn parse_buffer_setting(text: &str) -> Result<Option<usize>, BufferSettingError> {
     match text.trim() {
         "auto" => Ok(None),
         n => match n.parse::<usize>() {
-            Ok(0) => Err("no buffer at all is not a size".to_string()),
+            Ok(0) => Err(BufferSettingError::Zero),
             Ok(n) => Ok(Some(n)),
-            Err(_) => Err("neither a number of bytes nor `auto`".to_string()),
+            Err(_) => Err(BufferSettingError::NotASize),
         },
     }
 }

@@ -68,7 +68,7 @@ enum BufferArg {
 }
 
 fn parse_buffer(s: &str) -> Result<BufferArg, String> {
-    match gepsea_net::tcp::parse_buffer_setting(s)? {
+    match gepsea_net::tcp::parse_buffer_setting(s).map_err(|e| e.to_string())? {
         None => Ok(BufferArg::Auto),
         Some(n) => Ok(BufferArg::Bytes(n)),
     }

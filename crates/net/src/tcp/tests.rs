@@ -181,6 +181,7 @@ fn set_buffers_gives_each_direction_twice_the_size() {
 fn a_buffer_setting_is_a_number_of_bytes_or_auto() {
     assert_eq!(parse_buffer_setting("4194304"), Ok(Some(4 << 20)));
     assert_eq!(parse_buffer_setting(" auto "), Ok(None));
-    assert!(parse_buffer_setting("0").unwrap_err().contains("not a size"));
-    assert!(parse_buffer_setting("4M").unwrap_err().contains("neither a number of bytes nor `auto`"));
+    assert_eq!(parse_buffer_setting("0"), Err(BufferSettingError::Zero));
+    assert_eq!(parse_buffer_setting("4M"), Err(BufferSettingError::NotASize));
+    assert_eq!(BufferSettingError::NotASize.to_string(), "neither a number of bytes nor `auto`");
 }
