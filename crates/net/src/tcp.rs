@@ -123,6 +123,16 @@ pub fn buffer_setting_from_env() -> Option<Result<Option<usize>, crate::NetError
     Some(parse_buffer_setting(&value).map_err(|problem| crate::NetError::BadTcpBuffer { value, problem }))
 }
 
+/// The socket buffers a port gets unless told otherwise: `GEPSEA_TCP_BUFFER` when it
+/// is set and valid (a bad value is refused when a port opens), else
+/// [`DEFAULT_TCP_BUFFER`](crate::DEFAULT_TCP_BUFFER).
+pub fn default_buffer() -> Option<usize> {
+    match buffer_setting_from_env() {
+        Some(Ok(setting)) => setting,
+        _ => Some(crate::DEFAULT_TCP_BUFFER),
+    }
+}
+
 /// Gives the connection of `socket` kernel buffers of `bytes` each way (`SO_SNDBUF`,
 /// `SO_RCVBUF`; the kernel doubles the value for its bookkeeping), which turns the
 /// kernel's own sizing off for this socket.

@@ -116,8 +116,9 @@ pub struct AgentConfig {
     /// (`gepsea_net::PortConfig::tcp_congestion`); `None`: the port's default.
     pub tcp_congestion: Option<String>,
     /// The kernel buffers of each link to another agent, each way
-    /// (`gepsea_net::PortConfig::tcp_buffer`); `None`: the kernel sizes them (links
-    /// across a wide area, whose bandwidth-delay product exceeds 8 MiB).
+    /// (`gepsea_net::PortConfig::tcp_buffer`, by default as a port's:
+    /// `GEPSEA_TCP_BUFFER`, else 4 MiB); `None`: the kernel sizes them (links across a
+    /// wide area, whose bandwidth-delay product exceeds 8 MiB).
     pub tcp_buffer: Option<usize>,
 }
 
@@ -139,7 +140,7 @@ impl AgentConfig {
             encrypt: false,
             max_sessions: 1024,
             tcp_congestion: None,
-            tcp_buffer: Some(gepsea_net::DEFAULT_TCP_BUFFER),
+            tcp_buffer: gepsea_net::tcp::default_buffer(),
         }
     }
 }

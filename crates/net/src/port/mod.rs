@@ -202,11 +202,7 @@ impl PortConfig {
             key: None,
             encrypt: false,
             tcp_congestion: std::env::var("GEPSEA_TCP_CONGESTION").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()),
-            tcp_buffer: match crate::tcp::buffer_setting_from_env() {
-                Some(Ok(setting)) => setting,
-                // Refused when the port opens.
-                _ => Some(DEFAULT_TCP_BUFFER),
-            },
+            tcp_buffer: crate::tcp::default_buffer(),
         }
     }
 
