@@ -2,6 +2,15 @@
 
 use crate::frame::{Addr, FrameError};
 
+/// What is wrong with a socket buffer setting (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BufferSettingError {
+    #[error("no buffer at all is not a size")]
+    Zero,
+    #[error("neither a number of bytes nor `auto`")]
+    NotASize,
+}
+
 /// Why a request or a port operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NetError {
@@ -45,7 +54,7 @@ pub enum NetError {
     )]
     Congestion { name: String, problem: String },
     #[error("GEPSEA_TCP_BUFFER={value:?}: {problem}; give a number of bytes, or `auto` for the kernel's own sizing")]
-    BadTcpBuffer { value: String, problem: crate::tcp::BufferSettingError },
+    BadTcpBuffer { value: String, problem: BufferSettingError },
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

@@ -95,14 +95,7 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
     limit.is_some_and(|l| bytes <= l)
 }
 
-/// What is wrong with a socket buffer setting ([`parse_buffer_setting`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BufferSettingError {
-    #[error("no buffer at all is not a size")]
-    Zero,
-    #[error("neither a number of bytes nor `auto`")]
-    NotASize,
-}
+pub use crate::error::BufferSettingError;
 
 /// A socket buffer setting as written by a user (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`):
 /// a number of bytes, or `auto` for the kernel's own sizing (`None`).
