@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use crate::logging::{emit, say};
 use clap::{Args, Subcommand};
 use gepsea_agent::server::{Agent, AgentConfig, Shutdown};
+use gepsea_net::tcp::BufferSetting;
 use serde::Deserialize;
 
 #[derive(Args)]
@@ -99,7 +100,7 @@ pub struct RunArgs {
     /// whose bandwidth-delay product exceeds twice the size. A size above the system's
     /// net.core.rmem_max or wmem_max leaves the links to the kernel as well.
     #[arg(long, value_name = "BYTES|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
-    tcp_buffer: Option<TcpBuffer>,
+    tcp_buffer: Option<BufferSetting>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -174,28 +175,10 @@ struct FileConfig {
     tcp_buffer: Option<FileTcpBuffer>,
 }
 
-/// `--tcp-buffer`: a size in bytes, or the kernel's own sizing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum TcpBuffer {
-    Auto,
-    Bytes(usize),
-}
-
-impl TcpBuffer {
-    fn size(self) -> Option<usize> {
-        match self {
-            TcpBuffer::Auto => None,
-            TcpBuffer::Bytes(n) => Some(n),
-        }
-    }
-}
-
-fn parse_tcp_buffer(s: &str) -> Result<TcpBuffer, String> {
-    match gepsea_net::tcp::parse_buffer_setting(s) {
-        Ok(None) => Ok(TcpBuffer::Auto),
-        Ok(Some(n)) => Ok(TcpBuffer::Bytes(n)),
-        Err(problem) => Err(format!("{s:?}: {problem}")),
-    }
+/// `--tcp-buffer` and `tcp-buffer`: the setting, or what is wrong with it after the
+/// value as given.
+fn parse_tcp_buffer(s: &str) -> Result<BufferSetting, String> {
+    s.parse().map_err(|problem| format!("{s:?}: {problem}"))
 }
 
 /// `tcp-buffer` in a `--config` file: a number of bytes, or "auto".
@@ -296,7 +279,7 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     };
     let file_buffer = file_buffer.transpose().map_err(|e| anyhow::anyhow!("tcp-buffer in --config: {e}"))?;
     if let Some(b) = a.tcp_buffer.or(file_buffer) {
-        c.tcp_buffer = b.size();
+        c.tcp_buffer = b.0;
     }
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
     if c.encrypt && c.key.is_none() {

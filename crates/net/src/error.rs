@@ -2,7 +2,7 @@
 
 use crate::frame::{Addr, FrameError};
 
-/// What is wrong with a socket buffer setting (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`).
+/// What is wrong with a socket buffer setting (`tcp::BufferSetting`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BufferSettingError {
     #[error("no buffer at all is not a size")]

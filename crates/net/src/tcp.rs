@@ -97,23 +97,31 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
 
 pub use crate::error::BufferSettingError;
 
-/// A socket buffer setting as written by a user (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`):
-/// a number of bytes, or `auto` for the kernel's own sizing (`None`).
-pub fn parse_buffer_setting(text: &str) -> Result<Option<usize>, BufferSettingError> {
-    match text.trim() {
-        "auto" => Ok(None),
-        n => match n.parse::<usize>() {
-            Ok(0) => Err(BufferSettingError::Zero),
-            Ok(n) => Ok(Some(n)),
-            Err(_) => Err(BufferSettingError::NotASize),
-        },
+/// A socket buffer setting as a user writes it (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`): a
+/// number of bytes, or `auto` for the kernel's own sizing; parsed, the
+/// [`PortConfig::tcp_buffer`](crate::PortConfig::tcp_buffer) it stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferSetting(pub Option<usize>);
+
+impl std::str::FromStr for BufferSetting {
+    type Err = BufferSettingError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "auto" => Ok(BufferSetting(None)),
+            n => match n.parse::<usize>() {
+                Ok(0) => Err(BufferSettingError::Zero),
+                Ok(n) => Ok(BufferSetting(Some(n))),
+                Err(_) => Err(BufferSettingError::NotASize),
+            },
+        }
     }
 }
 
 /// `GEPSEA_TCP_BUFFER`, when set (and not empty): the setting, or what is wrong with it.
-pub fn buffer_setting_from_env() -> Option<Result<Option<usize>, crate::NetError>> {
+pub fn buffer_setting_from_env() -> Option<Result<BufferSetting, crate::NetError>> {
     let value = std::env::var("GEPSEA_TCP_BUFFER").ok().filter(|v| !v.trim().is_empty())?;
-    Some(parse_buffer_setting(&value).map_err(|problem| crate::NetError::BadTcpBuffer { value, problem }))
+    Some(value.parse().map_err(|problem| crate::NetError::BadTcpBuffer { value, problem }))
 }
 
 /// The socket buffers a port gets unless told otherwise: `GEPSEA_TCP_BUFFER` when it
@@ -121,7 +129,7 @@ pub fn buffer_setting_from_env() -> Option<Result<Option<usize>, crate::NetError
 /// [`DEFAULT_TCP_BUFFER`](crate::DEFAULT_TCP_BUFFER).
 pub fn default_buffer() -> Option<usize> {
     match buffer_setting_from_env() {
-        Some(Ok(setting)) => setting,
+        Some(Ok(BufferSetting(setting))) => setting,
         _ => Some(crate::DEFAULT_TCP_BUFFER),
     }
 }

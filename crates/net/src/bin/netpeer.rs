@@ -51,27 +51,13 @@ struct Cli {
     tcp_congestion: Option<String>,
     /// Kernel buffers of each TCP connection, each way, in bytes, or `auto` for the
     /// kernel's own sizing (default: the port's, 4 MiB).
-    #[arg(long, value_name = "BYTES|auto", value_parser = parse_buffer)]
-    tcp_buffer: Option<BufferArg>,
+    #[arg(long, value_name = "BYTES|auto")]
+    tcp_buffer: Option<gepsea_net::tcp::BufferSetting>,
     /// Fault injection: offer single copies as this process id.
     #[arg(long, hide = true)]
     claim_pid: Option<u32>,
     #[command(subcommand)]
     role: Role,
-}
-
-/// `--tcp-buffer`: a size, or the kernel's own sizing.
-#[derive(Clone, Copy, Debug)]
-enum BufferArg {
-    Auto,
-    Bytes(usize),
-}
-
-fn parse_buffer(s: &str) -> Result<BufferArg, String> {
-    match gepsea_net::tcp::parse_buffer_setting(s).map_err(|e| e.to_string())? {
-        None => Ok(BufferArg::Auto),
-        Some(n) => Ok(BufferArg::Bytes(n)),
-    }
 }
 
 fn parse_addr(s: &str) -> Result<Addr, String> {
@@ -256,10 +242,7 @@ fn main() -> Result<()> {
         cfg.tcp_congestion = cli.tcp_congestion.clone();
     }
     if let Some(b) = cli.tcp_buffer {
-        cfg.tcp_buffer = match b {
-            BufferArg::Auto => None,
-            BufferArg::Bytes(n) => Some(n),
-        };
+        cfg.tcp_buffer = b.0;
     }
     let port = Port::open(cfg).context("opening port")?;
     if let Some(pid) = cli.claim_pid {

@@ -37,9 +37,7 @@ impl State {
                 return;
             }
         };
-        self.watch_for_silence(&stream);
-        self.choose_congestion(&stream);
-        self.size_buffers(&stream);
+        self.set_socket_options(&stream);
         let id = self.next_id;
         self.next_id += 1;
         let mut c = TcpConn::new(stream, Some(peer), true, self.cfg.max_frame.max(self.cfg.proto.chunk));
@@ -72,6 +70,14 @@ impl State {
         self.tcp.insert(id, c);
         // The connect may already be complete (loopback).
         self.tcp_writable(id);
+    }
+
+    /// The port's options on a new connection, the one it makes and the one it accepts
+    /// alike (the listener carries none of them).
+    fn set_socket_options(&mut self, stream: &mio::net::TcpStream) {
+        self.watch_for_silence(stream);
+        self.choose_congestion(stream);
+        self.size_buffers(stream);
     }
 
     /// With [`PortConfig::keepalive`](super::PortConfig::keepalive), the kernel watches
@@ -112,9 +118,7 @@ impl State {
             let Some(l) = self.tcp_listener.as_ref() else { return };
             match l.accept() {
                 Ok((stream, _)) => {
-                    self.watch_for_silence(&stream);
-                    self.choose_congestion(&stream);
-                    self.size_buffers(&stream);
+                    self.set_socket_options(&stream);
                     let id = self.next_id;
                     self.next_id += 1;
                     let mut c = TcpConn::new(stream, None, false, self.cfg.max_frame.max(self.cfg.proto.chunk));

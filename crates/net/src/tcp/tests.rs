@@ -179,9 +179,9 @@ fn set_buffers_gives_each_direction_twice_the_size() {
 
 #[test]
 fn a_buffer_setting_is_a_number_of_bytes_or_auto() {
-    assert_eq!(parse_buffer_setting("4194304"), Ok(Some(4 << 20)));
-    assert_eq!(parse_buffer_setting(" auto "), Ok(None));
-    assert_eq!(parse_buffer_setting("0"), Err(BufferSettingError::Zero));
-    assert_eq!(parse_buffer_setting("4M"), Err(BufferSettingError::NotASize));
+    assert_eq!("4194304".parse(), Ok(BufferSetting(Some(4 << 20))));
+    assert_eq!(" auto ".parse(), Ok(BufferSetting(None)));
+    assert_eq!("0".parse::<BufferSetting>(), Err(BufferSettingError::Zero));
+    assert_eq!("4M".parse::<BufferSetting>(), Err(BufferSettingError::NotASize));
     assert_eq!(BufferSettingError::NotASize.to_string(), "neither a number of bytes nor `auto`");
 }
