@@ -11,6 +11,11 @@ pub enum BufferSettingError {
     NotASize,
 }
 
+/// A TCP checksum setting that is neither `full` nor `headers` (`tcp::TcpChecksums`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("neither `full` nor `headers`")]
+pub struct ChecksumsSettingError;
+
 /// Why a request or a port operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NetError {
@@ -55,6 +60,11 @@ pub enum NetError {
     Congestion { name: String, problem: String },
     #[error("GEPSEA_TCP_BUFFER={value:?}: {problem}; give a number of bytes, or `auto` for the kernel's own sizing")]
     BadTcpBuffer { value: String, problem: BufferSettingError },
+    #[error(
+        "GEPSEA_TCP_CHECKSUMS={value:?}: neither `full` nor `headers`; give `full` to checksum every payload (the \
+         default), or `headers` to trust TCP's own checksum for data where both ends of a link do"
+    )]
+    BadTcpChecksums { value: String },
     #[error("malformed frame from {from}: {error}")]
     Frame { from: String, error: FrameError },
     #[error("protocol violation by {peer}: {reason}")]

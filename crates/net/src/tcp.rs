@@ -97,6 +97,9 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
 
 pub use crate::error::BufferSettingError;
 
+mod checksums;
+pub use checksums::{checksums_from_env, default_checksums, ChecksumsSettingError, TcpChecksums};
+
 /// A socket buffer setting as a user writes it (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`): a
 /// number of bytes, or `auto` for the kernel's own sizing; parsed, the
 /// [`PortConfig::tcp_buffer`](crate::PortConfig::tcp_buffer) it stands for.
@@ -167,6 +170,16 @@ pub fn check_congestion(name: &str) -> Result<(), crate::NetError> {
     Err(crate::NetError::Congestion { name: name.to_string(), problem })
 }
 
+/// Refuses application data that comes without a payload checksum on a connection
+/// that checksums payloads ([`TcpConn::checks_payloads`]): a port that keeps its
+/// checksums gets them from every peer.
+pub fn check_payload_sum(checks_payloads: bool, h: &Header) -> Result<(), FrameError> {
+    if checks_payloads && h.kind.carries_data() && h.len > 0 && h.flags & (FLAG_PAYLOAD_CRC | FLAG_SUM_AFTER) == 0 {
+        return Err(FrameError::PayloadUnchecked(h.kind));
+    }
+    Ok(())
+}
+
 /// Where a connection is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConnState {
@@ -220,6 +233,9 @@ pub struct TcpConn {
     unsummed_route: (Addr, Addr),
     /// Received pieces waiting for their sum.
     pub pending: PendingSums,
+    /// Application data carries payload checksums both ways: false once both ends said
+    /// they trust TCP's own ([`TcpChecksums::Headers`], [`TcpConn::trust_tcp`]).
+    payload_sums: bool,
     /// The data frame whose payload is being read straight into its message's buffer.
     direct: Option<DirectRead>,
     /// Such a frame just ended.
@@ -258,6 +274,9 @@ struct DirectRead {
     header: Header,
     end: usize,
     crc: u32,
+    /// The payload has a checksum to check (in its header, or to follow): not so on a
+    /// connection whose ends trust TCP ([`TcpConn::trust_tcp`]).
+    summed: bool,
 }
 
 impl TcpConn {
@@ -281,6 +300,7 @@ impl TcpConn {
             unsummed: Vec::new(),
             unsummed_route: (Addr::default(), Addr::default()),
             pending: PendingSums::default(),
+            payload_sums: true,
             direct: None,
             after_direct: false,
             full: false,
@@ -305,12 +325,19 @@ impl TcpConn {
     /// Encodes `f` and appends it to the write queue: with its payload CRC in its
     /// header, or, for a piece of a large rendezvous message on a plain connection, with
     /// the CRC to follow in a sum frame ([`FLAG_SUM_AFTER`]; see [`TcpConn::write_out`]);
-    /// on an encrypted connection without one (the seal's tags check every byte).
+    /// on an encrypted connection without one (the seal's tags check every byte), and
+    /// so is application data on a connection whose ends trust TCP ([`TcpConn::trust_tcp`]).
     ///
     /// A data piece whose header already carries its checksum (`FLAG_PAYLOAD_CRC`,
     /// computed while its CTS was awaited: `Proto::sum_ahead`) goes with it as it is.
     pub fn queue(&mut self, f: &Frame) {
         let mut h = vec![0u8; HEADER_LEN];
+        if self.sealer.is_none() && !self.payload_sums && f.header.kind.carries_data() {
+            self.queue_sum();
+            f.header.encode_without_payload_crc(f.payload.len(), &mut h);
+            self.push_encoded(h, &f.payload);
+            return;
+        }
         let summed = f.header.kind == Kind::Data && f.header.flags & FLAG_PAYLOAD_CRC != 0;
         if self.sealer.is_none() && summed {
             debug_assert_eq!(f.header.crc, crate::frame::crc32c(&f.payload), "a checksum computed ahead is the payload's");
@@ -336,8 +363,8 @@ impl TcpConn {
         if let Some(s) = &mut self.sealer {
             // The records' tags are the payload's checksum here: a CRC as well was two
             // more passes over every byte (sender and receiver), on the critical path
-            // of both (`Header::encode_sealed`).
-            f.header.encode_sealed(f.payload.len(), &mut h);
+            // of both (`Header::encode_without_payload_crc`).
+            f.header.encode_without_payload_crc(f.payload.len(), &mut h);
             s.push_plain(&h);
             s.push_plain_bytes(&f.payload);
             return;
@@ -353,6 +380,18 @@ impl TcpConn {
         if !payload.is_empty() {
             self.wq.push_back(payload.clone());
         }
+    }
+
+    /// Both ends of this connection trust TCP's own checksums for application data
+    /// (each said so in its handshake frame): from now on such payloads go without a
+    /// CRC, and come without one. Call before anything but the handshake is queued.
+    pub fn trust_tcp(&mut self) {
+        self.payload_sums = false;
+    }
+
+    /// Whether application data on this connection carries payload checksums.
+    pub fn checks_payloads(&self) -> bool {
+        self.payload_sums && self.sealer.is_none()
     }
 
     /// Bytes queued and not yet accepted by the kernel.
@@ -577,9 +616,10 @@ impl TcpConn {
         let end = header.offset as usize + header.len as usize;
         debug_assert!(dest.capacity() >= end);
         let buffered = self.dec.take_partial();
-        let crc = crate::crc::append(0, buffered);
+        let summed = header.flags & (FLAG_PAYLOAD_CRC | FLAG_SUM_AFTER) != 0;
+        let crc = if summed { crate::crc::append(0, buffered) } else { 0 };
         dest.extend_from_slice(buffered);
-        self.direct = Some(DirectRead { header, end, crc });
+        self.direct = Some(DirectRead { header, end, crc, summed });
     }
 
     /// The header of the frame being received outside the decoder, if any.
@@ -601,7 +641,9 @@ impl TcpConn {
             match crate::uio::readv_spare(self.stream.as_raw_fd(), dest, want, &mut tail[..tail_len]) {
                 Ok(0) => return Ok(ReadOutcome::Eof),
                 Ok(n) => {
-                    d.crc = crate::crc::append(d.crc, &dest[before..]);
+                    if d.summed {
+                        d.crc = crate::crc::append(d.crc, &dest[before..]);
+                    }
                     self.dec.filled(n - (dest.len() - before));
                     return Ok(ReadOutcome::More);
                 }

@@ -1,7 +1,9 @@
 //! The transport conformance suite: what a port promises its application, checked by
 //! one body per property that runs over both transports — shared memory (two ports of
-//! one node) and TCP (two nodes, on loopback). A transport-specific shortcut that
-//! breaks a promise fails here under that transport's name (`shm::…` or `tcp::…`).
+//! one node) and TCP (two nodes, on loopback), the latter also with both ports trusting
+//! TCP's own checksums for data (`TcpChecksums::Headers`). A transport-specific
+//! shortcut that breaks a promise fails here under that transport's name (`shm::…`,
+//! `tcp::…` or `tcp_trusting::…`).
 //!
 //! The promises: messages from one sender with one tag arrive in send order, across
 //! the eager/rendezvous boundary; receives match by source and tag, wildcards in
@@ -16,12 +18,21 @@ mod common;
 use std::time::Duration;
 
 use common::unique;
+use gepsea_net::tcp::TcpChecksums;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig, ProtoConfig};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Transport {
     Shm,
     Tcp,
+    /// TCP between ports that both checksum headers only.
+    TcpTrusting,
+}
+
+impl Transport {
+    fn is_tcp(self) -> bool {
+        self != Transport::Shm
+    }
 }
 
 /// Two connected ports and the namespace directory they use (removed on drop).
@@ -37,18 +48,21 @@ impl Pair {
         let ns = unique("conf");
         let (a_addr, b_addr) = match t {
             Transport::Shm => (Addr::new(1, 1), Addr::new(1, 2)),
-            Transport::Tcp => (Addr::new(1, 1), Addr::new(2, 1)),
+            Transport::Tcp | Transport::TcpTrusting => (Addr::new(1, 1), Addr::new(2, 1)),
         };
         let open = |addr: Addr| {
             let mut c = PortConfig::new(&ns, addr);
-            if t == Transport::Tcp {
+            if t.is_tcp() {
                 c.listen = Some("127.0.0.1:0".parse().unwrap());
+            }
+            if t == Transport::TcpTrusting {
+                c.tcp_checksums = TcpChecksums::Headers;
             }
             tweak(&mut c);
             Port::open(c).unwrap()
         };
         let (a, b) = (open(a_addr), open(b_addr));
-        if t == Transport::Tcp {
+        if t.is_tcp() {
             a.add_route(b_addr, b.listen_addr().unwrap());
             b.add_route(a_addr, a.listen_addr().unwrap());
         }
@@ -320,7 +334,7 @@ fn a_cork_holds_writes_until_uncork_and_loses_nothing(t: Transport) {
         a.send_detached_copy(b.addr(), 9, &pattern(sizes[i % sizes.len()], i));
     }
     let first = b.irecv(Some(p.a_addr), Some(9), 1 << 20);
-    if t == Transport::Tcp {
+    if t.is_tcp() {
         let until = std::time::Instant::now() + Duration::from_millis(200);
         while std::time::Instant::now() < until {
             assert!(b.test(first).is_none(), "tcp: a corked message arrived before uncork");
@@ -347,6 +361,9 @@ macro_rules! conformance {
         }
         mod tcp {
             $( #[test] fn $name() { super::$name(super::Transport::Tcp) } )*
+        }
+        mod tcp_trusting {
+            $( #[test] fn $name() { super::$name(super::Transport::TcpTrusting) } )*
         }
     };
 }

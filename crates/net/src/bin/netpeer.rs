@@ -53,6 +53,10 @@ struct Cli {
     /// kernel's own sizing (default: the port's, 4 MiB).
     #[arg(long, value_name = "BYTES|auto")]
     tcp_buffer: Option<gepsea_net::tcp::BufferSetting>,
+    /// What TCP links checksum: `full` (headers and payloads), or `headers` (data
+    /// payloads trusted to TCP where the peer says the same). Default: the port's.
+    #[arg(long, value_name = "full|headers")]
+    tcp_checksums: Option<gepsea_net::tcp::TcpChecksums>,
     /// Fault injection: offer single copies as this process id.
     #[arg(long, hide = true)]
     claim_pid: Option<u32>,
@@ -240,6 +244,9 @@ fn main() -> Result<()> {
     cfg.encrypt = cli.encrypt;
     if cli.tcp_congestion.is_some() {
         cfg.tcp_congestion = cli.tcp_congestion.clone();
+    }
+    if let Some(c) = cli.tcp_checksums {
+        cfg.tcp_checksums = c;
     }
     if let Some(b) = cli.tcp_buffer {
         cfg.tcp_buffer = b.0;

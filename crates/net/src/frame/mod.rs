@@ -60,6 +60,11 @@ pub const FLAG_WRITE: u8 = 16;
 /// connection. The receiver holds such a piece, undelivered and unacknowledged, until
 /// that sum has matched; a connection that sends anything else first is reset.
 pub const FLAG_SUM_AFTER: u8 = 32;
+/// On `Hello` and `HelloAck`: the sender trusts TCP's own checksums for the payloads
+/// of application data ([`Kind::carries_data`]; `TcpChecksums::Headers`). A connection
+/// carries such payloads without a CRC only when both of its handshake frames say so;
+/// headers and link-control frames keep theirs either way.
+pub const FLAG_TRUST_TCP: u8 = 64;
 /// Bytes of one entry of a [`Kind::Sum`] payload: the piece's sequence number (u64) and
 /// its payload's CRC32C (u32), little-endian.
 pub const SUM_ENTRY_LEN: usize = 12;
@@ -170,6 +175,13 @@ impl Kind {
         })
     }
 
+    /// Frames whose payload is application data (messages, rendezvous and RMA pieces),
+    /// as opposed to link and protocol control: the payloads a link whose ends trust
+    /// TCP ([`FLAG_TRUST_TCP`]) sends without a checksum.
+    pub fn carries_data(self) -> bool {
+        matches!(self, Kind::Eager | Kind::Data | Kind::Put | Kind::GetReply)
+    }
+
     /// Frames that take part in the per-link sequence (everything but link control).
     pub fn is_sequenced(self) -> bool {
         !matches!(self, Kind::Ack | Kind::Hello | Kind::HelloAck | Kind::Auth | Kind::Sum)
@@ -218,12 +230,14 @@ impl Header {
         self.encode_with(payload_len, self.flags, self.crc, out);
     }
 
-    /// Writes the header of a frame that travels inside sealed records (`crate::seal`):
-    /// their authentication tags already cover every byte of its payload (a record
-    /// altered, dropped or replayed fails to open, and the connection is reset and its
-    /// frames replayed, as after a checksum mismatch), so no payload CRC is computed
-    /// or flagged. The header keeps its own checksum.
-    pub fn encode_sealed(&self, payload_len: usize, out: &mut [u8]) {
+    /// Writes the header of a frame whose payload goes without a CRC: nothing of the
+    /// payload is read, and the header keeps its own checksum. For frames that travel
+    /// inside sealed records (`crate::seal`), whose authentication tags already cover
+    /// every byte of the payload (a record altered, dropped or replayed fails to open,
+    /// and the connection is reset and its frames replayed, as after a checksum
+    /// mismatch), and for data on a link whose ends both trust TCP's own checksums
+    /// ([`FLAG_TRUST_TCP`]).
+    pub fn encode_without_payload_crc(&self, payload_len: usize, out: &mut [u8]) {
         self.encode_with(payload_len, self.flags & !FLAG_PAYLOAD_CRC, 0, out);
     }
 
@@ -444,6 +458,8 @@ pub enum FrameError {
     SumMissing { pieces: usize, bytes: usize },
     #[error("checksum frame out of step with the pieces before it: {0}")]
     SumOutOfStep(String),
+    #[error("{0:?} payload without a checksum, on a link that checksums payloads (only links whose two ends both trust TCP's own checksums go without)")]
+    PayloadUnchecked(Kind),
 }
 
 #[cfg(test)]
@@ -534,11 +550,11 @@ mod tests {
         // Inside sealed records the tags check the payload; the header still checks
         // itself.
         let f = sample(1000);
-        let (h, p) = decoded_altered(&f, Header::encode_sealed);
+        let (h, p) = decoded_altered(&f, Header::encode_without_payload_crc);
         assert_eq!(h.flags & FLAG_PAYLOAD_CRC, 0);
         assert_eq!((h.len, h.crc, p.len()), (1000, 0, 1000));
         let mut b = vec![0u8; HEADER_LEN];
-        f.header.encode_sealed(f.payload.len(), &mut b);
+        f.header.encode_without_payload_crc(f.payload.len(), &mut b);
         b[20] ^= 1;
         let mut d = FrameDecoder::new(1 << 20);
         d.extend(&b);

@@ -17,6 +17,9 @@ impl Port {
         if let Some(Err(e)) = crate::tcp::buffer_setting_from_env() {
             return Err(e);
         }
+        if let Some(Err(e)) = crate::tcp::checksums_from_env() {
+            return Err(e);
+        }
         crate::trust::check_namespace(&cfg.namespace)?;
         let me = cfg.addr;
         let dir = cfg.runtime_dir();
@@ -88,8 +91,9 @@ impl Port {
         // or neither does, so the limit agrees.
         if !cfg.encrypt {
             proto.set_remote_eager(cfg.tcp_eager.min(cfg.max_frame));
-            // Only plain links carry payload checksums.
-            proto.set_sum_ahead(true);
+            // Only plain links carry payload checksums, and a port that trusts TCP
+            // sends them only to peers that do not (after the pieces: `tcp::SUM_AFTER_MIN`).
+            proto.set_sum_ahead(cfg.tcp_checksums == crate::tcp::TcpChecksums::Full);
         }
         proto.offer_single_copy(cfg.single_copy.then(std::process::id));
         proto.help_split_copies(cfg.progress == Progress::Thread);

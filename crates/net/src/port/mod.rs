@@ -169,6 +169,13 @@ pub struct PortConfig {
     /// links whose bandwidth-delay product exceeds the 8 MiB this allows (wide-area
     /// paths), which the kernel's sizing serves up to `net.ipv4.tcp_rmem`'s maximum.
     pub tcp_buffer: Option<usize>,
+    /// What this port checksums on its TCP links (see [`crate::tcp::TcpChecksums`]):
+    /// every header and payload, or ([`TcpChecksums::Headers`](crate::tcp::TcpChecksums::Headers))
+    /// headers and link control only, the payloads of application data then trusted to
+    /// TCP's own checksum on each link whose other end does the same. Default:
+    /// `$GEPSEA_TCP_CHECKSUMS` (`full` or `headers`; anything else is refused when the
+    /// port opens), else `full`.
+    pub tcp_checksums: crate::tcp::TcpChecksums,
 }
 
 /// [`PortConfig::tcp_buffer`]'s default: 4 MiB each way.
@@ -203,6 +210,7 @@ impl PortConfig {
             encrypt: false,
             tcp_congestion: std::env::var("GEPSEA_TCP_CONGESTION").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()),
             tcp_buffer: crate::tcp::default_buffer(),
+            tcp_checksums: crate::tcp::default_checksums(),
         }
     }
 

@@ -2,8 +2,8 @@
 //! the handshake with incarnations, reading frames, acknowledgements, link loss).
 
 use super::*;
-use crate::frame::{FrameError, FLAG_SUM_AFTER};
-use crate::tcp::{Finished, Held, PendingSums};
+use crate::frame::{FrameError, FLAG_SUM_AFTER, FLAG_TRUST_TCP};
+use crate::tcp::{Finished, Held, PendingSums, TcpChecksums};
 
 /// The least payload still to come for a data frame to be read in place rather than
 /// through the decoder (one more system call per frame).
@@ -53,6 +53,7 @@ impl State {
         let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
         h.ack = link.recv.delivered();
         h.tag = self.incarnation;
+        h.flags |= self.hello_flags();
         match &self.cfg.key {
             Some(_) => {
                 let n = match crate::auth::nonce() {
@@ -335,6 +336,7 @@ impl State {
             let Some(c) = tcp.get_mut(&id) else { return false };
             let state = c.state;
             let conn_peer = c.peer;
+            let checks_payloads = c.checks_payloads();
             let handshake: (Header, Vec<u8>);
             match c.dec.next_frame() {
                 Ok(None) => {
@@ -355,6 +357,8 @@ impl State {
                     } else {
                         let err = if state != ConnState::Established || conn_peer != Some(h.src) {
                             Some(format!("{:?} frame from {} before handshake", h.kind, h.src))
+                        } else if let Err(e) = crate::tcp::check_payload_sum(checks_payloads, &h) {
+                            Some(refused(stats, c, e))
                         } else if h.flags & FLAG_SUM_AFTER != 0 || h.kind == Kind::Sum || c.pending.holds_pieces() {
                             // A piece whose checksum follows, its sum, or whatever dares
                             // come between them.
@@ -415,6 +419,10 @@ impl State {
         }
         let Some((h, have)) = c.dec.partial_header() else { return };
         if !matches!(h.kind, Kind::Data | Kind::Eager) || c.peer != Some(h.src) || (h.len as usize - have) < DIRECT_MIN {
+            return;
+        }
+        if crate::tcp::check_payload_sum(c.checks_payloads(), &h).is_err() {
+            // Refused once whole, by `process_frames`.
             return;
         }
         let next = match c.pending.next_seq_after_held() {
@@ -495,6 +503,7 @@ impl State {
                     nonce_i.copy_from_slice(payload);
                     let proof = k.proof(Role::Acceptor, &nonce_i, &nonce_a, peer, self.me);
                     let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+                    a.flags |= self.hello_flags();
                     // A new incarnation starts from nothing (its link is reset once
                     // it has authenticated, in `accept_hello`).
                     let same = |l: &&Link| l.incarnation.is_none_or(|i| i == h.tag);
@@ -539,8 +548,12 @@ impl State {
                     (Some(_), None) => return refuse(self, "authentication out of order".into()),
                 }
                 self.check_incarnation(peer, h.tag);
+                let trust = self.both_trust_tcp(h);
                 let c = self.tcp.get_mut(&id).unwrap();
                 c.state = ConnState::Established;
+                if trust {
+                    c.trust_tcp();
+                }
                 self.established(peer, id, h.ack)
             }
             (k, s) => {
@@ -574,18 +587,38 @@ impl State {
                 self.stats.connections_lost += 1;
             }
         }
+        let (trust, flags) = (self.both_trust_tcp(h), self.hello_flags());
         let link = self.links.get_mut(&peer).unwrap();
         link.conn = Some(id);
         let c = self.tcp.get_mut(&id).unwrap();
         c.peer = Some(peer);
         c.state = ConnState::Established;
+        if trust {
+            c.trust_tcp();
+        }
         if send_ack {
             let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
             a.ack = link.recv.delivered();
             a.tag = self.incarnation;
+            a.flags |= flags;
             c.queue(&Frame::control(a));
         }
         self.established(peer, id, h.ack)
+    }
+
+    /// The flags of this port's `Hello` and `HelloAck`: whether it trusts TCP's own
+    /// checksums for data ([`crate::tcp::TcpChecksums`]).
+    fn hello_flags(&self) -> u8 {
+        match self.cfg.tcp_checksums {
+            TcpChecksums::Headers => FLAG_TRUST_TCP,
+            TcpChecksums::Full => 0,
+        }
+    }
+
+    /// Whether the connection whose peer's handshake frame is `h` carries data without
+    /// payload checksums: only if both ends trust TCP.
+    fn both_trust_tcp(&self, h: &Header) -> bool {
+        self.hello_flags() & h.flags & FLAG_TRUST_TCP != 0
     }
 
     /// A new incarnation of `peer` (it restarted): its old conversation is over.

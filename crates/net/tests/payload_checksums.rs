@@ -1,0 +1,269 @@
+//! Payload checksums on TCP links, as negotiated in the handshake: a port that trusts
+//! TCP (`TcpChecksums::Headers`) says so in its `Hello`/`HelloAck`; data goes without
+//! a payload CRC only on a connection whose two ends both said so, and a port that
+//! checksums payloads refuses data that comes without one. Checked on the wire, with a
+//! hand-driven peer on a raw socket, end to end between two ports of each setting, and
+//! for a job process given the setting by `GEPSEA_TCP_CHECKSUMS`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{netpeer, unique, Ns, Proc, TempDir};
+use gepsea_net::frame::{Addr, Channel, Frame, FrameDecoder, Header, Kind, FLAG_LAST, FLAG_PAYLOAD_CRC, FLAG_TRUST_TCP, HEADER_LEN};
+use gepsea_net::tcp::TcpChecksums;
+use gepsea_net::{Completion, Port, PortConfig, PortStats};
+
+const ROGUE: Addr = Addr::new(9, 9);
+const WAIT: Duration = Duration::from_secs(20);
+
+fn listening_port(ns: &str, checksums: TcpChecksums) -> Port {
+    let mut cfg = PortConfig::new(ns, Addr::new(1, 1));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.tcp_checksums = checksums;
+    // The hand-driven peer acknowledges nothing: the port's last sends stay unacknowledged.
+    cfg.linger = Duration::from_millis(100);
+    Port::open(cfg).unwrap()
+}
+
+/// The hand-driven peer's `Hello`, saying it trusts TCP or not.
+fn hello(to: Addr, trusting: bool) -> Vec<u8> {
+    let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
+    h.tag = 42;
+    if trusting {
+        h.flags |= FLAG_TRUST_TCP;
+    }
+    Frame::control(h).to_bytes()
+}
+
+/// A frame of the hand-driven peer whose payload goes without a checksum, as a port
+/// that trusts TCP sends data to a peer that does too.
+fn unchecked(h: Header, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; HEADER_LEN];
+    h.encode_without_payload_crc(body.len(), &mut out);
+    out.extend_from_slice(body);
+    out
+}
+
+fn eager(to: Addr, seq: u64, body: &[u8]) -> Vec<u8> {
+    let mut h = Header::new(Kind::Eager, Channel::Normal, ROGUE, to);
+    h.seq = seq;
+    h.tag = 5;
+    unchecked(h, body)
+}
+
+/// An `Rts` for message `msg` of `total` bytes, then its data in pieces of at most
+/// `piece` bytes, none with a payload checksum.
+fn rendezvous(to: Addr, first_seq: u64, msg: u64, body: &[u8], piece: usize) -> Vec<u8> {
+    let frame = |kind, seq, offset: usize, part: &[u8]| {
+        let mut h = Header::new(kind, Channel::Normal, ROGUE, to);
+        (h.seq, h.tag, h.id, h.total, h.offset) = (seq, 5, msg, body.len() as u64, offset as u64);
+        if kind == Kind::Data && offset + part.len() == body.len() {
+            h.flags |= FLAG_LAST;
+        }
+        h
+    };
+    let mut wire = Frame::control(frame(Kind::Rts, first_seq, 0, &[])).to_bytes();
+    for (i, part) in body.chunks(piece).enumerate() {
+        wire.extend(unchecked(frame(Kind::Data, first_seq + 1 + i as u64, i * piece, part), part));
+    }
+    wire
+}
+
+/// Reads frames from the raw socket until one of `kind` comes (each checked by the
+/// decoder: headers always, payloads where flagged).
+fn read_until(s: &mut TcpStream, dec: &mut FrameDecoder, kind: Kind) -> (Header, Vec<u8>) {
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    loop {
+        if let Some((h, p)) = dec.next_frame().expect("a well-formed frame from the port") {
+            if h.kind == kind {
+                return (h, p.to_vec());
+            }
+            continue;
+        }
+        let spare = dec.spare();
+        let n = s.read(spare).expect("the port's next frame");
+        assert!(n > 0, "the port closed the connection before a {kind:?} frame");
+        dec.filled(n);
+    }
+}
+
+fn wait_for(port: &Port, what: impl Fn(&PortStats) -> bool) -> PortStats {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let st = port.stats();
+        if what(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "condition not reached; stats {st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn received(port: &Port, r: gepsea_net::ReqId) -> Vec<u8> {
+    match port.wait_timeout(r, WAIT).unwrap() {
+        Completion::Received(m) => m.data.to_vec(),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn body(n: usize, seed: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 + i / 4096 + seed) as u8).collect()
+}
+
+/// Connects the hand-driven peer, says hello, and returns the socket, a decoder for
+/// what the port sends, and the port's `HelloAck`.
+fn handshake(port: &Port, trusting: bool) -> (TcpStream, FrameDecoder, Header) {
+    handshake_with(port.listen_addr().unwrap(), port.addr(), trusting)
+}
+
+fn handshake_with(at: std::net::SocketAddr, to: Addr, trusting: bool) -> (TcpStream, FrameDecoder, Header) {
+    let mut s = TcpStream::connect(at).unwrap();
+    s.write_all(&hello(to, trusting)).unwrap();
+    let mut dec = FrameDecoder::new(8 << 20);
+    let (ack, _) = read_until(&mut s, &mut dec, Kind::HelloAck);
+    (s, dec, ack)
+}
+
+#[test]
+fn two_trusting_ends_exchange_data_without_payload_checksums() {
+    let ns = Ns(unique("pcs"));
+    let port = listening_port(&ns.0, TcpChecksums::Headers);
+    let me = port.addr();
+    let (mut s, mut dec, ack) = handshake(&port, true);
+    assert_ne!(ack.flags & FLAG_TRUST_TCP, 0, "the port did not say it trusts TCP");
+
+    // Data without checksums is taken: an eager message, and a rendezvous message
+    // whose first piece is read in place.
+    let small = body(1000, 1);
+    let large = body(300 << 10, 2);
+    let r_small = port.irecv(Some(ROGUE), Some(5), small.len());
+    let r_large = port.irecv(Some(ROGUE), Some(5), large.len());
+    s.write_all(&[eager(me, 1, &small), rendezvous(me, 2, 77, &large, 256 << 10)].concat()).unwrap();
+    assert!(received(&port, r_small) == small, "the eager message differs from what was sent");
+    assert!(received(&port, r_large) == large, "the rendezvous message differs from what was sent");
+    assert_eq!(port.stats().frames_rejected, 0);
+
+    // And the port sends its data without them.
+    let reply = body(2000, 3);
+    let _send = port.isend(ROGUE, 6, Bytes::from(reply.clone()));
+    let (h, payload) = read_until(&mut s, &mut dec, Kind::Eager);
+    assert_eq!(h.flags & FLAG_PAYLOAD_CRC, 0, "a payload checksum on a link both ends trust");
+    assert_eq!((h.crc, payload), (0, reply));
+}
+
+#[test]
+fn a_port_that_keeps_its_checksums_sends_them_and_refuses_data_without_them() {
+    let ns = Ns(unique("pcs"));
+    let port = listening_port(&ns.0, TcpChecksums::Full);
+    let me = port.addr();
+    let (mut s, mut dec, ack) = handshake(&port, true);
+    assert_eq!(ack.flags & FLAG_TRUST_TCP, 0, "a port that checksums everything said it trusts TCP");
+
+    let reply = body(2000, 4);
+    let _send = port.isend(ROGUE, 6, Bytes::from(reply.clone()));
+    let (h, payload) = read_until(&mut s, &mut dec, Kind::Eager);
+    assert_ne!(h.flags & FLAG_PAYLOAD_CRC, 0, "no payload checksum from a port that keeps them");
+    assert_eq!(payload, reply);
+
+    // A large piece without its checksum is refused, not read in place and delivered.
+    let large = body(300 << 10, 5);
+    let r = port.irecv(Some(ROGUE), Some(5), large.len());
+    s.write_all(&rendezvous(me, 1, 78, &large, 256 << 10)).unwrap();
+    let st = wait_for(&port, |st| st.frames_rejected == 1);
+    let error = st.recent_errors.last().unwrap();
+    assert!(error.contains("Data payload without a checksum"), "{error}");
+    assert_eq!(st.pieces_in_place, 0, "{st:?}");
+    assert!(port.test(r).is_none(), "data without a checksum was delivered");
+}
+
+#[test]
+fn a_trusting_port_keeps_checksums_with_a_peer_that_does_not_trust() {
+    let ns = Ns(unique("pcs"));
+    let port = listening_port(&ns.0, TcpChecksums::Headers);
+    let me = port.addr();
+    let (mut s, mut dec, ack) = handshake(&port, false);
+    assert_ne!(ack.flags & FLAG_TRUST_TCP, 0, "the port did not say it trusts TCP");
+
+    let reply = body(2000, 6);
+    let _send = port.isend(ROGUE, 6, Bytes::from(reply.clone()));
+    let (h, payload) = read_until(&mut s, &mut dec, Kind::Eager);
+    assert_ne!(h.flags & FLAG_PAYLOAD_CRC, 0, "no payload checksum for a peer that did not trust TCP");
+    assert_eq!(payload, reply);
+
+    let r = port.irecv(Some(ROGUE), Some(5), 1000);
+    s.write_all(&eager(me, 1, &body(1000, 7))).unwrap();
+    let st = wait_for(&port, |st| st.frames_rejected == 1);
+    let error = st.recent_errors.last().unwrap();
+    assert!(error.contains("Eager payload without a checksum"), "{error}");
+    assert!(port.test(r).is_none(), "data without a checksum was delivered");
+}
+
+#[test]
+fn ports_of_either_setting_deliver_every_size_exactly_both_ways() {
+    use TcpChecksums::{Full, Headers};
+    for (sa, sb) in [(Headers, Headers), (Headers, Full), (Full, Headers)] {
+        let ns = Ns(unique("pcs"));
+        let open = |addr: Addr, checksums: TcpChecksums| {
+            let mut cfg = PortConfig::new(&ns.0, addr);
+            cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+            cfg.tcp_checksums = checksums;
+            Port::open(cfg).unwrap()
+        };
+        let (a, b) = (open(Addr::new(1, 1), sa), open(Addr::new(2, 1), sb));
+        a.add_route(b.addr(), b.listen_addr().unwrap());
+        b.add_route(a.addr(), a.listen_addr().unwrap());
+        let sizes = [0, 100, 64 << 10, (64 << 10) + 1, 1 << 20, (4 << 20) + 1];
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            let recvs: Vec<_> = sizes.iter().map(|&n| to.irecv(Some(from.addr()), Some(3), n)).collect();
+            let sends: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| from.isend(to.addr(), 3, Bytes::from(body(n, i)))).collect();
+            for (i, r) in recvs.into_iter().enumerate() {
+                assert!(received(to, r) == body(sizes[i], i), "{sa:?} → {sb:?}: message {i} of {} bytes differs", sizes[i]);
+            }
+            for s in sends {
+                from.wait_timeout(s, WAIT).unwrap();
+            }
+        }
+        for p in [&a, &b] {
+            let st = p.stats();
+            assert_eq!((st.frames_rejected, st.connections_lost), (0, 0), "{sa:?}/{sb:?}: {st:?}");
+        }
+    }
+}
+
+/// A job process's port with `GEPSEA_TCP_CHECKSUMS=value` in its environment: whether
+/// its `HelloAck` says it trusts TCP.
+fn trusts_tcp_with_env(value: &str) -> bool {
+    let ns = Ns(unique("pce"));
+    let dir = TempDir::new();
+    let mut cmd = Command::new(netpeer());
+    cmd.args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "--directory"])
+        .arg(dir.path())
+        .args(["echo", "--peer", "2:1", "--count", "1"])
+        .env("GEPSEA_TCP_CHECKSUMS", value);
+    let mut peer = Proc::spawn("echo", cmd);
+    peer.expect_line("READY", WAIT);
+    let at = std::fs::read_to_string(dir.0.join("1-1.addr")).unwrap().trim().parse().unwrap();
+    let (_s, _dec, ack) = handshake_with(at, Addr::new(1, 1), true);
+    ack.flags & FLAG_TRUST_TCP != 0
+}
+
+#[test]
+fn a_job_process_takes_the_setting_from_its_environment_and_refuses_a_bad_one() {
+    assert!(trusts_tcp_with_env("headers"), "GEPSEA_TCP_CHECKSUMS=headers was not taken");
+    assert!(!trusts_tcp_with_env("full"), "GEPSEA_TCP_CHECKSUMS=full trusts TCP");
+
+    let ns = Ns(unique("pce"));
+    let out = Command::new(netpeer())
+        .args(["--ns", &ns.0, "--node", "1", "--port", "1", "--listen", "127.0.0.1:0", "echo", "--peer", "2:1", "--count", "1"])
+        .env("GEPSEA_TCP_CHECKSUMS", "none")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "GEPSEA_TCP_CHECKSUMS=none was taken: {stderr}");
+    assert!(stderr.contains("GEPSEA_TCP_CHECKSUMS=\"none\": neither `full` nor `headers`"), "{stderr}");
+}
