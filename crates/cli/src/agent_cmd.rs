@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use crate::logging::{emit, say};
 use clap::{Args, Subcommand};
 use gepsea_agent::server::{Agent, AgentConfig, Shutdown};
-use gepsea_net::tcp::BufferSetting;
+use gepsea_net::tcp::{BufferSetting, TcpChecksums};
 use serde::Deserialize;
 
 #[derive(Args)]
@@ -101,6 +101,13 @@ pub struct RunArgs {
     /// net.core.rmem_max or wmem_max leaves the links to the kernel as well.
     #[arg(long, value_name = "BYTES|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
     tcp_buffer: Option<BufferSetting>,
+    /// What the links to other agents checksum: `full` (default: every header and
+    /// payload, CRC32C), or `headers`, which trusts TCP's own checksum for data payloads
+    /// on each link whose other end says the same (a pass over every byte on each side
+    /// saved, for sites that trust their network and hosts; application processes read
+    /// the same variable).
+    #[arg(long, value_name = "full|headers", env = "GEPSEA_TCP_CHECKSUMS")]
+    tcp_checksums: Option<TcpChecksums>,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -173,6 +180,7 @@ struct FileConfig {
     max_sessions: Option<usize>,
     tcp_congestion: Option<String>,
     tcp_buffer: Option<FileTcpBuffer>,
+    tcp_checksums: Option<String>,
 }
 
 /// `--tcp-buffer` and `tcp-buffer`: the setting, or what is wrong with it after the
@@ -281,6 +289,11 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     if let Some(b) = a.tcp_buffer.or(file_buffer) {
         c.tcp_buffer = b.0;
     }
+    let file_checksums =
+        f.tcp_checksums.map(|w| w.parse::<TcpChecksums>().map_err(|e| anyhow::anyhow!("tcp-checksums in --config: {w:?}: {e}")));
+    if let Some(setting) = a.tcp_checksums.map(Ok).or(file_checksums).transpose()? {
+        c.tcp_checksums = setting;
+    }
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);
     if c.encrypt && c.key.is_none() {
         bail!("--encrypt needs the job's key: give --key-file FILE (the same secret on every agent)");
@@ -354,6 +367,10 @@ fn status(a: &StatusArgs) -> Result<()> {
     match v["tcp_buffer"].as_u64() {
         Some(b) => emit!("  buffers       {b} bytes each way on links to other agents"),
         None => emit!("  buffers       the kernel's sizing on links to other agents"),
+    }
+    match v["tcp_checksums"].as_str() {
+        Some("headers") => emit!("  checksums     headers; data payloads trusted to TCP on links whose other end trusts it too"),
+        _ => emit!("  checksums     every header and payload on links to other agents"),
     }
     let expected = v["expected_nodes"].as_u64().map_or("not set (--nodes)".to_string(), |n| n.to_string());
     emit!("  ready         {} (expected nodes: {expected})", v["ready"]);
@@ -452,28 +469,36 @@ mod tests {
         Ok(config(&cli.run)?.0)
     }
 
+    /// Removed when the test ends, also when it fails.
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// `--config` files of the given names and contents, in a directory of the test's own.
+    fn config_files(test: &str, files: &[(&str, &str)]) -> (Dir, Vec<String>) {
+        let dir = Dir(std::env::temp_dir().join(format!("gepsea-agent-cfg-{test}-{}", std::process::id())));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let paths = files
+            .iter()
+            .map(|(name, text)| {
+                let p = dir.0.join(name);
+                std::fs::write(&p, text).unwrap();
+                p.display().to_string()
+            })
+            .collect();
+        (dir, paths)
+    }
+
     #[test]
     fn tcp_buffer_comes_from_the_flag_over_the_file_over_the_default() {
-        /// Removed when the test ends, also when it fails.
-        struct Dir(PathBuf);
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let dir = Dir(std::env::temp_dir().join(format!("gepsea-agent-cfg-{}", std::process::id())));
-        let dir = &dir.0;
-        std::fs::create_dir_all(dir).unwrap();
-        let file = |name: &str, text: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, text).unwrap();
-            p.display().to_string()
-        };
-        let (auto, bytes, bad) = (
-            file("auto.toml", "tcp-buffer = \"auto\"\n"),
-            file("bytes.toml", "tcp-buffer = 65536\n"),
-            file("bad.toml", "tcp-buffer = \"lots\"\n"),
+        let (_dir, paths) = config_files(
+            "buffer",
+            &[("auto.toml", "tcp-buffer = \"auto\"\n"), ("bytes.toml", "tcp-buffer = 65536\n"), ("bad.toml", "tcp-buffer = \"lots\"\n")],
         );
+        let [auto, bytes, bad] = [&paths[0], &paths[1], &paths[2]];
         assert_eq!(config_of(&[]).unwrap().tcp_buffer, Some(gepsea_net::DEFAULT_TCP_BUFFER));
         assert_eq!(config_of(&["--tcp-buffer", "auto"]).unwrap().tcp_buffer, None);
         assert_eq!(config_of(&["--tcp-buffer", "1048576"]).unwrap().tcp_buffer, Some(1 << 20));
@@ -483,5 +508,20 @@ mod tests {
         let e = config_of(&["--config", &bad]).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("tcp-buffer in --config") && e.contains("\"lots\""), "{e}");
         assert!(config_of(&["--tcp-buffer", "0"]).is_err(), "no buffer at all is not a size");
+    }
+
+    #[test]
+    fn tcp_checksums_come_from_the_flag_over_the_file_over_the_default() {
+        let (_dir, paths) =
+            config_files("checksums", &[("headers.toml", "tcp-checksums = \"headers\"\n"), ("bad.toml", "tcp-checksums = \"none\"\n")]);
+        let [headers, bad] = [&paths[0], &paths[1]];
+        assert_eq!(config_of(&[]).unwrap().tcp_checksums, TcpChecksums::Full);
+        assert_eq!(config_of(&["--tcp-checksums", "headers"]).unwrap().tcp_checksums, TcpChecksums::Headers);
+        assert_eq!(config_of(&["--config", headers]).unwrap().tcp_checksums, TcpChecksums::Headers);
+        assert_eq!(config_of(&["--config", headers, "--tcp-checksums", "full"]).unwrap().tcp_checksums, TcpChecksums::Full);
+        let e = config_of(&["--config", bad]).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("tcp-checksums in --config: \"none\": neither `full` nor `headers`"), "{e}");
+        let e = config_of(&["--tcp-checksums", "crc"]).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("neither `full` nor `headers`"), "{e}");
     }
 }

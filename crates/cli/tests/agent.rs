@@ -528,3 +528,49 @@ fn the_agents_links_take_the_socket_buffers_named_or_the_kernels_sizing() {
     let first = e.lines().next().unwrap_or("");
     assert!(first.contains("--tcp-buffer") && first.contains("\"lots\": neither a number of bytes nor `auto`"), "{e}");
 }
+
+/// `--tcp-checksums`: an agent told `headers` says in its handshake that it trusts TCP
+/// for data (a link to another such agent then carries data without payload
+/// checksums), one left at the default does not, `gepsea agent status` says which, and
+/// a value that is neither is refused naming the flag.
+#[test]
+fn the_agents_links_checksum_payloads_unless_told_to_trust_tcp() {
+    use gepsea_net::frame::{Addr, Channel, Frame, FrameDecoder, Header, Kind, FLAG_TRUST_TCP};
+    use std::io::Read;
+    let mut a = Agents::new(0, false);
+    a.agents.push(Some(a.start_agent_with(0, 2, &["--tcp-checksums", "headers"])));
+    a.agents.push(Some(a.start_agent(1, 2)));
+    a.wait_ready(0);
+    a.wait_ready(1);
+    // A hand-driven peer that trusts TCP says hello to agent `i`: whether its answer does.
+    let trusts_tcp = |i: usize| -> bool {
+        let entry: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(a.dir.join(format!("rv/agent-{}.json", i + 1))).unwrap()).unwrap();
+        let mut s = std::net::TcpStream::connect(entry["listen"].as_str().unwrap()).unwrap();
+        let mut hello = Header::new(Kind::Hello, Channel::Control, Addr::new(99, 9), Addr::new(i as u32 + 1, 0));
+        hello.tag = 7;
+        hello.flags |= FLAG_TRUST_TCP;
+        s.write_all(&Frame::control(hello).to_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut dec = FrameDecoder::new(1 << 20);
+        loop {
+            if let Some((h, _)) = dec.next_frame().expect("a well-formed answer") {
+                assert_eq!(h.kind, Kind::HelloAck, "{}", a.log(i));
+                return h.flags & FLAG_TRUST_TCP != 0;
+            }
+            let n = s.read(dec.spare()).expect("the agent's answer");
+            assert!(n > 0, "agent {} closed the connection: {}", i + 1, a.log(i));
+            dec.filled(n);
+        }
+    };
+    assert!(trusts_tcp(0), "an agent given --tcp-checksums headers did not say it trusts TCP");
+    assert!(!trusts_tcp(1), "an agent left at the default said it trusts TCP");
+    assert_eq!((a.status(0)["tcp_checksums"].as_str(), a.status(1)["tcp_checksums"].as_str()), (Some("headers"), Some("full")));
+    let human = a.cmd(0, env!("CARGO_BIN_EXE_gepsea")).args(["agent", "status"]).output().unwrap();
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("checksums     headers; data payloads trusted to TCP"), "{text}");
+
+    let e = refused_agent(&a, 3, &["--tcp-checksums", "crc"]);
+    let first = e.lines().next().unwrap_or("");
+    assert!(first.contains("--tcp-checksums") && first.contains("neither `full` nor `headers`"), "{e}");
+}

@@ -120,6 +120,9 @@ pub struct AgentConfig {
     /// `GEPSEA_TCP_BUFFER`, else 4 MiB); `None`: the kernel sizes them (links across a
     /// wide area, whose bandwidth-delay product exceeds 8 MiB).
     pub tcp_buffer: Option<usize>,
+    /// What the links to other agents checksum (`gepsea_net::PortConfig::tcp_checksums`,
+    /// by default as a port's: `GEPSEA_TCP_CHECKSUMS`, else everything).
+    pub tcp_checksums: gepsea_net::tcp::TcpChecksums,
 }
 
 impl AgentConfig {
@@ -141,6 +144,7 @@ impl AgentConfig {
             max_sessions: 1024,
             tcp_congestion: None,
             tcp_buffer: gepsea_net::tcp::default_buffer(),
+            tcp_checksums: gepsea_net::tcp::default_checksums(),
         }
     }
 }
@@ -475,6 +479,7 @@ impl Agent {
             pc.tcp_congestion = cfg.tcp_congestion.clone();
         }
         pc.tcp_buffer = cfg.tcp_buffer;
+        pc.tcp_checksums = cfg.tcp_checksums;
         for (n, a) in &cfg.peers {
             if *n != me {
                 pc.routes.insert(Addr::new(*n, 0), *a);

@@ -22,6 +22,9 @@ pub(super) struct Status {
     /// The kernel buffers of each link to another agent, each way (`--tcp-buffer`, where
     /// the system's limits allow it); `None`: the kernel sizes them.
     tcp_buffer: Option<usize>,
+    /// What the links to other agents checksum: `full`, or `headers` (data payloads
+    /// trusted to TCP on links whose other end does the same; `--tcp-checksums`).
+    tcp_checksums: &'static str,
     ready: bool,
     expected_nodes: Option<usize>,
     /// This agent's incarnation (a restarted agent of a node has a new one).
@@ -96,6 +99,7 @@ impl Agent {
             tcp_congestion: self.port.tcp_congestion(),
             system_congestion: gepsea_net::tcp::ipv4_setting("tcp_congestion_control").ok(),
             tcp_buffer: self.port.tcp_buffer(),
+            tcp_checksums: self.port.tcp_checksums().name(),
             ready: self.ready,
             expected_nodes: self.cfg.nodes,
             incarnation: self.incarnation,

@@ -194,6 +194,12 @@ impl Port {
         self.sh.st.lock().tcp_buffer
     }
 
+    /// What this port checksums on its TCP links ([`PortConfig::tcp_checksums`]); a
+    /// link carries data without payload checksums only if its other end trusts TCP too.
+    pub fn tcp_checksums(&self) -> crate::tcp::TcpChecksums {
+        self.sh.st.lock().cfg.tcp_checksums
+    }
+
     /// Adds or replaces the TCP address of a remote port.
     pub fn add_route(&self, peer: Addr, addr: SocketAddr) {
         self.sh.st.lock().cfg.routes.insert(peer, addr);
