@@ -502,10 +502,10 @@ mod tests {
         assert_eq!(config_of(&[]).unwrap().tcp_buffer, Some(gepsea_net::DEFAULT_TCP_BUFFER));
         assert_eq!(config_of(&["--tcp-buffer", "auto"]).unwrap().tcp_buffer, None);
         assert_eq!(config_of(&["--tcp-buffer", "1048576"]).unwrap().tcp_buffer, Some(1 << 20));
-        assert_eq!(config_of(&["--config", &auto]).unwrap().tcp_buffer, None);
-        assert_eq!(config_of(&["--config", &bytes]).unwrap().tcp_buffer, Some(65536));
-        assert_eq!(config_of(&["--config", &auto, "--tcp-buffer", "4096"]).unwrap().tcp_buffer, Some(4096));
-        let e = config_of(&["--config", &bad]).map(|_| ()).unwrap_err().to_string();
+        assert_eq!(config_of(&["--config", auto]).unwrap().tcp_buffer, None);
+        assert_eq!(config_of(&["--config", bytes]).unwrap().tcp_buffer, Some(65536));
+        assert_eq!(config_of(&["--config", auto, "--tcp-buffer", "4096"]).unwrap().tcp_buffer, Some(4096));
+        let e = config_of(&["--config", bad]).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains("tcp-buffer in --config") && e.contains("\"lots\""), "{e}");
         assert!(config_of(&["--tcp-buffer", "0"]).is_err(), "no buffer at all is not a size");
     }
