@@ -200,17 +200,33 @@ pub(crate) fn netpeer_cmd(netpeer: &Path, place: &Where, ns: &str, node: u32, po
     c
 }
 
-/// Link security of a TCP case: none, authenticated (`--key-file`), or authenticated
-/// and encrypted (`--encrypt`).
+/// The links of a TCP case: plain, authenticated (`--key-file`), authenticated and
+/// encrypted (`--encrypt`), or plain with data trusted to TCP's own checksum at both
+/// ends (`--tcp-checksums headers`: no payload CRC32C on either side).
 #[derive(Clone, Copy, PartialEq)]
-enum Security {
+enum Links {
     Plain,
     Keyed,
     Encrypted,
+    TrustTcp,
 }
 
 fn gepsea_case(netpeer: &Path, place: &Where, ns: &str, quick: bool) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
-    gepsea_case_with(netpeer, place, ns, quick, Security::Plain, Progress::Thread)
+    gepsea_case_with(netpeer, place, ns, quick, Links::Plain, Progress::Thread)
+}
+
+/// [`gepsea_case`], and the same with both ends trusting TCP for data into `trusting`.
+fn gepsea_cases(
+    netpeer: &Path,
+    place: &Where,
+    ns: &str,
+    quick: bool,
+    trusting: &mut Vec<CaseResult>,
+) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
+    let plain = gepsea_case(netpeer, place, ns, quick)?;
+    eprintln!("  ... and with payload checksums off (--tcp-checksums headers)");
+    trusting.push(gepsea_case_with(netpeer, place, &format!("{ns}t"), quick, Links::TrustTcp, Progress::Thread)?);
+    Ok(plain)
 }
 
 fn gepsea_case_with(
@@ -218,24 +234,30 @@ fn gepsea_case_with(
     place: &Where,
     ns: &str,
     quick: bool,
-    security: Security,
+    links: Links,
     progress: Progress,
 ) -> Result<(BTreeMap<usize, f64>, BTreeMap<usize, f64>)> {
     let dir = std::env::temp_dir().join(format!("{ns}-dir"));
     std::fs::create_dir_all(&dir)?;
     let key = dir.join("key");
-    if security != Security::Plain {
+    if matches!(links, Links::Keyed | Links::Encrypted) {
         write_key_file(&key)?;
     }
     let scale = if quick { "0.05" } else { "1" };
     let bytes = if quick { (16usize << 20).to_string() } else { (256usize << 20).to_string() };
     let base = |i: usize, node: u32| -> Command {
         let mut c = netpeer_cmd(netpeer, place, ns, node, i as u32 + 1, &dir, progress);
-        if security != Security::Plain {
-            c.arg("--key-file").arg(&key);
-        }
-        if security == Security::Encrypted {
-            c.arg("--encrypt");
+        match links {
+            Links::Plain => {}
+            Links::Keyed => {
+                c.arg("--key-file").arg(&key);
+            }
+            Links::Encrypted => {
+                c.arg("--key-file").arg(&key).arg("--encrypt");
+            }
+            Links::TrustTcp => {
+                c.args(["--tcp-checksums", "headers"]);
+            }
         }
         c
     };
@@ -540,36 +562,42 @@ pub fn run(args: &NetArgs) -> Result<()> {
         add("gepsea shm", median_series(&g));
         add("OpenMPI shm", median_series(&m));
         add("OpenMPI shm mt", median_series(&multiple));
+        let mut trusting = Vec::new();
         let (g, m) = alternate(
             reps,
             "TCP loopback",
-            |i| gepsea_case(&netpeer, &lo, &format!("{ns}l{i}"), quick),
+            |i| gepsea_cases(&netpeer, &lo, &format!("{ns}l{i}"), quick, &mut trusting),
             || mpi_case(&args.refs, "self,tcp", &lo, quick, false),
         )?;
         pairs.extend(PairedRatios::tcp("lo", &g, &m));
+        pairs.extend(PairedRatios::tcp_trusting("lo", &trusting, &m));
         add("gepsea tcp lo", median_series(&g));
+        add("gepsea lo trust", median_series(&trusting));
         add("OpenMPI tcp lo", median_series(&m));
         // Event thread against progress inside library calls only (seed 004).
         eprintln!("measuring gepsea inline (no event thread) over shared memory and TCP loopback ...");
-        add("gepsea shm inline", gepsea_case_with(&netpeer, &Where::Shm, &format!("{ns}si"), quick, Security::Plain, Progress::Inline)?);
-        add("gepsea lo inline", gepsea_case_with(&netpeer, &lo, &format!("{ns}li"), quick, Security::Plain, Progress::Inline)?);
+        add("gepsea shm inline", gepsea_case_with(&netpeer, &Where::Shm, &format!("{ns}si"), quick, Links::Plain, Progress::Inline)?);
+        add("gepsea lo inline", gepsea_case_with(&netpeer, &lo, &format!("{ns}li"), quick, Links::Plain, Progress::Inline)?);
         // What links cost when authenticated (a handshake only) and encrypted (every
         // byte sealed), against the plain case above.
         eprintln!("measuring gepsea over TCP loopback, authenticated ...");
-        add("gepsea lo key", gepsea_case_with(&netpeer, &lo, &format!("{ns}k"), quick, Security::Keyed, Progress::Thread)?);
+        add("gepsea lo key", gepsea_case_with(&netpeer, &lo, &format!("{ns}k"), quick, Links::Keyed, Progress::Thread)?);
         eprintln!("measuring gepsea over TCP loopback, authenticated and encrypted ...");
-        add("gepsea lo enc", gepsea_case_with(&netpeer, &lo, &format!("{ns}e"), quick, Security::Encrypted, Progress::Thread)?);
+        add("gepsea lo enc", gepsea_case_with(&netpeer, &lo, &format!("{ns}e"), quick, Links::Encrypted, Progress::Thread)?);
         eprintln!("measuring raw TCP loopback ...");
         add("raw tcp lo", raw_tcp_case(&args.refs, &lo, quick)?);
         if let Some(n) = &beds {
+            let mut trusting = Vec::new();
             let (g, m) = alternate(
                 reps,
                 "TCP across a veth pair",
-                |i| gepsea_case(&netpeer, &Where::Veth(n), &format!("{ns}v{i}"), quick),
+                |i| gepsea_cases(&netpeer, &Where::Veth(n), &format!("{ns}v{i}"), quick, &mut trusting),
                 || mpi_case(&args.refs, "self,tcp", &Where::Veth(n), quick, false),
             )?;
             pairs.extend(PairedRatios::tcp("veth", &g, &m));
+            pairs.extend(PairedRatios::tcp_trusting("veth", &trusting, &m));
             add("gepsea veth", median_series(&g));
+            add("gepsea veth trust", median_series(&trusting));
             add("OpenMPI veth", median_series(&m));
             eprintln!("measuring raw TCP across a veth pair ...");
             add("raw tcp veth", raw_tcp_case(&args.refs, &Where::Veth(n), quick)?);

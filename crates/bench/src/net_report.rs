@@ -55,6 +55,19 @@ impl PairedRatios {
         v
     }
 
+    /// The same measures (but 64 KiB streams) for gepsea with both ends trusting TCP
+    /// for data (`--tcp-checksums headers`): what the payload checksums cost, measured
+    /// against the same OpenMPI rounds. Not issue 20's targets, which hold for the default.
+    pub fn tcp_trusting(link: &str, g: &[CaseResult], m: &[CaseResult]) -> Vec<Self> {
+        let target = "checksums off";
+        let mut v = vec![Self::of(&format!("TCP {link} 1 MiB one-way, trusting TCP / OpenMPI"), target, g, m, |r| r.0.get(&(1 << 20)))];
+        for size in [1usize << 20, 4 << 20] {
+            let label = format!("TCP {link} stream {}, trusting TCP / OpenMPI", fmt_size(size));
+            v.push(Self::of(&label, target, g, m, move |r| r.1.get(&size)));
+        }
+        v
+    }
+
     pub fn median(&self) -> Option<f64> {
         median_of(&self.rounds)
     }
