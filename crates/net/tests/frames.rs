@@ -6,10 +6,10 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::unique;
+use common::{unique, wait_for};
 use gepsea_net::frame::{encode_sums, Addr, Channel, Frame, Header, Kind, FLAG_LAST, HEADER_LEN};
 use gepsea_net::{Completion, Port, PortConfig};
 
@@ -50,18 +50,6 @@ fn send_raw(port: &Port, bytes: &[u8], expect_close: bool) {
                 Err(e) => panic!("port did not reset the connection: {e}"),
             }
         }
-    }
-}
-
-fn wait_for(port: &Port, what: impl Fn(&gepsea_net::PortStats) -> bool) -> gepsea_net::PortStats {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let st = port.stats();
-        if what(&st) {
-            return st;
-        }
-        assert!(Instant::now() < deadline, "condition not reached; stats {st:?}");
-        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

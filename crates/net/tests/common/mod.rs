@@ -202,3 +202,16 @@ pub const SIZES: &str = "1,7,64,1000,4096,16384,16385,65536,262144,262145,104857
 pub fn system_sizes() -> String {
     (0..300).map(|i| ((i * 997) % 16384 + 1).to_string()).collect::<Vec<_>>().join(",")
 }
+
+/// Polls `port`'s statistics until `what` holds (at most 10 s, then fails naming them).
+pub fn wait_for(port: &gepsea_net::Port, what: impl Fn(&gepsea_net::PortStats) -> bool) -> gepsea_net::PortStats {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = port.stats();
+        if what(&st) {
+            return st;
+        }
+        assert!(Instant::now() < deadline, "condition not reached; stats {st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
