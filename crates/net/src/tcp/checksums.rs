@@ -5,9 +5,10 @@
 //! the sender and checked by the receiver: a pass over every byte on each side, on top
 //! of the kernel's copies. That catches what TCP's 16-bit checksum lets through and
 //! what goes wrong between the kernel and the process, at a price: on a 2-core guest
-//! whose two cores a large stream keeps busy, 1 MiB messages streamed at 7.5–8.5 GB/s
-//! with the payload checksums and 8.3–9.2 without (OpenMPI's TCP transport, which
-//! trusts TCP's checksum, 9.2–10.2; `docs/benchmarks.md`, forty-ninth session). Sites
+//! whose two cores a large stream keeps busy, a 1 MiB stream on loopback ran at
+//! 0.80–0.82× OpenMPI's TCP transport (which trusts TCP's checksum) with the payload
+//! checksums and 0.94–0.95× without, a 1 MiB one way at 1.10–1.11× and 1.01–1.04×
+//! (three `make bench-net` runs, `docs/benchmarks.md`, forty-ninth session). Sites
 //! whose links and hosts they trust (a cluster fabric with link-level CRCs and ECC
 //! memory) may give that pass up for data, as NVMe/TCP and iSCSI make their data
 //! digests optional.
