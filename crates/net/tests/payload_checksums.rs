@@ -40,6 +40,15 @@ fn hello(to: Addr, trusting: bool) -> Vec<u8> {
     Frame::control(h).to_bytes()
 }
 
+/// The hand-driven peer's `Hello`, trusting TCP and accepting payloads of up to `max`.
+fn hello_accepting(to: Addr, max: usize) -> Vec<u8> {
+    let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
+    h.tag = 42;
+    h.flags |= FLAG_TRUST_TCP;
+    h.total = max as u64;
+    Frame::control(h).to_bytes()
+}
+
 /// A frame of the hand-driven peer whose payload goes without a checksum, as a port
 /// that trusts TCP sends data to a peer that does too.
 fn unchecked(h: Header, body: &[u8]) -> Vec<u8> {
@@ -257,4 +266,42 @@ fn a_job_process_takes_the_setting_from_its_environment_and_refuses_a_bad_one() 
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "GEPSEA_TCP_CHECKSUMS=none was taken: {stderr}");
     assert!(stderr.contains("GEPSEA_TCP_CHECKSUMS=\"none\": neither `full` nor `headers`"), "{stderr}");
+}
+
+/// The sizes of the pieces a port sends the hand-driven peer, which said `hello`, for
+/// a message of `len` bytes (the peer clears it to send).
+fn pieces_sent(checksums: TcpChecksums, hello: Vec<u8>, len: usize) -> Vec<usize> {
+    let ns = Ns(unique("pcs"));
+    let port = listening_port(&ns.0, checksums);
+    let mut s = TcpStream::connect(port.listen_addr().unwrap()).unwrap();
+    s.write_all(&hello).unwrap();
+    let mut dec = FrameDecoder::new(8 << 20);
+    read_until(&mut s, &mut dec, Kind::HelloAck);
+    let _send = port.isend(ROGUE, 6, Bytes::from(body(len, 8)));
+    let (rts, _) = read_until(&mut s, &mut dec, Kind::Rts);
+    let mut cts = Header::new(Kind::Cts, Channel::Normal, ROGUE, port.addr());
+    (cts.seq, cts.id) = (1, rts.id);
+    s.write_all(&Frame::control(cts).to_bytes()).unwrap();
+    let (mut sizes, mut got) = (Vec::new(), 0);
+    while got < len {
+        let (_, payload) = read_until(&mut s, &mut dec, Kind::Data);
+        assert!(payload == body(len, 8)[got..got + payload.len()], "piece at {got} differs");
+        got += payload.len();
+        sizes.push(payload.len());
+    }
+    sizes
+}
+
+#[test]
+fn pieces_on_a_trusting_link_are_as_large_as_both_ends_accept() {
+    use TcpChecksums::{Full, Headers};
+    let len = (1 << 20) + (200 << 10);
+    let me = Addr::new(1, 1);
+    // The port accepts frames of up to 1 MiB (the default); the peer says what it does.
+    assert_eq!(pieces_sent(Headers, hello_accepting(me, 512 << 10), len), [512 << 10, 512 << 10, 200 << 10]);
+    assert_eq!(pieces_sent(Headers, hello_accepting(me, 4 << 20), len), [1 << 20, 200 << 10]);
+    // Otherwise pieces of `tcp_chunk`, as on any checksummed link.
+    let quarter = 256 << 10;
+    assert_eq!(pieces_sent(Headers, hello(me, false), len), [quarter, quarter, quarter, quarter, 200 << 10]);
+    assert_eq!(pieces_sent(Full, hello_accepting(me, 4 << 20), len), [quarter, quarter, quarter, quarter, 200 << 10]);
 }

@@ -91,6 +91,44 @@ fn rendezvous_before_and_after_the_receive_is_posted() {
     assert_eq!(a.stats.rendezvous_sent, 2);
 }
 
+/// The sizes of the data pieces `from` sends `to` for one rendezvous message of `len`
+/// bytes, delivered whole.
+fn piece_sizes(from: &mut Proto, to: &mut Proto, len: usize) -> Vec<usize> {
+    let src = from.addr();
+    let r = to.irecv(Some(src), Some(9), len);
+    from.isend(to.addr(), 9, Bytes::from(vec![7u8; len]));
+    let mut sizes = Vec::new();
+    loop {
+        let moved = step(to, from, usize::MAX);
+        let mut n = 0;
+        while let Some(out) = from.pop_frame(to.addr()) {
+            if out.frame.header.kind == gepsea_net::frame::Kind::Data {
+                sizes.push(out.frame.payload.len());
+            }
+            from.frame_sent(out.completes);
+            to.on_frame(&out.frame.header, &out.frame.payload).unwrap();
+            n += 1;
+        }
+        if moved + n == 0 {
+            break;
+        }
+    }
+    assert_eq!(received(to.take(r)).data.len(), len);
+    sizes
+}
+
+#[test]
+fn a_peer_chunk_cuts_transfers_to_that_peer_only() {
+    let cfg = ProtoConfig { eager_threshold: 100, credits: 8, chunk: 64, max_unexpected_rts: 16 };
+    let (mut a, mut b, mut c) = (Proto::new(A, cfg.clone()), Proto::new(B, cfg.clone()), Proto::new(Addr::new(3, 1), cfg));
+    a.set_remote_chunk(1000);
+    a.set_peer_chunk(B, Some(3000));
+    assert_eq!(piece_sizes(&mut a, &mut b, 7000), [3000, 3000, 1000]);
+    assert_eq!(piece_sizes(&mut a, &mut c, 2500), [1000, 1000, 500], "another peer keeps the remote chunk");
+    a.set_peer_chunk(B, None);
+    assert_eq!(piece_sizes(&mut a, &mut b, 2500), [1000, 1000, 500], "back to the remote chunk");
+}
+
 #[test]
 fn truncation_is_reported_to_the_receiver_and_releases_the_sender() {
     let (mut a, mut b) = pair(8);

@@ -53,7 +53,7 @@ impl State {
         let mut h = Header::new(Kind::Hello, Channel::Control, self.me, peer);
         h.ack = link.recv.delivered();
         h.tag = self.incarnation;
-        h.flags |= self.hello_flags();
+        self.announce_terms(&mut h);
         match &self.cfg.key {
             Some(_) => {
                 let n = match crate::auth::nonce() {
@@ -503,7 +503,7 @@ impl State {
                     nonce_i.copy_from_slice(payload);
                     let proof = k.proof(Role::Acceptor, &nonce_i, &nonce_a, peer, self.me);
                     let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
-                    a.flags |= self.hello_flags();
+                    self.announce_terms(&mut a);
                     // A new incarnation starts from nothing (its link is reset once
                     // it has authenticated, in `accept_hello`).
                     let same = |l: &&Link| l.incarnation.is_none_or(|i| i == h.tag);
@@ -548,12 +548,8 @@ impl State {
                     (Some(_), None) => return refuse(self, "authentication out of order".into()),
                 }
                 self.check_incarnation(peer, h.tag);
-                let trust = self.both_trust_tcp(h);
-                let c = self.tcp.get_mut(&id).unwrap();
-                c.state = ConnState::Established;
-                if trust {
-                    c.trust_tcp();
-                }
+                self.agree_terms(id, h);
+                self.tcp.get_mut(&id).unwrap().state = ConnState::Established;
                 self.established(peer, id, h.ack)
             }
             (k, s) => {
@@ -587,38 +583,45 @@ impl State {
                 self.stats.connections_lost += 1;
             }
         }
-        let (trust, flags) = (self.both_trust_tcp(h), self.hello_flags());
+        self.agree_terms(id, h);
+        let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
+        self.announce_terms(&mut a);
         let link = self.links.get_mut(&peer).unwrap();
         link.conn = Some(id);
         let c = self.tcp.get_mut(&id).unwrap();
         c.peer = Some(peer);
         c.state = ConnState::Established;
-        if trust {
-            c.trust_tcp();
-        }
         if send_ack {
-            let mut a = Header::new(Kind::HelloAck, Channel::Control, self.me, peer);
             a.ack = link.recv.delivered();
             a.tag = self.incarnation;
-            a.flags |= flags;
             c.queue(&Frame::control(a));
         }
         self.established(peer, id, h.ack)
     }
 
-    /// The flags of this port's `Hello` and `HelloAck`: whether it trusts TCP's own
-    /// checksums for data ([`crate::tcp::TcpChecksums`]).
-    fn hello_flags(&self) -> u8 {
-        match self.cfg.tcp_checksums {
-            TcpChecksums::Headers => FLAG_TRUST_TCP,
-            TcpChecksums::Full => 0,
+    /// What this port says of its data in its `Hello` or `HelloAck` `h`: whether it
+    /// trusts TCP's own checksums for it ([`crate::tcp::TcpChecksums`]), and then, in
+    /// `total`, the largest payload it accepts (the pieces a peer that trusts TCP too
+    /// may send it).
+    fn announce_terms(&self, h: &mut Header) {
+        if self.cfg.tcp_checksums == TcpChecksums::Headers {
+            h.flags |= FLAG_TRUST_TCP;
+            h.total = self.cfg.max_frame as u64;
         }
     }
 
-    /// Whether the connection whose peer's handshake frame is `h` carries data without
-    /// payload checksums: only if both ends trust TCP.
-    fn both_trust_tcp(&self, h: &Header) -> bool {
-        self.hello_flags() & h.flags & FLAG_TRUST_TCP != 0
+    /// Settles connection `id` by what the peer said in its handshake frame `h`: if
+    /// both ends trust TCP, data goes without payload checksums, in pieces as large as
+    /// both accept; otherwise checksummed, in pieces of `tcp_chunk`.
+    fn agree_terms(&mut self, id: usize, h: &Header) {
+        let both = self.cfg.tcp_checksums == TcpChecksums::Headers && h.flags & FLAG_TRUST_TCP != 0;
+        let chunk = both.then(|| self.cfg.max_frame.min(usize::try_from(h.total).unwrap_or(usize::MAX))).filter(|&c| c > 0);
+        self.proto.set_peer_chunk(h.src, chunk);
+        if both {
+            if let Some(c) = self.tcp.get_mut(&id) {
+                c.trust_tcp();
+            }
+        }
     }
 
     /// A new incarnation of `peer` (it restarted): its old conversation is over.

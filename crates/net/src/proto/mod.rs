@@ -262,6 +262,9 @@ struct Peer {
     bulk: VecDeque<OutFrame>,
     /// Pieces of a put that fell outside the region, by request id.
     failed_puts: HashSet<u64>,
+    /// The size transfers to this peer are cut into, in place of the remote chunk
+    /// ([`Proto::set_peer_chunk`]).
+    chunk: Option<usize>,
 }
 
 /// Counters for diagnostics and tests.
@@ -631,6 +634,16 @@ impl Proto {
     pub fn set_remote_chunk(&mut self, chunk: usize) {
         assert!(chunk > 0);
         self.remote_chunk = chunk;
+    }
+
+    /// Cuts transfers to `peer` into pieces of `chunk` bytes rather than the remote chunk
+    /// (`None`: back to it). The port sets it for a link whose ends both trust TCP for
+    /// data, whose pieces carry no checksum and may be as large as a frame: without the
+    /// passes, fewer and larger reads paid (1 GiB streams on loopback, medians of 4
+    /// alternated rounds: 1 MiB pieces against 256 KiB, 1 MiB messages 10.05 against
+    /// 9.4 GB/s, 4 MiB messages 8.2 against 7.7), while with checksums they did not.
+    pub fn set_peer_chunk(&mut self, peer: Addr, chunk: Option<usize>) {
+        self.peer(peer).chunk = chunk.filter(|&c| c > 0);
     }
 
     /// Sends normal-channel messages of up to `limit` bytes to peers on other nodes

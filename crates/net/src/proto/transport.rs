@@ -190,7 +190,11 @@ impl Proto {
         if len == 0 {
             return vec![(0, 0)];
         }
-        let chunk = if peer.node == self.me.node { self.cfg.chunk } else { self.remote_chunk };
+        let chunk = if peer.node == self.me.node {
+            self.cfg.chunk
+        } else {
+            self.peers.get(&peer).and_then(|p| p.chunk).unwrap_or(self.remote_chunk)
+        };
         (0..len).step_by(chunk).map(|a| (a, (a + chunk).min(len))).collect()
     }
 
