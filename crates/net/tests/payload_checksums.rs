@@ -206,12 +206,25 @@ fn a_trusting_port_keeps_checksums_with_a_peer_that_does_not_trust() {
 #[test]
 fn ports_of_either_setting_deliver_every_size_exactly_both_ways() {
     use TcpChecksums::{Full, Headers};
-    for (sa, sb) in [(Headers, Headers), (Headers, Full), (Full, Headers)] {
+    // The last pairings authenticate their links, the terms travelling in the keyed
+    // handshake's frames as in the plain one's, and encrypt them (sealed links carry no
+    // payload checksums in either setting, and are not counted as trusting TCP).
+    let key = gepsea_net::auth::Key::from_secret(b"the job's secret");
+    let pairings = [
+        (Headers, Headers, "plain"),
+        (Headers, Full, "plain"),
+        (Full, Headers, "plain"),
+        (Headers, Headers, "keyed"),
+        (Headers, Headers, "encrypted"),
+    ];
+    for (sa, sb, links) in pairings {
         let ns = Ns(unique("pcs"));
         let open = |addr: Addr, checksums: TcpChecksums| {
             let mut cfg = PortConfig::new(&ns.0, addr);
             cfg.listen = Some("127.0.0.1:0".parse().unwrap());
             cfg.tcp_checksums = checksums;
+            cfg.key = (links != "plain").then(|| key.clone());
+            cfg.encrypt = links == "encrypted";
             Port::open(cfg).unwrap()
         };
         let (a, b) = (open(Addr::new(1, 1), sa), open(Addr::new(2, 1), sb));
@@ -222,7 +235,7 @@ fn ports_of_either_setting_deliver_every_size_exactly_both_ways() {
             let recvs: Vec<_> = sizes.iter().map(|&n| to.irecv(Some(from.addr()), Some(3), n)).collect();
             let sends: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| from.isend(to.addr(), 3, Bytes::from(body(n, i)))).collect();
             for (i, r) in recvs.into_iter().enumerate() {
-                assert!(received(to, r) == body(sizes[i], i), "{sa:?} → {sb:?}: message {i} of {} bytes differs", sizes[i]);
+                assert!(received(to, r) == body(sizes[i], i), "{sa:?} → {sb:?}, {links} links: message {i} of {} bytes differs", sizes[i]);
             }
             for s in sends {
                 from.wait_timeout(s, WAIT).unwrap();
@@ -231,6 +244,8 @@ fn ports_of_either_setting_deliver_every_size_exactly_both_ways() {
         for p in [&a, &b] {
             let st = p.stats();
             assert_eq!((st.frames_rejected, st.connections_lost), (0, 0), "{sa:?}/{sb:?}: {st:?}");
+            let trusting = if (sa, sb, links == "encrypted") == (Headers, Headers, false) { st.connections_established } else { 0 };
+            assert_eq!(st.connections_trusting_tcp, trusting, "{sa:?}/{sb:?}, {links} links: {st:?}");
         }
     }
 }

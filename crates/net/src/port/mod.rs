@@ -228,6 +228,9 @@ pub struct PortStats {
     pub connections_lost: u64,
     /// TCP connections established (first ones and reconnects).
     pub connections_established: u64,
+    /// Of those, the ones whose two ends both trust TCP for data: their data payloads
+    /// go without checksums ([`crate::tcp::TcpChecksums::Headers`]).
+    pub connections_trusting_tcp: u64,
     /// Frames sent again after a reconnect.
     pub frames_replayed: u64,
     /// TCP connections refused because the peer could not prove it holds the key (or
