@@ -10,85 +10,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::relay::Relay;
 use common::{unique, Ns};
 use gepsea_net::auth::Key;
 use gepsea_net::{Addr, Completion, NetError, Port, PortConfig};
-
-/// Relays connections to `target`, records what passes (both directions), and cuts
-/// every connection on demand. Its thread ends with the test process.
-struct Relay {
-    addr: SocketAddr,
-    /// What passed, one record per direction of each connection: a message's bytes
-    /// stay contiguous (one shared record would interleave the two directions'
-    /// reads).
-    wire: Arc<Mutex<Vec<Vec<u8>>>>,
-    open: Arc<Mutex<Vec<TcpStream>>>,
-}
-
-impl Relay {
-    /// A relay that inverts the byte at offset `flip` of the first connection's first
-    /// direction (the connecting side's bytes), once.
-    fn altering(target: SocketAddr, flip: Option<usize>) -> Relay {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let wire = Arc::new(Mutex::new(Vec::new()));
-        let open = Arc::new(Mutex::new(Vec::new()));
-        let (w, o) = (wire.clone(), open.clone());
-        std::thread::spawn(move || {
-            for client in l.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(target) else { continue };
-                o.lock().unwrap().extend([client.try_clone().unwrap(), server.try_clone().unwrap()]);
-                for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
-                    let w = w.clone();
-                    let record = {
-                        let mut w = w.lock().unwrap();
-                        w.push(Vec::new());
-                        w.len() - 1
-                    };
-                    let mut flip = if record == 0 { flip } else { None };
-                    std::thread::spawn(move || {
-                        let mut buf = vec![0u8; 1 << 16];
-                        let mut passed = 0;
-                        while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 {
-                                break;
-                            }
-                            if let Some(at) = flip.filter(|&at| at < passed + n) {
-                                buf[at - passed] ^= 0xff;
-                                flip = None;
-                            }
-                            passed += n;
-                            // Recorded before it is passed on: once the receiver has a
-                            // message, its bytes are in the record.
-                            w.lock().unwrap()[record].extend_from_slice(&buf[..n]);
-                            if to.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
-                        let _ = to.shutdown(Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Relay { addr, wire, open }
-    }
-
-    fn cut(&self) {
-        for s in self.open.lock().unwrap().drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-    }
-
-    /// Every direction's record, one after the other.
-    fn wire(&self) -> Vec<u8> {
-        self.wire.lock().unwrap().concat()
-    }
-}
 
 fn port(ns: &str, node: u32, key: Option<&Key>, encrypt: bool) -> Port {
     port_spinning(ns, node, key, encrypt, PortConfig::new(ns, Addr::new(node, 1)).spin)
@@ -261,7 +188,7 @@ fn a_byte_altered_in_a_piece_summed_ahead_is_caught_and_the_message_still_arrive
     assert!(errors.contains("payload checksum mismatch"), "the alteration went unnoticed: {errors}");
     assert!(b.stats().connections_established >= 2, "the link was not renewed: {:?}", b.stats());
     // The first connection's pieces, up to the altered one: checksums in their headers.
-    let first = relay.wire.lock().unwrap()[0].clone();
+    let first = relay.first_record();
     let mut dec = FrameDecoder::new(1 << 21);
     dec.extend(&first[..first.len().min(550_000)]);
     let mut pieces = 0;

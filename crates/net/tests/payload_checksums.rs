@@ -2,8 +2,10 @@
 //! TCP (`TcpChecksums::Headers`) says so in its `Hello`/`HelloAck`; data goes without
 //! a payload CRC only on a connection whose two ends both said so, and a port that
 //! checksums payloads refuses data that comes without one. Checked on the wire, with a
-//! hand-driven peer on a raw socket, end to end between two ports of each setting, and
-//! for a job process given the setting by `GEPSEA_TCP_CHECKSUMS`.
+//! hand-driven peer on a raw socket, end to end between two ports of each setting,
+//! through a relay that cuts the link or alters a byte (what trusting TCP gives up,
+//! and what it keeps), and for a job process given the setting by
+//! `GEPSEA_TCP_CHECKSUMS`.
 
 mod common;
 
@@ -13,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::relay::Relay;
 use common::{netpeer, unique, wait_for, Ns, Proc, TempDir};
 use gepsea_net::frame::{Addr, Channel, Frame, FrameDecoder, Header, Kind, FLAG_LAST, FLAG_PAYLOAD_CRC, FLAG_TRUST_TCP, HEADER_LEN};
 use gepsea_net::tcp::TcpChecksums;
@@ -319,4 +322,73 @@ fn pieces_on_a_trusting_link_are_as_large_as_both_ends_accept() {
     let quarter = 256 << 10;
     assert_eq!(pieces_sent(Headers, hello(me, false), len), [quarter, quarter, quarter, quarter, 200 << 10]);
     assert_eq!(pieces_sent(Full, hello_accepting(me, 4 << 20), len), [quarter, quarter, quarter, quarter, 200 << 10]);
+}
+
+/// Two ports that trust TCP, `a` reaching `b` through a relay that alters the byte at
+/// `flip` of what `a` sends on its first connection.
+fn trusting_through_relay(flip: Option<usize>) -> (Ns, Port, Port, Relay) {
+    let ns = Ns(unique("pcr"));
+    let open = |node: u32| {
+        let mut cfg = PortConfig::new(&ns.0, Addr::new(node, 1));
+        cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg.tcp_checksums = TcpChecksums::Headers;
+        cfg.reconnect_timeout = Duration::from_secs(3);
+        cfg.linger = Duration::from_millis(100);
+        Port::open(cfg).unwrap()
+    };
+    let (a, b) = (open(1), open(2));
+    let relay = Relay::altering(b.listen_addr().unwrap(), flip);
+    a.add_route(b.addr(), relay.addr);
+    (ns, a, b, relay)
+}
+
+#[test]
+fn a_trusting_link_cut_twice_loses_nothing() {
+    let (_ns, a, b, relay) = trusting_through_relay(None);
+    let size = |i: usize| if i % 3 == 0 { 1_300_000 } else { 3_000 };
+    let sends: Vec<_> = (0..60)
+        .map(|i| {
+            let s = a.isend(b.addr(), 100 + i as u64, Bytes::from(body(size(i), i)));
+            if i == 20 || i == 40 {
+                relay.cut();
+            }
+            s
+        })
+        .collect();
+    for i in 0..60 {
+        let r = b.irecv(Some(a.addr()), Some(100 + i as u64), size(i));
+        assert!(received(&b, r) == body(size(i), i), "message {i} lost or damaged: {:?}", b.stats());
+    }
+    for s in sends {
+        a.wait_timeout(s, WAIT).unwrap();
+    }
+    let st = b.stats();
+    assert!(st.connections_established >= 2, "the link was never cut: {st:?}");
+    assert_eq!(st.connections_trusting_tcp, st.connections_established, "{st:?}");
+}
+
+#[test]
+fn trusting_tcp_gives_up_payload_checks_and_keeps_header_checks() {
+    // What the setting means: a byte altered in a data payload where TCP's checksum
+    // cannot see it (here in a relay between two connections; on a real path, in a
+    // router's or a host's memory) is delivered as altered...
+    let data = body(1 << 20, 21);
+    let (_ns, a, b, relay) = trusting_through_relay(Some(600_000));
+    let s = a.isend(b.addr(), 7, Bytes::from(data.clone()));
+    let got = received(&b, b.irecv(Some(a.addr()), Some(7), data.len()));
+    a.wait_timeout(s, WAIT).unwrap();
+    assert!(relay.first_record().len() > 600_000, "the altered byte went through the relay");
+    let differing: Vec<usize> = (0..data.len()).filter(|&i| got[i] != data[i]).collect();
+    assert_eq!(differing.len(), 1, "one altered byte, delivered as it came");
+    assert_eq!(b.stats().frames_rejected, 0);
+
+    // ...while one altered in a header (the announcement that follows the Hello) is
+    // caught, the link renewed, and the message arrives intact.
+    let (_ns, a, b, _relay) = trusting_through_relay(Some(HEADER_LEN + 20));
+    let s = a.isend(b.addr(), 8, Bytes::from(data.clone()));
+    assert!(received(&b, b.irecv(Some(a.addr()), Some(8), data.len())) == data, "{:?}", b.stats());
+    a.wait_timeout(s, WAIT).unwrap();
+    let st = b.stats();
+    assert!(st.recent_errors.join("\n").contains("header checksum mismatch"), "{st:?}");
+    assert!(st.connections_established >= 2, "the link was not renewed: {st:?}");
 }

@@ -3,6 +3,8 @@
 //! that are torn down on drop.
 #![allow(dead_code)]
 
+pub mod relay;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
