@@ -345,7 +345,7 @@ fn trusting_through_relay(flip: Option<usize>) -> (Ns, Port, Port, Relay) {
 #[test]
 fn a_trusting_link_cut_twice_loses_nothing() {
     let (_ns, a, b, relay) = trusting_through_relay(None);
-    let size = |i: usize| if i % 3 == 0 { 1_300_000 } else { 3_000 };
+    let size = |i: usize| if i.is_multiple_of(3) { 1_300_000 } else { 3_000 };
     let sends: Vec<_> = (0..60)
         .map(|i| {
             let s = a.isend(b.addr(), 100 + i as u64, Bytes::from(body(size(i), i)));
