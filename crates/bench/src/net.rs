@@ -3,7 +3,10 @@
 //! Every figure is a pair of processes: `gepsea-netpeer` roles for gepsea (shared
 //! memory, TCP on loopback, TCP across a veth pair between two namespaces), the
 //! OpenMPI ping-pong (`bench/mpi_pingpong.c`) over shared memory and TCP, and a raw TCP
-//! ping-pong (`bench/tcp_pingpong.c`). A cache-line ping-pong probe is taken before and
+//! ping-pong (`bench/tcp_pingpong.c`). Each TCP round runs gepsea twice, the second
+//! time with both ends trusting TCP for data (`--tcp-checksums headers`), so that the
+//! payload checksums' share of the ratios is measured in the same rounds rather than
+//! only modelled. A cache-line ping-pong probe is taken before and
 //! after, because these machines switch between a fast and a slow cross-core regime
 //! and only figures from the same regime compare. Then the event-driven MPI paper's
 //! comparisons of progress by an event thread against progress inside library calls
