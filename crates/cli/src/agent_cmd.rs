@@ -183,10 +183,18 @@ struct FileConfig {
     tcp_checksums: Option<String>,
 }
 
-/// `--tcp-buffer` and `tcp-buffer`: the setting, or what is wrong with it after the
-/// value as given.
+/// `--tcp-buffer`: the setting, or what is wrong with it after the value as given.
 fn parse_tcp_buffer(s: &str) -> Result<BufferSetting, String> {
     s.parse().map_err(|problem| format!("{s:?}: {problem}"))
+}
+
+/// Setting `key` of a `--config` file, read as its flag reads it; an error names the
+/// key and the value.
+fn file_setting<T: std::str::FromStr>(key: &str, value: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    value.parse().map_err(|problem| anyhow::anyhow!("{key} in --config: {value:?}: {problem}"))
 }
 
 /// `tcp-buffer` in a `--config` file: a number of bytes, or "auto".
@@ -280,18 +288,22 @@ pub fn config(a: &RunArgs) -> Result<(AgentConfig, Option<usize>)> {
     }
     // As `PortConfig` takes `GEPSEA_TCP_CONGESTION`: trimmed, and empty is unset.
     c.tcp_congestion = a.tcp_congestion.clone().or(f.tcp_congestion).map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
-    let file_buffer = match f.tcp_buffer {
-        Some(FileTcpBuffer::Bytes(n)) => Some(parse_tcp_buffer(&n.to_string())),
-        Some(FileTcpBuffer::Word(w)) => Some(parse_tcp_buffer(&w)),
-        None => None,
-    };
-    let file_buffer = file_buffer.transpose().map_err(|e| anyhow::anyhow!("tcp-buffer in --config: {e}"))?;
+    let file_buffer = f
+        .tcp_buffer
+        .map(|b| match b {
+            FileTcpBuffer::Bytes(n) => file_setting::<BufferSetting>("tcp-buffer", &n.to_string()),
+            FileTcpBuffer::Word(w) => file_setting("tcp-buffer", &w),
+        })
+        .transpose()?;
     if let Some(b) = a.tcp_buffer.or(file_buffer) {
         c.tcp_buffer = b.0;
     }
-    let file_checksums =
-        f.tcp_checksums.map(|w| w.parse::<TcpChecksums>().map_err(|e| anyhow::anyhow!("tcp-checksums in --config: {w:?}: {e}")));
-    if let Some(setting) = a.tcp_checksums.map(Ok).or(file_checksums).transpose()? {
+    // The flag over the file: the file's value is only read without the flag.
+    let checksums = match a.tcp_checksums {
+        Some(setting) => Some(setting),
+        None => f.tcp_checksums.map(|w| file_setting::<TcpChecksums>("tcp-checksums", &w)).transpose()?,
+    };
+    if let Some(setting) = checksums {
         c.tcp_checksums = setting;
     }
     c.encrypt = a.encrypt || f.encrypt.unwrap_or(false);

@@ -34,22 +34,20 @@ fn listening_port(ns: &str, checksums: TcpChecksums) -> Port {
 }
 
 /// The hand-driven peer's `Hello`, saying it trusts TCP or not.
-fn hello(to: Addr, trusting: bool) -> Vec<u8> {
+fn hello(to: Addr, trusting: bool) -> Header {
     let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
     h.tag = 42;
     if trusting {
         h.flags |= FLAG_TRUST_TCP;
     }
-    Frame::control(h).to_bytes()
+    h
 }
 
 /// The hand-driven peer's `Hello`, trusting TCP and accepting payloads of up to `max`.
-fn hello_accepting(to: Addr, max: usize) -> Vec<u8> {
-    let mut h = Header::new(Kind::Hello, Channel::Control, ROGUE, to);
-    h.tag = 42;
-    h.flags |= FLAG_TRUST_TCP;
+fn hello_accepting(to: Addr, max: usize) -> Header {
+    let mut h = hello(to, true);
     h.total = max as u64;
-    Frame::control(h).to_bytes()
+    h
 }
 
 /// A frame of the hand-driven peer whose payload goes without a checksum, as a port
@@ -118,12 +116,13 @@ fn body(n: usize, seed: usize) -> Vec<u8> {
 /// Connects the hand-driven peer, says hello, and returns the socket, a decoder for
 /// what the port sends, and the port's `HelloAck`.
 fn handshake(port: &Port, trusting: bool) -> (TcpStream, FrameDecoder, Header) {
-    handshake_with(port.listen_addr().unwrap(), port.addr(), trusting)
+    handshake_with(port.listen_addr().unwrap(), hello(port.addr(), trusting))
 }
 
-fn handshake_with(at: std::net::SocketAddr, to: Addr, trusting: bool) -> (TcpStream, FrameDecoder, Header) {
+/// [`handshake`] with the port listening at `at`, saying `hello`.
+fn handshake_with(at: std::net::SocketAddr, hello: Header) -> (TcpStream, FrameDecoder, Header) {
     let mut s = TcpStream::connect(at).unwrap();
-    s.write_all(&hello(to, trusting)).unwrap();
+    s.write_all(&Frame::control(hello).to_bytes()).unwrap();
     let mut dec = FrameDecoder::new(8 << 20);
     let (ack, _) = read_until(&mut s, &mut dec, Kind::HelloAck);
     (s, dec, ack)
@@ -266,7 +265,7 @@ fn trusts_tcp_with_env(value: &str) -> bool {
     let mut peer = Proc::spawn("echo", cmd);
     peer.expect_line("READY", WAIT);
     let at = std::fs::read_to_string(dir.0.join("1-1.addr")).unwrap().trim().parse().unwrap();
-    let (_s, _dec, ack) = handshake_with(at, Addr::new(1, 1), true);
+    let (_s, _dec, ack) = handshake_with(at, hello(Addr::new(1, 1), true));
     ack.flags & FLAG_TRUST_TCP != 0
 }
 
@@ -288,13 +287,10 @@ fn a_job_process_takes_the_setting_from_its_environment_and_refuses_a_bad_one() 
 
 /// The sizes of the pieces a port sends the hand-driven peer, which said `hello`, for
 /// a message of `len` bytes (the peer clears it to send).
-fn pieces_sent(checksums: TcpChecksums, hello: Vec<u8>, len: usize) -> Vec<usize> {
+fn pieces_sent(checksums: TcpChecksums, hello: Header, len: usize) -> Vec<usize> {
     let ns = Ns(unique("pcs"));
     let port = listening_port(&ns.0, checksums);
-    let mut s = TcpStream::connect(port.listen_addr().unwrap()).unwrap();
-    s.write_all(&hello).unwrap();
-    let mut dec = FrameDecoder::new(8 << 20);
-    read_until(&mut s, &mut dec, Kind::HelloAck);
+    let (mut s, mut dec, _) = handshake_with(port.listen_addr().unwrap(), hello);
     let _send = port.isend(ROGUE, 6, Bytes::from(body(len, 8)));
     let (rts, _) = read_until(&mut s, &mut dec, Kind::Rts);
     let mut cts = Header::new(Kind::Cts, Channel::Normal, ROGUE, port.addr());

@@ -599,13 +599,18 @@ impl State {
         self.established(peer, id, h.ack)
     }
 
+    /// Whether this port trusts TCP's own checksums for its data
+    /// ([`crate::tcp::TcpChecksums`]). An encrypted port does not say so: its seals
+    /// check every byte, and its links carry no payload checksums in either setting.
+    fn trusts_tcp(&self) -> bool {
+        self.cfg.tcp_checksums == TcpChecksums::Headers && !self.cfg.encrypt
+    }
+
     /// What this port says of its data in its `Hello` or `HelloAck` `h`: whether it
-    /// trusts TCP's own checksums for it ([`crate::tcp::TcpChecksums`]), and then, in
-    /// `total`, the largest payload it accepts (the pieces a peer that trusts TCP too
-    /// may send it). An encrypted port says nothing: its seals check every byte, and
-    /// its links carry no payload checksums in either setting.
+    /// trusts TCP ([`State::trusts_tcp`]), and then, in `total`, the largest payload it
+    /// accepts (the pieces a peer that trusts TCP too may send it).
     fn announce_terms(&self, h: &mut Header) {
-        if self.cfg.tcp_checksums == TcpChecksums::Headers && !self.cfg.encrypt {
+        if self.trusts_tcp() {
             h.flags |= FLAG_TRUST_TCP;
             h.total = self.cfg.max_frame as u64;
         }
@@ -615,7 +620,7 @@ impl State {
     /// both ends trust TCP, data goes without payload checksums, in pieces as large as
     /// both accept; otherwise checksummed, in pieces of `tcp_chunk`.
     fn agree_terms(&mut self, id: usize, h: &Header) {
-        let both = self.cfg.tcp_checksums == TcpChecksums::Headers && !self.cfg.encrypt && h.flags & FLAG_TRUST_TCP != 0;
+        let both = self.trusts_tcp() && h.flags & FLAG_TRUST_TCP != 0;
         let chunk = both.then(|| self.cfg.max_frame.min(usize::try_from(h.total).unwrap_or(usize::MAX))).filter(|&c| c > 0);
         self.proto.set_peer_chunk(h.src, chunk);
         if both {
