@@ -3,7 +3,9 @@
 //!
 //! Records keep their defline and sequence lines byte for byte (BLAST prints deflines
 //! verbatim, trailing blanks included), so a fragment file is the exact slice of the
-//! input it came from.
+//! input it came from. A defline is bytes, not text: BLAST+ reads deflines in any
+//! encoding (Latin-1 ones too) and prints them as they are; sequence lines are ASCII
+//! letters, or the file is refused.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -11,7 +13,8 @@ use std::path::{Path, PathBuf};
 /// One sequence: its defline (without the newline) and its raw sequence lines.
 #[derive(Clone, Debug)]
 pub struct Record {
-    pub defline: String,
+    /// The `>` line's bytes, whatever their encoding.
+    pub defline: Vec<u8>,
     pub lines: Vec<String>,
     /// Letters in the sequence (no whitespace).
     pub residues: usize,
@@ -21,13 +24,18 @@ pub struct Record {
 
 impl Record {
     /// The identifier: the defline's first word without the `>`.
-    pub fn id(&self) -> &str {
-        self.defline[1..].split_whitespace().next().unwrap_or("")
+    pub fn id(&self) -> &[u8] {
+        first_word(&self.defline[1..])
+    }
+
+    /// The title BLAST+ prints for the query: the defline without the `>`.
+    pub fn title(&self) -> &[u8] {
+        &self.defline[1..]
     }
 
     /// Appends the record as FASTA text.
     pub fn write_to(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.defline.as_bytes());
+        out.extend_from_slice(&self.defline);
         out.push(b'\n');
         for l in &self.lines {
             out.extend_from_slice(l.as_bytes());
@@ -40,6 +48,12 @@ impl Record {
     pub(crate) fn letters(&self) -> impl Iterator<Item = u8> + '_ {
         self.lines.iter().flat_map(|l| l.bytes()).filter(|&b| !not_residue(b, Reading::Queries))
     }
+}
+
+/// The first word of `text` (words are cut at ASCII white space, as BLAST+ cuts a
+/// defline's identifier), or nothing.
+pub fn first_word(text: &[u8]) -> &[u8] {
+    text.split(u8::is_ascii_whitespace).find(|w| !w.is_empty()).unwrap_or_default()
 }
 
 /// `records` as one FASTA text, each as [`Record::write_to`] writes it: the query
@@ -98,10 +112,14 @@ pub enum FastaError {
     NoResidues { path: PathBuf },
     #[error("{path}:{line}: invalid character {ch:?} in sequence {id:?}")]
     BadChar { path: PathBuf, line: usize, id: String, ch: char },
+    #[error("{path}:{line}: invalid byte 0x{byte:02X} in sequence {id:?} (sequence lines are ASCII letters)")]
+    BadByte { path: PathBuf, line: usize, id: String, byte: u8 },
     #[error("{path}:{line}: duplicate sequence identifier {id:?} (first seen on line {first})")]
     Duplicate { path: PathBuf, line: usize, id: String, first: usize },
     #[error("{path}:{line}: sequence {id:?} has the accession {key:?} of {first_id:?} (line {first}): makeblastdb -parse_seqids takes them for one sequence and refuses both")]
     SameAccession { path: PathBuf, line: usize, id: String, key: String, first_id: String, first: usize },
+    #[error("{path}:{line}: identifier {id:?} is not ASCII, which makeblastdb -parse_seqids refuses (\"Malformatted ID\"); give the sequence an ASCII identifier (the rest of its '>' line may keep any text)")]
+    IdNotAscii { path: PathBuf, line: usize, id: String },
     #[error("{path}: no sequences (the file is empty or has no '>' header lines)")]
     Empty { path: PathBuf },
 }
@@ -176,9 +194,10 @@ pub fn read(path: &Path) -> Result<Vec<Record>, FastaError> {
 
 /// One line of a FASTA stream, as [`scan`] hands it over.
 pub enum Line<'a> {
-    /// A `>` line: the defline (without line end), its 1-based line number, and the byte
-    /// offset where the line starts in the (decompressed) stream.
-    Header { defline: &'a str, id: &'a str, line: usize, offset: u64 },
+    /// A `>` line: the defline (without line end; bytes in any encoding, see the module
+    /// docs) and its identifier, its 1-based line number, and the byte offset where the
+    /// line starts in the (decompressed) stream.
+    Header { defline: &'a [u8], id: &'a [u8], line: usize, offset: u64 },
     /// A sequence line (without line end) and its letters.
     Sequence { text: &'a str, residues: usize },
 }
@@ -247,34 +266,39 @@ pub fn scan(
         if let Some(b) = bytes.strip_suffix(b"\r") {
             bytes = b;
         }
-        let line = std::str::from_utf8(bytes).map_err(|_| FastaError::Io {
-            path: p(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("line {n}: not UTF-8 text")),
-        })?;
-        if let Some(rest) = line.strip_prefix('>') {
+        if let Some(rest) = bytes.strip_prefix(b">") {
             finish(&current)?;
-            let id = rest.split_whitespace().next().unwrap_or("");
+            let id = first_word(rest);
             if id.is_empty() {
                 return Err(FastaError::EmptyId { path: p(), line: n });
             }
+            if reading == Reading::Database && !id.is_ascii() {
+                return Err(FastaError::IdNotAscii { path: p(), line: n, id: crate::text::shown(id) });
+            }
             totals.sequences += 1;
-            visit(Line::Header { defline: line, id, line: n, offset })?;
-            current = Some((id.to_string(), n, 0));
-        } else if line.trim().is_empty() {
+            visit(Line::Header { defline: bytes, id, line: n, offset })?;
+            current = Some((crate::text::shown(id), n, 0));
+        } else if bytes.iter().all(u8::is_ascii_whitespace) {
             continue;
         } else {
             let Some(rec) = current.as_mut() else {
-                if n == 1 && line.starts_with('@') {
+                if n == 1 && bytes.starts_with(b"@") {
                     return Err(FastaError::Fastq { path: p() });
                 }
                 return Err(FastaError::DataBeforeHeader { path: p(), line: n });
             };
-            let ignored = |c: char| c.is_ascii() && not_residue(c as u8, reading);
-            if let Some(ch) = line.chars().find(|&c| !(c.is_ascii_alphabetic() || c == '*' || c == '-' || ignored(c))) {
-                return Err(FastaError::BadChar { path: p(), line: n, id: rec.0.clone(), ch });
+            let allowed = |b: u8| b.is_ascii_alphabetic() || b == b'*' || b == b'-' || not_residue(b, reading);
+            if let Some(at) = bytes.iter().position(|&b| !allowed(b)) {
+                let (path, line, id) = (p(), n, rec.0.clone());
+                // A character outside ASCII is named when it is UTF-8, else its byte.
+                return Err(match bytes[at..].utf8_chunks().next().and_then(|c| c.valid().chars().next()) {
+                    Some(ch) => FastaError::BadChar { path, line, id, ch },
+                    None => FastaError::BadByte { path, line, id, byte: bytes[at] },
+                });
             }
-            // Every character is ASCII now.
-            let residues = line.bytes().filter(|&b| !not_residue(b, reading)).count();
+            // Every byte is an ASCII letter, `*`, `-` or one BLAST+ passes over.
+            let line = std::str::from_utf8(bytes).expect("ASCII");
+            let residues = bytes.iter().filter(|&&b| !not_residue(b, reading)).count();
             rec.2 += residues;
             totals.residues += residues as u64;
             visit(Line::Sequence { text: line, residues })?;
@@ -297,7 +321,7 @@ pub fn read_from(input: impl Read, path: &Path) -> Result<Vec<Record>, FastaErro
     scan(BufReader::new(input), path, Reading::Queries, |l| {
         match l {
             Line::Header { defline, line, .. } => {
-                recs.push(Record { defline: defline.to_string(), lines: Vec::new(), residues: 0, line });
+                recs.push(Record { defline: defline.to_vec(), lines: Vec::new(), residues: 0, line });
             }
             Line::Sequence { text, residues } => {
                 let rec = recs.last_mut().expect("scan sees a header first");
@@ -362,8 +386,8 @@ mod tests {
     fn keeps_deflines_verbatim_and_counts_residues() {
         let r = parse(">a desc with trailing blank \nACD\nEF\n\n>b\nGG\n").unwrap();
         assert_eq!(r.len(), 2);
-        assert_eq!(r[0].defline, ">a desc with trailing blank ");
-        assert_eq!((r[0].id(), r[0].residues, r[1].residues), ("a", 5, 2));
+        assert_eq!(r[0].defline, b">a desc with trailing blank ");
+        assert_eq!((r[0].id(), r[0].residues, r[1].residues), (&b"a"[..], 5, 2));
         let mut out = Vec::new();
         r[0].write_to(&mut out);
         assert_eq!(out, b">a desc with trailing blank \nACD\nEF\n");
@@ -383,7 +407,10 @@ mod tests {
         // An empty query is BLAST+'s too (reported with no hits), unless all are; a
         // database sequence must have residues.
         let r = parse(">a\n>b\nAC\n>c\n").unwrap();
-        assert_eq!(r.iter().map(|r| (r.id(), r.residues, r.line)).collect::<Vec<_>>(), [("a", 0, 1), ("b", 2, 2), ("c", 0, 4)]);
+        assert_eq!(
+            r.iter().map(|r| (r.id(), r.residues, r.line)).collect::<Vec<_>>(),
+            [(&b"a"[..], 0, 1), (&b"b"[..], 2, 2), (&b"c"[..], 0, 4)]
+        );
         let e = parse(">a\n\n>b\n").unwrap_err().to_string();
         assert_eq!(e, "x.fa: every sequence is empty, so BLAST+ has nothing to search (it fails with \"Sequence contains no data\")");
         let e = scan(">a\n>b\nAC\n".as_bytes(), Path::new("db.fa"), Reading::Database, |_| Ok(())).unwrap_err().to_string();
@@ -396,6 +423,34 @@ mod tests {
         let e = scan(">a\n1 MKVL\n".as_bytes(), Path::new("db.fa"), Reading::Database, |_| Ok(())).unwrap_err().to_string();
         assert_eq!(e, "db.fa:2: invalid character '1' in sequence \"a\"");
         assert!(matches!(parse("\n\n"), Err(FastaError::Empty { .. })));
+    }
+
+    /// BLAST+ reads deflines in any encoding and prints their bytes: a Latin-1 query
+    /// file is read, its deflines kept byte for byte; sequence lines stay ASCII, and a
+    /// database's identifiers too (makeblastdb -parse_seqids refuses others).
+    #[test]
+    fn deflines_are_bytes_in_any_encoding() {
+        let latin1 = b">g\xe8ne1 M\xfcller\nMKV\n>b caf\xc3\xa9\nAC\n";
+        let r = read_from(&latin1[..], Path::new("q.fa")).unwrap();
+        assert_eq!((r[0].id(), r[0].title(), r[1].title()), (&b"g\xe8ne1"[..], &b"g\xe8ne1 M\xfcller"[..], &b"b caf\xc3\xa9"[..]));
+        assert_eq!(text_of(&r), latin1);
+        let bad = |text: &[u8], reading| scan(text, Path::new("x.fa"), reading, |_| Ok(())).unwrap_err().to_string();
+        assert_eq!(
+            bad(b">a\nMK\xe9V\n", Reading::Queries),
+            "x.fa:2: invalid byte 0xE9 in sequence \"a\" (sequence lines are ASCII letters)"
+        );
+        assert_eq!(bad(b">a\nMK\xc3\xa9V\n", Reading::Queries), "x.fa:2: invalid character '\u{e9}' in sequence \"a\"");
+        let e = bad(b">x\xe9y caf\xe9\nMKV\n", Reading::Database);
+        assert!(e.starts_with("x.fa:1: identifier \"x\u{e9}y\" is not ASCII, which makeblastdb -parse_seqids refuses"), "{e}");
+        let mut titles = Vec::new();
+        scan(&b">x caf\xe9\nMKV\n"[..], Path::new("db.fa"), Reading::Database, |l| {
+            if let Line::Header { defline, .. } = l {
+                titles.push(defline.to_vec());
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(titles, [b">x caf\xe9".to_vec()], "a database's titles may be in any encoding");
     }
 
     #[test]

@@ -56,5 +56,6 @@ pub mod search;
 pub mod ship;
 #[cfg(test)]
 mod test_dir;
+pub mod text;
 pub mod tools;
 pub mod trace;

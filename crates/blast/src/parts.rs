@@ -8,7 +8,8 @@
 //! is written and again when it is read back, and BLAST+ reports are text that zstd
 //! shrinks about fourfold at its fastest level. Readers go through [`open`], which
 //! recognises the zstd frame by its first bytes: a report is text, and no UTF-8 text
-//! starts with the zstd magic (its second byte is a continuation byte), so parts
+//! starts with the zstd magic (its second byte is a continuation byte; a report with
+//! Latin-1 query titles would need a first query named `(\xb5/\xfd`), so parts
 //! written plain (by BLAST+ itself in a split by queries, or by an earlier version)
 //! read the same way. Only the zstd magic is looked for: a tabular report's first
 //! line is a query identifier, which may well start with `BZh` (bzip2's magic).
@@ -112,7 +113,8 @@ impl<W: std::io::Write> Assembler<W> {
         let offset = self.count;
         let mut section = Section::Header;
         let mut trailer = false;
-        let mut footer = String::new();
+        // Bytes: its lines are written as they were read (see `crate::text`).
+        let mut footer = Vec::new();
         // XML: the local number of the iteration's query (its messages name it).
         let mut message_id: Option<usize> = None;
         let mut buf = Vec::new();
@@ -121,14 +123,16 @@ impl<W: std::io::Write> Assembler<W> {
             if r.read_until(b'\n', &mut buf).map_err(|e| format!("reading a part: {e}"))? == 0 {
                 break;
             }
-            let line = std::str::from_utf8(&buf).map_err(|_| "a part is not text".to_string())?;
+            // A query title need not be UTF-8 (BLAST+ prints its bytes): see `crate::text`.
+            let read = crate::text::line(&buf);
+            let line = read.as_str();
             // Which section this line opens or belongs to, and what to write for it.
             let text: Option<std::borrow::Cow<'_, str>> = match self.fmt {
                 0 => {
                     if line.starts_with("Query= ") {
                         // What looked like the footer was inside the body after all.
                         if section == Section::Footer {
-                            self.out.write_all(footer.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+                            self.out.write_all(&footer).map_err(|e| format!("writing the report: {e}"))?;
                             footer.clear();
                         }
                         section = Section::Body;
@@ -141,7 +145,7 @@ impl<W: std::io::Write> Assembler<W> {
                         // The footer is the part from its last `  Database: ` line on:
                         // held until the end of the part or the next query says which.
                         Section::Footer => {
-                            footer.push_str(line);
+                            footer.extend_from_slice(&buf);
                             None
                         }
                     }
@@ -191,11 +195,11 @@ impl<W: std::io::Write> Assembler<W> {
                 _ => Some(line.into()),
             };
             if let Some(t) = text {
-                self.out.write_all(t.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+                self.out.write_all(&read.bytes_of(&t)).map_err(|e| format!("writing the report: {e}"))?;
             }
         }
         if last {
-            self.out.write_all(footer.as_bytes()).map_err(|e| format!("writing the report: {e}"))?;
+            self.out.write_all(&footer).map_err(|e| format!("writing the report: {e}"))?;
         }
         match self.fmt {
             0 if section == Section::Header => Err("pairwise part without a query".into()),
@@ -258,13 +262,19 @@ impl<W: std::io::Write> std::io::Write for Counted<W> {
     }
 }
 
-/// [`Assembler`] over parts in memory (tests, small reports).
-pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
+/// [`Assembler`] over parts in memory (small reports): their bytes, which are UTF-8 or
+/// hold query titles in another encoding (see `crate::text`).
+pub fn join(parts: &[impl AsRef<[u8]>], fmt: u32) -> Result<Vec<u8>, String> {
     let mut a = Assembler::new(Vec::new(), fmt);
     for (i, p) in parts.iter().enumerate() {
-        a.part(p, i + 1 == parts.len())?;
+        a.part_from(p.as_ref(), i + 1 == parts.len())?;
     }
-    Ok(String::from_utf8(a.finish()?).expect("parts are text"))
+    a.finish()
+}
+
+/// [`join`] for parts that are UTF-8 text (tests).
+pub fn assemble(parts: &[String], fmt: u32) -> Result<String, String> {
+    Ok(String::from_utf8(join(parts, fmt)?).expect("UTF-8 parts join into UTF-8"))
 }
 
 /// Hits (query–subject pairs) in a report of base format `outfmt`: description lines of
@@ -361,7 +371,8 @@ pub fn count_hits_in(path: &Path, outfmt: &str) -> std::io::Result<usize> {
     let mut chunk = vec![0u8; 1 << 20];
     let mut count = |records: Vec<gepsea_agent::core::parse::Parsed>| {
         for r in records {
-            c.line(String::from_utf8_lossy(&r.bytes).trim_end_matches(['\n', '\r']));
+            // Latin-1 where not UTF-8 (`crate::text`): distinct identifiers stay distinct.
+            c.line(crate::text::line(&r.bytes).as_str().trim_end_matches(['\n', '\r']));
         }
     };
     loop {
@@ -490,6 +501,32 @@ mod tests {
             ),
             "{out}"
         );
+    }
+
+    /// Query titles that are not UTF-8 (a Latin-1 query file): their lines are joined,
+    /// renumbered and counted byte for byte, in every format's special lines.
+    #[test]
+    fn parts_with_latin1_titles_join_byte_for_byte() {
+        let xml = |n: &[u8]| -> Vec<u8> {
+            [&b"<?xml?>\n<BlastOutput>\n<BlastOutput_iterations>\n<Iteration>\n  <Iteration_iter-num>1</Iteration_iter-num>\n  <Iteration_query-ID>Query_1</Iteration_query-ID>\n  <Iteration_query-def>"[..], n, b"</Iteration_query-def>\n  <Iteration_message>Query_1 ", n, b": No hits found</Iteration_message>\n</Iteration>\n</BlastOutput_iterations>\n</BlastOutput>\n"].concat()
+        };
+        let out = join(&[xml(b"g\xe8ne1"), xml(b"M\xfcller")], 5).unwrap();
+        let tail = b"<Iteration_iter-num>2</Iteration_iter-num>\n  <Iteration_query-ID>Query_2</Iteration_query-ID>\n  <Iteration_query-def>M\xfcller</Iteration_query-def>\n  <Iteration_message>Query_2 M\xfcller: No hits found</Iteration_message>\n";
+        let holds = |out: &[u8], want: &[u8]| out.windows(want.len()).any(|w| w == want);
+        assert!(holds(&out, tail), "{}", String::from_utf8_lossy(&out));
+        assert!(holds(&out, b"<Iteration_message>Query_1 g\xe8ne1: No hits"));
+        let pairwise =
+            |q: &[u8], db: &[u8]| -> Vec<u8> { [&b"BLASTP\n\nQuery= "[..], q, b"\n\nLength=3\n\n  Database: ", db, b"\n"].concat() };
+        let out = join(&[pairwise(b"q\xe9", b"one"), pairwise(b"caf\xe9", b"d\xfcb")], 0).unwrap();
+        assert_eq!(out, b"BLASTP\n\nQuery= q\xe9\n\nLength=3\n\nQuery= caf\xe9\n\nLength=3\n\n  Database: d\xfcb\n");
+        let tabular = |q: &[u8]| -> Vec<u8> { [&b"# Query: "[..], q, b"\n", q, b"\ts\n# BLAST processed 1 queries\n"].concat() };
+        let out = join(&[tabular(b"g\xe8ne1"), tabular(b"g\xe9ne1")], 7).unwrap();
+        assert_eq!(out, b"# Query: g\xe8ne1\ng\xe8ne1\ts\n# Query: g\xe9ne1\ng\xe9ne1\ts\n# BLAST processed 2 queries\n");
+        let mut c = HitCounter::new("6");
+        for l in ["g\u{e8}ne1\ts", "g\u{e9}ne1\ts"] {
+            c.line(l);
+        }
+        assert_eq!(c.hits(), 2, "identifiers read as Latin-1 stay apart");
     }
 
     /// Pieces made one by one, each knowing only its batch's place, laid end to end.

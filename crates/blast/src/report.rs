@@ -85,8 +85,9 @@ fn args<'b>(base: &'b [&'b str], extra: &'b [String]) -> Vec<&'b str> {
 pub struct Statistics {
     /// The `-outfmt 11` archive of step 1.
     pub archive: String,
-    /// The directly printed report of step 3 (`-outfmt 0` and `5` only).
-    pub direct: Option<String>,
+    /// The directly printed report of step 3 (`-outfmt 0` and `5` only): bytes, since
+    /// it prints the query titles as they are in the query file (see `crate::text`).
+    pub direct: Option<Vec<u8>>,
 }
 
 /// The statistics files in a directory made by [`Statistics::save`].
@@ -123,7 +124,7 @@ impl Statistics {
     /// The statistics saved in `dir` by [`Statistics::save`], if they are there.
     pub fn load(dir: &Path) -> Option<Statistics> {
         let archive = std::fs::read_to_string(dir.join(STATS_ARCHIVE)).ok()?;
-        let direct = std::fs::read_to_string(dir.join(STATS_DIRECT)).ok();
+        let direct = std::fs::read(dir.join(STATS_DIRECT)).ok();
         Some(Statistics { archive, direct })
     }
 
@@ -167,7 +168,7 @@ pub fn statistics(spec: &Spec) -> Result<Statistics, ReportError> {
             Some(spec.scratch),
             ONE_BATCH,
         )?;
-        Some(std::fs::read_to_string(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?)
+        Some(std::fs::read(&direct).map_err(|e| ReportError::Io { path: direct.clone(), source: e })?)
     } else {
         None
     };
@@ -215,9 +216,9 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
             let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
             let titles = titles.as_deref().unwrap_or_default();
             let fixed = match fmt {
-                18 => restore_titles(&report, titles, "Query= "),
-                10 => restore_ids(&report, titles, separator(spec.outfmt, ',')),
-                _ => restore_ids(&restore_titles(&report, titles, "# Query: "), titles, separator(spec.outfmt, '\t')),
+                18 => restore_titles(report.as_bytes(), titles, "Query= "),
+                10 => restore_ids(report.as_bytes(), titles, separator(spec.outfmt, ',')),
+                _ => restore_ids(&restore_titles(report.as_bytes(), titles, "# Query: "), titles, separator(spec.outfmt, '\t')),
             };
             std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
             return Ok(());
@@ -228,8 +229,13 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         }
     };
     let masks = query_masks(text);
-    let stats_text =
+    let direct =
         stats.direct.as_deref().ok_or_else(|| ReportError::Unsupported("statistics without the direct run this format needs".into()))?;
+    // Read as Latin-1 if it is not UTF-8, and what is written turned back alike: the
+    // formatter's text is ASCII, so what comes from the direct run (an XML warning
+    // naming a query) keeps its bytes.
+    let direct = crate::text::line(direct);
+    let stats_text = direct.as_str();
     let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
     let mut fixed = replace_blocks(&report, stats_text, open, close)?;
     if fmt == 5 {
@@ -243,16 +249,20 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         }
         fixed = mask_pairwise(&fixed, &masks);
     }
-    if let (0, Some(t)) = (fmt, &titles) {
-        fixed = restore_titles(&fixed, t, "Query= ");
-    }
+    let fixed = direct.bytes_of(&fixed);
+    let fixed = match (fmt, &titles) {
+        (0, Some(t)) => restore_titles(&fixed, t, "Query= "),
+        (5, Some(t)) => restore_xml_titles(&fixed, t),
+        _ => fixed.into_owned(),
+    };
     std::fs::write(out, fixed).map_err(|e| ReportError::Io { path: out.to_path_buf(), source: e })?;
     Ok(())
 }
 
-/// The batch's query titles (deflines without `>`) when one of them holds bytes outside
-/// ASCII, which [`restore_titles`] must put back; `None` for the usual all-ASCII file.
-fn query_titles(queries: &Path) -> Result<Option<Vec<String>>, ReportError> {
+/// The batch's query titles (deflines without `>`, bytes in whatever encoding the query
+/// file has) when one of them holds bytes outside ASCII, which [`restore_titles`] must
+/// put back; `None` for the usual all-ASCII file.
+fn query_titles(queries: &Path) -> Result<Option<Vec<Vec<u8>>>, ReportError> {
     let bytes = std::fs::read(queries).map_err(|e| ReportError::Io { path: queries.to_path_buf(), source: e })?;
     if bytes.is_ascii() {
         return Ok(None);
@@ -261,44 +271,67 @@ fn query_titles(queries: &Path) -> Result<Option<Vec<String>>, ReportError> {
         path: queries.to_path_buf(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
     })?;
-    Ok(Some(records.into_iter().map(|r| r.defline[1..].to_string()).collect()))
+    Ok(Some(records.iter().map(|r| r.title().to_vec()).collect()))
 }
 
 /// BLAST+'s archives hold only ASCII: it writes a `#` for every other byte of a query's
 /// title ("Bad char [0xC3] in string"), so the formatter prints `Müller` as `M##ller`
-/// where serial BLAST+ prints the bytes. Puts them back: after the `n`-th line start
-/// with `prefix` (`Query= `, `# Query: `) the `n`-th title must be printed byte for
-/// byte, each such byte as `#`, a space possibly as the line break of a wrapped title;
-/// anything else is left as it is.
-fn restore_titles(report: &str, titles: &[String], prefix: &str) -> String {
-    let (bytes, mut out) = (report.as_bytes(), Vec::with_capacity(report.len()));
+/// (and a Latin-1 `M\xfcller` as `M#ller`) where serial BLAST+ prints the bytes. Puts
+/// them back: after the `n`-th line start with `prefix` (`Query= `, `# Query: `) the
+/// `n`-th title must be printed byte for byte, each such byte as `#`, a space possibly
+/// as the line break of a wrapped title; anything else is left as it is. The result is
+/// bytes: a title need not be UTF-8.
+fn restore_titles(report: &[u8], titles: &[Vec<u8>], prefix: &str) -> Vec<u8> {
+    let (prefix, mut out) = (prefix.as_bytes(), Vec::with_capacity(report.len()));
     let mut at = 0;
     let mut titles = titles.iter();
-    let line_start = format!("\n{prefix}");
+    let line_start = [b"\n", prefix].concat();
     let next = |at: usize| {
         if at == 0 && report.starts_with(prefix) {
             Some(0)
         } else {
-            report[at..].find(&line_start).map(|p| at + p + 1)
+            memchr::memmem::find(&report[at..], &line_start).map(|p| at + p + 1)
         }
     };
     while let Some(p) = next(at) {
         let start = p + prefix.len();
-        out.extend_from_slice(&bytes[at..start]);
+        out.extend_from_slice(&report[at..start]);
         at = start;
-        let Some(title) = titles.next() else { break };
-        let original = title.as_bytes();
-        let Some(printed) = bytes.get(start..start + original.len()) else { continue };
+        let Some(original) = titles.next() else { break };
+        let Some(printed) = report.get(start..start + original.len()) else { continue };
         let same = |(&s, &o): (&u8, &u8)| s == o || (s == b'#' && !o.is_ascii()) || (s == b'\n' && o == b' ');
-        if !title.is_ascii() && printed.iter().zip(original).all(same) {
+        if !original.is_ascii() && printed.iter().zip(original).all(same) {
             out.extend(printed.iter().zip(original).map(|(&s, &o)| if s == b'#' { o } else { s }));
             at = start + original.len();
         }
     }
-    out.extend_from_slice(&bytes[at..]);
-    // Whole characters went back in place of whole `#` runs; should the bytes not be
-    // text after all, the formatter's report stands.
-    String::from_utf8(out).unwrap_or_else(|_| report.to_string())
+    out.extend_from_slice(&report[at..]);
+    out
+}
+
+/// XML titles as BLAST+ prints them: without trailing blanks, `&`, `<`, `>`, `"` and `'`
+/// escaped, every other byte as it is (Latin-1 ones too; a UTF-8 title fails BLAST+'s
+/// XML writer).
+fn xml_escaped(title: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(title.len());
+    for &b in title.trim_ascii_end() {
+        match b {
+            b'&' => out.extend_from_slice(b"&amp;"),
+            b'<' => out.extend_from_slice(b"&lt;"),
+            b'>' => out.extend_from_slice(b"&gt;"),
+            b'"' => out.extend_from_slice(b"&quot;"),
+            b'\'' => out.extend_from_slice(b"&apos;"),
+            _ => out.push(b),
+        }
+    }
+    out
+}
+
+/// [`restore_titles`] in XML: the report's first query title, then every iteration's.
+fn restore_xml_titles(report: &[u8], titles: &[Vec<u8>]) -> Vec<u8> {
+    let escaped: Vec<Vec<u8>> = titles.iter().map(|t| xml_escaped(t)).collect();
+    let first = restore_titles(report, &escaped[..escaped.len().min(1)], "  <BlastOutput_query-def>");
+    restore_titles(&first, &escaped, "  <Iteration_query-def>")
 }
 
 /// The field separator of a tabular `outfmt`: its `delim=` (`-outfmt "6 delim=; std"`),
@@ -310,31 +343,39 @@ pub(crate) fn separator(outfmt: &str, default: char) -> char {
 /// [`restore_titles`] for the query identifiers of tabular rows (`qseqid`, `qacc`,
 /// ...): a field that is, whole, the identifier of a title outside ASCII with each such
 /// byte a `#` becomes that identifier. No identifier in the database can be printed
-/// so: BLAST+ makes them the same way.
-fn restore_ids(report: &str, titles: &[String], separator: char) -> String {
-    let mangled: std::collections::HashMap<String, &str> = titles
+/// so: BLAST+ makes them the same way. `report` may already hold titles' bytes in any
+/// encoding (format 7's comment lines), which pass through.
+fn restore_ids(report: &[u8], titles: &[Vec<u8>], separator: char) -> Vec<u8> {
+    let mangled: std::collections::HashMap<String, &[u8]> = titles
         .iter()
-        .filter_map(|t| t.split_whitespace().next())
+        .map(|t| crate::fasta::first_word(t))
         .filter(|id| !id.is_ascii())
-        .map(|id| (id.bytes().map(|b| if b.is_ascii() { b as char } else { '#' }).collect(), id))
+        .map(|id| (id.iter().map(|&b| if b.is_ascii() { b as char } else { '#' }).collect(), id))
         .collect();
     if mangled.is_empty() {
-        return report.to_string();
+        return report.to_vec();
     }
-    let mut out = String::with_capacity(report.len());
-    for line in report.split_inclusive('\n') {
-        if line.starts_with('#') {
-            out.push_str(line);
+    let mut out = Vec::with_capacity(report.len());
+    let mut sep = [0; 4];
+    let sep = separator.encode_utf8(&mut sep).as_bytes();
+    for raw in report.split_inclusive(|&b| b == b'\n') {
+        if raw.starts_with(b"#") {
+            out.extend_from_slice(raw);
             continue;
         }
-        let (body, end) = line.strip_suffix('\n').map_or((line, ""), |b| (b, "\n"));
+        let line = crate::text::line(raw);
+        let text = line.as_str();
+        let (body, end) = text.strip_suffix('\n').map_or((text, ""), |b| (b, "\n"));
         for (i, field) in body.split(separator).enumerate() {
             if i > 0 {
-                out.push(separator);
+                out.extend_from_slice(sep);
             }
-            out.push_str(mangled.get(field).copied().unwrap_or(field));
+            match mangled.get(field) {
+                Some(id) => out.extend_from_slice(id),
+                None => out.extend_from_slice(&line.bytes_of(field)),
+            }
         }
-        out.push_str(end);
+        out.extend_from_slice(end.as_bytes());
     }
     out
 }
@@ -520,27 +561,56 @@ mod tests {
         );
     }
 
+    fn bytes(titles: &[&str]) -> Vec<Vec<u8>> {
+        titles.iter().map(|t| t.as_bytes().to_vec()).collect()
+    }
+
     #[test]
     fn query_titles_outside_ascii_get_their_bytes_back() {
-        let titles = ["q1 plain".to_string(), "q2 M\u{fc}ller \u{3b2}-lactamase x".to_string(), "q3 caf\u{e9}".to_string()];
+        let titles = bytes(&["q1 plain", "q2 M\u{fc}ller \u{3b2}-lactamase x", "q3 caf\u{e9}"]);
         // As the formatter prints them: a `#` per byte, the second title wrapped.
         let report =
             "head\nQuery= q1 plain\n\nLength=3\nQuery= q2 M##ller\n##-lactamase x\n\nLength=4\nQuery= q3 caf## and more\nQuery= extra\n";
-        let fixed = restore_titles(report, &titles, "Query= ");
+        let fixed = restore_titles(report.as_bytes(), &titles, "Query= ");
         assert_eq!(
             fixed,
             "head\nQuery= q1 plain\n\nLength=3\nQuery= q2 M\u{fc}ller\n\u{3b2}-lactamase x\n\nLength=4\nQuery= q3 caf\u{e9} and more\nQuery= extra\n"
+                .as_bytes()
         );
         // A line that does not match its title byte for byte is left alone.
         let other = "# Query: q1 plain\n# Query: q2 Mxxller\n";
-        assert_eq!(restore_titles(other, &titles, "# Query: "), other);
-        let rows = "# Query: q1 plain\nq2\tM##ller\t1.0\n#\tM##ller\n";
-        let ids = ["q1 plain".to_string(), "M\u{fc}ller x".to_string()];
-        assert_eq!(restore_ids(rows, &ids, '\t'), "# Query: q1 plain\nq2\tM\u{fc}ller\t1.0\n#\tM##ller\n");
-        assert_eq!(restore_ids("M##ller,M##llerx\n", &ids, ','), "M\u{fc}ller,M##llerx\n");
+        assert_eq!(restore_titles(other.as_bytes(), &titles, "# Query: "), other.as_bytes());
+        let rows = b"# Query: q1 plain\nq2\tM##ller\t1.0\n#\tM##ller\n";
+        let ids = bytes(&["q1 plain", "M\u{fc}ller x"]);
+        assert_eq!(restore_ids(rows, &ids, '\t'), "# Query: q1 plain\nq2\tM\u{fc}ller\t1.0\n#\tM##ller\n".as_bytes());
+        assert_eq!(restore_ids(b"M##ller,M##llerx\n", &ids, ','), "M\u{fc}ller,M##llerx\n".as_bytes());
         assert_eq!((separator("6 delim=; std", '\t'), separator("10 qseqid", ','), separator("7", '\t')), (';', ',', '\t'));
-        let first = restore_titles("# Query: q1 plain\n# Query: q2 M##ller ##-lactamase x\n", &titles, "# Query: ");
-        assert_eq!(first, "# Query: q1 plain\n# Query: q2 M\u{fc}ller \u{3b2}-lactamase x\n");
+        let first = restore_titles(b"# Query: q1 plain\n# Query: q2 M##ller ##-lactamase x\n", &titles, "# Query: ");
+        assert_eq!(first, "# Query: q1 plain\n# Query: q2 M\u{fc}ller \u{3b2}-lactamase x\n".as_bytes());
+    }
+
+    /// A query file need not be UTF-8: a Latin-1 title's byte is one `#` in the
+    /// formatter's text, and comes back as that byte, also where a row already holds
+    /// another title's bytes (format 7: the comment lines are restored first).
+    #[test]
+    fn latin1_titles_and_identifiers_get_their_bytes_back() {
+        let titles = vec![b"g\xe8ne1 M\xfcller".to_vec(), b"q2 caf\xe9".to_vec()];
+        let report = "# Query: g#ne1 M#ller\ng#ne1\ts1\t0.5\n# Query: q2 caf#\nq2\ts#\t1.0\n";
+        let restored = restore_titles(report.as_bytes(), &titles, "# Query: ");
+        assert_eq!(restored, b"# Query: g\xe8ne1 M\xfcller\ng#ne1\ts1\t0.5\n# Query: q2 caf\xe9\nq2\ts#\t1.0\n");
+        let rows = b"g#ne1\ts1 \xfc\t0.5\nq2\ts#\t1.0\n";
+        assert_eq!(restore_ids(rows, &titles, '\t'), b"g\xe8ne1\ts1 \xfc\t0.5\nq2\ts#\t1.0\n", "only the identifier's field");
+        assert_eq!(
+            restore_ids(&restored, &titles, '\t'),
+            b"# Query: g\xe8ne1 M\xfcller\ng\xe8ne1\ts1\t0.5\n# Query: q2 caf\xe9\nq2\ts#\t1.0\n"
+        );
+        // XML: escaped as BLAST+ escapes them, in the report's header and each iteration.
+        let titles = vec![b"g\xe8ne1 a&b <c> ".to_vec(), b"q2 \"caf\xe9\"".to_vec()];
+        let xml = "  <BlastOutput_query-def>g#ne1 a&amp;b &lt;c&gt;</BlastOutput_query-def>\n<Iteration>\n  <Iteration_query-def>g#ne1 a&amp;b &lt;c&gt;</Iteration_query-def>\n</Iteration>\n<Iteration>\n  <Iteration_query-def>q2 &quot;caf#&quot;</Iteration_query-def>\n";
+        assert_eq!(
+            restore_xml_titles(xml.as_bytes(), &titles),
+            b"  <BlastOutput_query-def>g\xe8ne1 a&amp;b &lt;c&gt;</BlastOutput_query-def>\n<Iteration>\n  <Iteration_query-def>g\xe8ne1 a&amp;b &lt;c&gt;</Iteration_query-def>\n</Iteration>\n<Iteration>\n  <Iteration_query-def>q2 &quot;caf\xe9&quot;</Iteration_query-def>\n"
+        );
     }
 
     #[test]

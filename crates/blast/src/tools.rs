@@ -116,13 +116,21 @@ pub fn run_env(
         }
     })?;
     if !out.status.success() {
-        return Err(ToolError::Failed {
-            program: program.to_string(),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        return Err(ToolError::Failed { program: program.to_string(), status: out.status.to_string(), stderr: failure_text(&out) });
     }
     Ok(out)
+}
+
+/// What a failed program said: its standard error, or, when that is empty, the end of
+/// its standard output (makeblastdb prints its exceptions there).
+fn failure_text(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if !stderr.is_empty() {
+        return stderr;
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines[lines.len().saturating_sub(3)..].join("\n")
 }
 
 thread_local! {
@@ -310,12 +318,15 @@ fn proc_state_dead(stat: &str) -> bool {
 /// usage text after a bad option, and the same error twice; the user needs the one line
 /// that says what is wrong).
 pub fn error_lines(stderr: &str) -> String {
-    let errors: Vec<&str> = stderr.lines().map(str::trim).filter(|l| l.starts_with("Error") || l.contains(" error: ")).collect();
+    let lines: Vec<&str> = stderr.lines().map(str::trim).collect();
+    let errors: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].starts_with("Error") || lines[i].contains(" error: ")).collect();
     // For a bad option value BLAST+ first says what failed to convert, then which
     // argument it was: the line naming the argument says more.
-    let named = errors.iter().find(|l| l.starts_with("Error: Argument") || l.starts_with("Error: Unknown argument"));
+    let named = errors.iter().find(|&&i| lines[i].starts_with("Error: Argument") || lines[i].starts_with("Error: Unknown argument"));
     match named.or(errors.first()) {
-        Some(line) => line.to_string(),
+        // "Error: NCBI C++ Exception:" says what follows on the next line.
+        Some(&i) if lines[i].ends_with(':') && lines.get(i + 1).is_some_and(|l| !l.is_empty()) => format!("{} {}", lines[i], lines[i + 1]),
+        Some(&i) => lines[i].to_string(),
         // One line of the rest, as an error line is: a C++ exception's `terminate
         // called ...` and `what(): ...` came as two.
         None => stderr.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" "),

@@ -286,6 +286,38 @@ fn titles_outside_ascii_are_printed_as_serial_blast_prints_them() {
     }
 }
 
+/// A query file that is not UTF-8 (Latin-1 deflines, as older tools write them): BLAST+
+/// reads it and prints the bytes, XML included; so does gepsea, in both splits, with
+/// and without agents. Before, the file was refused ("not UTF-8 text").
+#[test]
+fn latin1_query_files_are_searched_and_printed_as_serial_blast_prints_them() {
+    let f = fixture();
+    let d = tempdir("latin1");
+    let text = std::fs::read(f.join("q.fasta")).unwrap();
+    let mut records: Vec<Vec<u8>> = text.split(|&b| b == b'>').skip(1).map(|r| [&b">"[..], r].concat()).collect();
+    records[0].splice(1..1, b"g\xe8ne1 ".iter().copied());
+    let space = records[1].iter().position(|&b| b == b' ').unwrap();
+    records[1].splice(space..space, b" M\xfcller \xdf-lactamase caf\xe9".iter().copied());
+    std::fs::write(d.0.join("latin1.fasta"), records.concat()).unwrap();
+    assert!(std::str::from_utf8(&std::fs::read(d.0.join("latin1.fasta")).unwrap()).is_err());
+    let q = d.0.join("latin1.fasta");
+    let q = q.to_str().unwrap();
+    for fmt in ["0", "5", "7", "10"] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastp", f, "protdb", q, fmt, &want, &[]);
+        let printed = std::fs::read(&want).unwrap();
+        let id = b"g\xe8ne1";
+        assert!(printed.windows(id.len()).any(|w| w == id), "outfmt {fmt}: serial BLAST+ prints the byte");
+        for mode in
+            [&["--split", "fragments"][..], &["--split", "fragments", "--no-agent"], &["--split", "queries", "--batch-residues", "1500"]]
+        {
+            let got = d.0.join(format!("gepsea.{fmt}"));
+            search(f, "blastp", "protdb", q, fmt, &got, mode);
+            assert_identical(&got, &want, &format!("outfmt {fmt} {mode:?}"));
+        }
+    }
+}
+
 /// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that
 /// the error is one line without BLAST+'s usage text or a backtrace.
 fn one_line_error(dir: &Path, args: &[&str], out: &Path) -> String {

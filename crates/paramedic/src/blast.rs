@@ -286,7 +286,7 @@ impl BlastPlugin {
         m: &BlastMeta,
         manifest: &db::Manifest,
         groups: Vec<(Vec<u8>, &BTreeSet<u32>)>,
-    ) -> Result<Vec<String>, PluginError> {
+    ) -> Result<Vec<Vec<u8>>, PluginError> {
         use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
         let next = AtomicUsize::new(0);
         let failed_once = AtomicBool::new(false);
@@ -309,7 +309,7 @@ impl BlastPlugin {
         let mut parts = Vec::with_capacity(groups.len());
         for r in reports {
             let r = r.into_inner().unwrap_or_else(|| Err(failed("a regeneration was not run after another failed")));
-            parts.push(String::from_utf8(r?).map_err(|_| failed("BLAST+ wrote non-text output"))?);
+            parts.push(r?);
         }
         Ok(parts)
     }
@@ -330,10 +330,13 @@ impl MetadataPlugin for BlastPlugin {
         let queries = fasta::read(&job.query).map_err(failed)?;
         let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
         let fmt = gepsea_blast::report::base_format(&job.outfmt);
+        // Query titles need not be UTF-8 (BLAST+ prints their bytes): the report's lines
+        // and the identifiers are read alike, Latin-1 where not UTF-8
+        // (`gepsea_blast::text`), so each identifier finds its rows.
         let ids: HashMap<String, usize> =
-            queries.iter().enumerate().map(|(i, q)| (q.defline[1..].split_whitespace().next().unwrap_or("").to_string(), i)).collect();
-        let text = std::str::from_utf8(output).map_err(|_| bad("the output is not text"))?;
-        let per = subjects_in_report(text, fmt, &ids, queries.len())?;
+            queries.iter().enumerate().map(|(i, q)| (gepsea_blast::text::line(q.id()).as_str().to_string(), i)).collect();
+        let text: String = output.split_inclusive(|&b| b == b'\n').map(|l| gepsea_blast::text::line(l).as_str().to_string()).collect();
+        let per = subjects_in_report(&text, fmt, &ids, queries.len())?;
         let all: BTreeSet<&str> = per.iter().flatten().map(String::as_str).collect();
         let s = scratch("encode")?;
         let map = oids(&job.db_dir, &manifest.name, manifest.dbtype.as_str(), &all, &s.0)?;
@@ -402,7 +405,7 @@ impl MetadataPlugin for BlastPlugin {
         } else {
             let groups =
                 (0..chunks).map(|c| (fasta_of(&records[c * records.len() / chunks..(c + 1) * records.len() / chunks]), &union)).collect();
-            gepsea_blast::accel::assemble(&self.regenerate_each(&m, &manifest, groups)?, fmt).map_err(failed)?.into_bytes()
+            gepsea_blast::accel::join(&self.regenerate_each(&m, &manifest, groups)?, fmt).map_err(failed)?
         };
         self.runs.store(chunks, std::sync::atomic::Ordering::Relaxed);
         self.per_query.store(false, std::sync::atomic::Ordering::Relaxed);
@@ -416,7 +419,7 @@ impl MetadataPlugin for BlastPlugin {
         let parts = self.regenerate_each(&m, &manifest, groups)?;
         self.runs.store(chunks + records.len(), std::sync::atomic::Ordering::Relaxed);
         self.per_query.store(true, std::sync::atomic::Ordering::Relaxed);
-        let joined = gepsea_blast::accel::assemble(&parts, fmt).map_err(failed)?.into_bytes();
+        let joined = gepsea_blast::accel::join(&parts, fmt).map_err(failed)?;
         if matches(&m, &joined) {
             return Ok(joined);
         }

@@ -213,7 +213,7 @@ mod tests {
     use std::time::Duration;
 
     fn stats(direct: Option<&str>) -> report::Statistics {
-        report::Statistics { archive: "Seq-annot ::= {}\n".into(), direct: direct.map(String::from) }
+        report::Statistics { archive: "Seq-annot ::= {}\n".into(), direct: direct.map(|d| d.as_bytes().to_vec()) }
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub use self::local::{with_parent_death, LocalAgent};
 pub use self::master::master;
 pub use self::plugin::BlastPlugin;
 pub use self::worker::worker;
-pub use crate::parts::{assemble, count_hits, Assembler};
+pub use crate::parts::{assemble, count_hits, join, Assembler};
 pub use crate::plan::{batch_file, part_tmp, topic, JobSpec, MergeAssign, TaskPayload};
 
 /// A failed request to the agent as a search error: a lost connection as

@@ -533,7 +533,8 @@ fn build_fragment(
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        // makeblastdb prints its C++ exceptions on standard output: both go to the log.
+        .stdout(log_file.try_clone().map_err(io(&log))?)
         .stderr(log_file)
         .spawn()
         .map_err(|e| {

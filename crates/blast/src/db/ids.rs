@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use super::{io, DbError};
 use crate::fasta::{self, FastaError, Line};
+use crate::text::shown;
 
 /// What `makeblastdb -parse_seqids` tells sequences apart by, where that is not the
 /// whole identifier: UniProt's `sp|ACC|NAME` and `tr|ACC|NAME` and a local `lcl|ID` go
@@ -21,15 +22,16 @@ use crate::fasta::{self, FastaError, Line};
 /// Other NCBI forms (`gi|`, `ref|`, ...) are left whole. Checked across the whole input:
 /// each fragment's makeblastdb sees only its own sequences, and two in different
 /// fragments made a database that serial makeblastdb refuses.
-pub(super) fn seq_id_key(id: &str) -> &str {
-    let mut fields = id.splitn(3, '|');
+/// Identifiers are bytes, as deflines are (see `fasta`).
+pub(super) fn seq_id_key(id: &[u8]) -> &[u8] {
+    let mut fields = id.splitn(3, |&b| b == b'|');
     match (fields.next(), fields.next()) {
-        (Some(tag), Some(acc)) if !acc.is_empty() && ["sp", "tr", "lcl"].iter().any(|t| tag.eq_ignore_ascii_case(t)) => acc,
+        (Some(tag), Some(acc)) if !acc.is_empty() && [&b"sp"[..], b"tr", b"lcl"].iter().any(|t| tag.eq_ignore_ascii_case(t)) => acc,
         _ => id,
     }
 }
 
-pub(super) fn id_hash(id: &str) -> u64 {
+pub(super) fn id_hash(id: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     id.hash(&mut h);
     h.finish()
@@ -121,7 +123,7 @@ pub(super) const ID_HASHES_IN_MEMORY: usize = 4 << 20;
 /// were collisions of distinct identifiers).
 pub(super) fn confirm_duplicates(input: &Path, collided: &HashSet<u64>) -> Result<(), DbError> {
     let (reader, _) = fasta::open_with(input, super::format::READ_BUFFER)?;
-    let mut first: HashMap<String, (usize, String)> = HashMap::new();
+    let mut first: HashMap<Vec<u8>, (usize, Vec<u8>)> = HashMap::new();
     fasta::scan(reader, input, fasta::Reading::Database, |l| {
         if let Line::Header { id, line, .. } = l {
             let key = seq_id_key(id);
@@ -129,19 +131,12 @@ pub(super) fn confirm_duplicates(input: &Path, collided: &HashSet<u64>) -> Resul
                 if let Some((f, first_id)) = first.get(key) {
                     let path = input.to_path_buf();
                     return Err(if first_id == id {
-                        FastaError::Duplicate { path, line, id: id.to_string(), first: *f }
+                        FastaError::Duplicate { path, line, id: shown(id), first: *f }
                     } else {
-                        FastaError::SameAccession {
-                            path,
-                            line,
-                            id: id.to_string(),
-                            key: key.to_string(),
-                            first_id: first_id.clone(),
-                            first: *f,
-                        }
+                        FastaError::SameAccession { path, line, id: shown(id), key: shown(key), first_id: shown(first_id), first: *f }
                     });
                 }
-                first.insert(key.to_string(), (line, id.to_string()));
+                first.insert(key.to_vec(), (line, id.to_vec()));
             }
         }
         Ok(())
@@ -155,16 +150,17 @@ mod tests {
 
     #[test]
     fn uniprot_and_local_identifiers_are_told_apart_by_accession_as_makeblastdb_does() {
-        assert_eq!(seq_id_key("sp|P12345|A_HUMAN"), "P12345");
-        assert_eq!(seq_id_key("tr|W0FSK4|W0FSK4_9FLAV"), "W0FSK4");
-        assert_eq!(seq_id_key("SP|P12345|A_HUMAN"), "P12345");
-        assert_eq!(seq_id_key("lcl|query1"), "query1");
-        assert_eq!(seq_id_key("P12345"), "P12345", "bare: itself, the key of sp|P12345|…");
+        let key = |id: &'static str| std::str::from_utf8(seq_id_key(id.as_bytes())).unwrap();
+        assert_eq!(key("sp|P12345|A_HUMAN"), "P12345");
+        assert_eq!(key("tr|W0FSK4|W0FSK4_9FLAV"), "W0FSK4");
+        assert_eq!(key("SP|P12345|A_HUMAN"), "P12345");
+        assert_eq!(key("lcl|query1"), "query1");
+        assert_eq!(key("P12345"), "P12345", "bare: itself, the key of sp|P12345|…");
         // Left whole: other NCBI forms, and forms with nothing after the bar.
-        assert_eq!(seq_id_key("gi|123|ref|NP_1.1|"), "gi|123|ref|NP_1.1|");
-        assert_eq!(seq_id_key("ref|NP_000001.1|"), "ref|NP_000001.1|");
-        assert_eq!(seq_id_key("sp||x"), "sp||x");
-        assert_eq!(seq_id_key("spx|P1|a"), "spx|P1|a");
+        assert_eq!(key("gi|123|ref|NP_1.1|"), "gi|123|ref|NP_1.1|");
+        assert_eq!(key("ref|NP_000001.1|"), "ref|NP_000001.1|");
+        assert_eq!(key("sp||x"), "sp||x");
+        assert_eq!(key("spx|P1|a"), "spx|P1|a");
     }
 
     #[test]

@@ -526,7 +526,7 @@ mod tests {
     fn a_batch_without_statistics_joins_a_neighbour() {
         let q = |seqs: &[&str]| -> Vec<Record> {
             let rec = |(i, s): (usize, &&str)| Record {
-                defline: format!(">q{i}"),
+                defline: format!(">q{i}").into_bytes(),
                 lines: if s.is_empty() { Vec::new() } else { vec![s.to_string()] },
                 residues: s.len(),
                 line: i + 1,
@@ -600,7 +600,7 @@ mod tests {
         lengths
             .iter()
             .enumerate()
-            .map(|(i, &n)| Record { defline: format!(">q{i}"), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 })
+            .map(|(i, &n)| Record { defline: format!(">q{i}").into_bytes(), lines: vec!["M".repeat(n)], residues: n, line: 2 * i + 1 })
             .collect()
     }
 

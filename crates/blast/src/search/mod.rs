@@ -205,7 +205,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         let (these, are) = if n == 1 { ("query", "is") } else { ("queries", "are") };
         note!(
             "gepsea search: {n} {these} without residues {are} reported with no hits, as BLAST+ reports them: {} ({name}:{}){more}",
-            first.id(),
+            crate::text::shown(first.id()),
             first.line
         );
     }
