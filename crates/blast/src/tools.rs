@@ -116,21 +116,13 @@ pub fn run_env(
         }
     })?;
     if !out.status.success() {
-        return Err(ToolError::Failed { program: program.to_string(), status: out.status.to_string(), stderr: failure_text(&out) });
+        return Err(ToolError::Failed {
+            program: program.to_string(),
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
     }
     Ok(out)
-}
-
-/// What a failed program said: its standard error, or, when that is empty, the end of
-/// its standard output (makeblastdb prints its exceptions there).
-fn failure_text(out: &Output) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if !stderr.is_empty() {
-        return stderr;
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let lines: Vec<&str> = stdout.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
-    lines[lines.len().saturating_sub(3)..].join("\n")
 }
 
 thread_local! {
@@ -431,6 +423,12 @@ mod tests {
         assert_eq!(error_lines(value), "Error: Argument \"evalue\". Argument cannot be converted:  `abc'");
         let db = "BLAST Database error: No alias or index file found for protein database [x] in search path [/tmp::]";
         assert_eq!(error_lines(db), db);
+        // A C++ exception's first line only announces the next one.
+        let exception = "Error: NCBI C++ Exception:\n    T0 \"ncbidiag.hpp\", line 2490: Error: (CSeqIdException::eFormat) Malformatted ID x\n";
+        assert_eq!(
+            error_lines(exception),
+            "Error: NCBI C++ Exception: T0 \"ncbidiag.hpp\", line 2490: Error: (CSeqIdException::eFormat) Malformatted ID x"
+        );
         let thrown = "terminate called after throwing an instance of 'std::__ios_failure'\n  what():  basic_ios::clear: iostream error\n";
         assert_eq!(
             error_lines(thrown),

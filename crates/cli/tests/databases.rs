@@ -308,6 +308,64 @@ fn db_format_streams_every_compression_to_the_same_fragments() {
     assert_identical(&got, &want, "a zstd-formatted database");
 }
 
+/// Titles in any encoding (Latin-1 here, as older files have them): makeblastdb stores a
+/// `#` for each byte outside ASCII, serially and per fragment alike, so the search
+/// prints what serial BLAST+ prints. Identifiers must be ASCII, as makeblastdb
+/// `-parse_seqids` refuses others ("Malformatted ID"): `db format` says so, naming the
+/// line, before building anything (it was "not UTF-8" before, and a UTF-8 one failed
+/// in makeblastdb with a reason it printed where `db format` did not look).
+#[test]
+fn db_format_takes_titles_in_any_encoding_and_refuses_identifiers_outside_ascii() {
+    let f = fixture();
+    let d = tempdir("latin1");
+    let mut extra = [&b" caf\xe9"[..], b" \xfcber M\xfcller"].into_iter();
+    let mut fasta = Vec::new();
+    for line in head(&zcat(DB_GZ), 300).lines() {
+        fasta.extend_from_slice(line.as_bytes());
+        if line.starts_with('>') {
+            fasta.extend_from_slice(extra.next().unwrap_or_default());
+        }
+        fasta.push(b'\n');
+    }
+    assert!(std::str::from_utf8(&fasta).is_err());
+    std::fs::write(d.0.join("l1.fa"), &fasta).unwrap();
+    std::fs::create_dir(d.0.join("serial")).unwrap();
+    let mut c = Command::new("makeblastdb");
+    c.current_dir(d.0.join("serial")).args(["-in", "../l1.fa", "-dbtype", "prot", "-parse_seqids", "-title", "L1", "-out", "l1"]);
+    run_ok(c);
+    run_ok({
+        let mut c = gepsea();
+        c.current_dir(&d.0).args(["db", "format", "--quiet", "--input", "l1.fa", "--fragments", "3", "--title", "L1", "--out", "l1db"]);
+        c
+    });
+    let fmt = "6 qseqid sseqid stitle evalue bitscore";
+    let want = d.0.join("serial.6");
+    serial("blastp", &d.0, None, "serial/l1", &f.join("q.fasta"), fmt, &want);
+    assert!(std::fs::read_to_string(&want).unwrap().contains("caf#"), "the titles' bytes are in the hits");
+    let got = d.0.join("gepsea.6");
+    search(&d.0, None, "l1db", &f.join("q.fasta"), fmt, &got, &["--split", "fragments"]);
+    assert_identical(&got, &want, "a database with Latin-1 titles");
+    for (name, id, shown) in [("latin1-id.fa", &b"x\xe9y"[..], "x\u{e9}y"), ("utf8-id.fa", "g\u{e8}ne1".as_bytes(), "g\u{e8}ne1")] {
+        let input = d.0.join(name);
+        std::fs::write(&input, [&b">a\nMKVL\n>"[..], id, b" title\nMKLV\n"].concat()).unwrap();
+        let mut serial = Command::new("makeblastdb");
+        serial.current_dir(&d.0).arg("-in").arg(&input).args(["-dbtype", "prot", "-parse_seqids", "-out", "serial/bad"]);
+        let o = serial.output().unwrap();
+        assert!(
+            !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Malformatted ID"),
+            "{name}: serial makeblastdb refuses it: {o:?}"
+        );
+        let dbout = d.0.join("baddb");
+        let e = fails(
+            &d.0,
+            &["db", "format", "--quiet", "--input", input.to_str().unwrap(), "--fragments", "2", "--out", dbout.to_str().unwrap()],
+            &dbout,
+        );
+        let want = format!("{name}:3: identifier \"{shown}\" is not ASCII, which makeblastdb -parse_seqids refuses");
+        assert!(e.contains(&want) && e.trim().lines().count() == 1, "{e}");
+    }
+}
+
 /// Runs gepsea expecting failure from `cwd`: returns stderr, checks `out` was not made.
 fn fails(cwd: &Path, args: &[&str], out: &Path) -> String {
     let o = gepsea().current_dir(cwd).env_remove("BLASTDB").env("RUST_BACKTRACE", "1").args(args).output().unwrap();

@@ -310,9 +310,10 @@ fn sequence_lengths(name: &str, dbtype: MolType, info: &Info, k: usize) -> Resul
     let stdout = child.stdout.take().expect("piped");
     let mut stderr = child.stderr.take().expect("piped");
     let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
+        // Lossy: it may echo titles that are not UTF-8, and a strict read lost it all.
+        let mut bytes = Vec::new();
+        let _ = stderr.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
     });
     let mut split = OnlineSplit::new(info.residues, info.sequences, k);
     // Residues of each fragment so far; a cut puts the current sequence in a new one.

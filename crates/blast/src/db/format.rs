@@ -533,8 +533,7 @@ fn build_fragment(
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::piped())
-        // makeblastdb prints its C++ exceptions on standard output: both go to the log.
-        .stdout(log_file.try_clone().map_err(io(&log))?)
+        .stdout(Stdio::null())
         .stderr(log_file)
         .spawn()
         .map_err(|e| {
@@ -549,7 +548,9 @@ fn build_fragment(
     let flushed = stdin.flush();
     drop(stdin);
     let status = child.wait().map_err(|e| DbError::Tool(ToolError::Io { program: "makeblastdb".into(), source: e }))?;
-    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    // Lossy: makeblastdb echoes titles in whatever encoding they have ("Bad char [0xE9]
+    // in string"), and a reason read strictly was lost whole.
+    let stderr = String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()).into_owned();
     let _ = std::fs::remove_file(&log);
     if !status.success() {
         return Err(DbError::Format(format!(
