@@ -424,7 +424,8 @@ mod tests {
         let db = "BLAST Database error: No alias or index file found for protein database [x] in search path [/tmp::]";
         assert_eq!(error_lines(db), db);
         // A C++ exception's first line only announces the next one.
-        let exception = "Error: NCBI C++ Exception:\n    T0 \"ncbidiag.hpp\", line 2490: Error: (CSeqIdException::eFormat) Malformatted ID x\n";
+        let exception =
+            "Error: NCBI C++ Exception:\n    T0 \"ncbidiag.hpp\", line 2490: Error: (CSeqIdException::eFormat) Malformatted ID x\n";
         assert_eq!(
             error_lines(exception),
             "Error: NCBI C++ Exception: T0 \"ncbidiag.hpp\", line 2490: Error: (CSeqIdException::eFormat) Malformatted ID x"
