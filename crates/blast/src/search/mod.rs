@@ -28,6 +28,7 @@ pub(crate) mod files;
 mod mpiblast;
 mod progress;
 mod request;
+mod setup;
 
 pub use self::agents::agent_worker;
 use self::agents::*;
@@ -35,6 +36,7 @@ use self::baseline::*;
 use self::files::*;
 use self::progress::*;
 pub use self::request::{Deliver, DeliverFn, SearchOptions, Summary};
+use self::setup::*;
 
 use self::mpiblast::*;
 pub use self::mpiblast::{worker, ClusterNet};
@@ -196,19 +198,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         program_types(p).ok_or_else(|| SearchError::UnknownProgram(p.clone()))?;
     }
     let queries = fasta::read_or_stdin(&opts.query)?;
-    let empty: Vec<&Record> = queries.iter().filter(|q| q.residues == 0).collect();
-    if let Some(first) = empty.first() {
-        // Serial BLAST+ warns of each on standard error, twice; its output reports them
-        // with no hits, and so does ours.
-        let (n, name) = (empty.len(), opts.query.display());
-        let more = if n > 1 { format!(" and {} more", n - 1) } else { String::new() };
-        let (these, are) = if n == 1 { ("query", "is") } else { ("queries", "are") };
-        note!(
-            "gepsea search: {n} {these} without residues {are} reported with no hits, as BLAST+ reports them: {} ({name}:{}){more}",
-            crate::text::shown(first.id()),
-            first.line
-        );
-    }
+    note_empty_queries(&opts.query, &queries);
     let no_agent = opts.no_agent && !matches!(env, Env::Cluster { .. });
     // The program that will run: the database's default one matches the queries' type,
     // or the search is refused below.
@@ -225,15 +215,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
         opts.program.as_deref().unwrap_or(""),
         whole_database_option(&runs, &opts.outfmt, &opts.blast_args),
     )?;
-    // Claim the output location first: an unwritable path fails now, not after the search.
-    if opts.out.is_dir() {
-        let source = std::io::Error::new(std::io::ErrorKind::IsADirectory, "it is a directory; give a file name");
-        return Err(SearchError::Output { path: opts.out.clone(), source });
-    }
-    let out_dir = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    // Absolute: BLAST+ tools run with the scratch directory as their working directory.
-    let out_dir = std::fs::canonicalize(out_dir).map_err(|e| SearchError::Output { path: opts.out.clone(), source: e })?;
-    let out_name = opts.out.file_name().unwrap_or_default().to_string_lossy().to_string();
+    let (out_dir, out_name) = claim_output(&opts.out)?;
     sweep_stale(&out_dir, &out_name);
     // The work directory: the user's (kept: a cache of side directories), or one of our
     // own next to the output (shared storage on a cluster), removed when the search
@@ -265,32 +247,7 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     }
     let blastdb = database.blastdb_str()?;
     let manifest = database.manifest.clone();
-    let (default, programs) = match manifest.dbtype {
-        MolType::Prot => ("blastp", "blastp or blastx"),
-        MolType::Nucl => ("blastn", "blastn, tblastn or tblastx"),
-    };
-    let program = opts.program.clone().unwrap_or_else(|| default.to_string());
-    let (query_type, db_type) = program_types(&program).ok_or_else(|| SearchError::UnknownProgram(program.clone()))?;
-    if db_type != manifest.dbtype {
-        return Err(SearchError::ProgramMismatch { program, db_type: mol_name(manifest.dbtype), expected: programs });
-    }
-    let qtype = fasta::guess_moltype(&queries);
-    if qtype != query_type {
-        if opts.program.is_none() {
-            return Err(SearchError::TypeMismatch {
-                query: opts.query.clone(),
-                query_type: mol_name(qtype),
-                db: opts.db.clone(),
-                db_type: mol_name(manifest.dbtype),
-            });
-        }
-        return Err(SearchError::QueryTypeForProgram {
-            query: opts.query.clone(),
-            query_type: mol_name(qtype),
-            program,
-            expected: mol_name(query_type),
-        });
-    }
+    let (program, qtype) = check_program(opts, &queries, &manifest)?;
     // Also part of every part's name (`part_keys`).
     let blast_version = tools::version()?;
     let recording = match &opts.replay {
@@ -327,47 +284,10 @@ fn run_checked(opts: &SearchOptions, env: Env<'_>) -> Result<Summary, SearchErro
     let first = queries.iter().find(|q| q.residues > 0).unwrap_or(&queries[0]);
     validate_options(&program, &blastdb, &manifest.name, first, &opts.outfmt, &opts.blast_args, &scratch)?;
 
-    let nfrag = manifest.fragments.len();
-    let total_res: usize = queries.iter().map(|q| q.residues).sum();
-    let batch_ranges = match split {
-        SplitBy::Fragments => {
-            let per_batch = opts.batch_residues.unwrap_or_else(|| {
-                let nb = (2 * workers).div_ceil(nfrag).max(1);
-                total_res.div_ceil(nb).max(1)
-            });
-            batches(&queries, per_batch)
-        }
-        SplitBy::Queries => {
-            let cap = blast_batch_letters(&program, &opts.blast_args);
-            match opts.batch_residues {
-                Some(_) if is_translated(&program) => return Err(SearchError::TranslatedBatches(program)),
-                Some(r) => batches(&queries, r.min(cap)),
-                None if is_translated(&program) => blast_batches(&queries, cap),
-                None => guided_batches(&queries, workers, cap),
-            }
-        }
-    };
-    let batch_ranges = join_batches_without_statistics(batch_ranges, &queries, qtype);
-    let mut batch_files = Vec::new();
-    let mut batch_texts = Vec::new();
-    for (b, r) in batch_ranges.iter().enumerate() {
-        let f = scratch.join(format!("batch{b}.fasta"));
-        let buf = fasta::text_of(&queries[r.clone()]);
-        std::fs::write(&f, &buf).map_err(|e| SearchError::Io(format!("{}: {e}", f.display())))?;
-        batch_files.push(f);
-        batch_texts.push(buf);
-    }
+    let batch_ranges = plan_batches(opts, split, &queries, &program, workers, manifest.fragments.len(), qtype)?;
+    let (batch_files, batch_texts) = write_batches(&scratch, &queries, &batch_ranges)?;
     if let Some(r) = &recording {
-        // A recording of other batches or fragments fails now, not task by task.
-        let databases: Vec<String> = match split {
-            SplitBy::Fragments => manifest.fragments.iter().map(|f| format!("{}.stats", f.name)).collect(),
-            SplitBy::Queries => vec![manifest.name.clone()],
-        };
-        let (outfmt, args) = match split {
-            SplitBy::Fragments => ("11", archive_args(&opts.blast_args, &opts.outfmt)),
-            SplitBy::Queries => (opts.outfmt.as_str(), opts.blast_args.clone()),
-        };
-        r.check_holds(&program, &batch_files, &databases, outfmt, &args)?;
+        check_recording(r, opts, split, &program, &manifest, &batch_files)?;
     }
     let parts_dir = work_dir.join("parts");
     std::fs::create_dir_all(&parts_dir).map_err(|e| SearchError::Io(format!("{}: {e}", parts_dir.display())))?;
@@ -472,50 +392,5 @@ fn describe(t: &crate::schedule::Task, m: &Manifest) -> String {
     match t.target {
         Target::Fragment(f) => format!("batch {} on fragment {}", t.batch, m.fragments[f].name),
         Target::Whole => format!("{} queries on the whole database", t.queries.len()),
-    }
-}
-
-/// One tiny BLAST+ run (the first query against the one-sequence statistics database)
-/// with the user's options, before any worker starts: a mistyped option or a bad value
-/// fails here in a fraction of a second, with BLAST+'s own error line, instead of in
-/// every task. Only option errors count: anything else the statistics database cannot
-/// show (e.g. `-taxids`) is left to the real search, apart from an `--outfmt` number
-/// out of range.
-fn validate_options(
-    program: &str,
-    blastdb: &str,
-    db_name: &str,
-    first: &Record,
-    outfmt: &str,
-    args: &[String],
-    scratch: &Path,
-) -> Result<(), SearchError> {
-    let q = scratch.join("validate.fasta");
-    let mut buf = Vec::new();
-    first.write_to(&mut buf);
-    std::fs::write(&q, buf).map_err(|e| SearchError::Io(format!("{}: {e}", q.display())))?;
-    let (qs, out) = (q.to_string_lossy().to_string(), scratch.join("validate.out").to_string_lossy().to_string());
-    let mut all: Vec<&str> = vec!["-query", &qs, "-db", "stats", "-outfmt", outfmt, "-out", &out];
-    all.extend(args.iter().map(|s| s.as_str()));
-    match tools::run(program, &all, Some(blastdb.as_ref()), Some(scratch)) {
-        // Also what BLAST+ finds wrong with the options only once it searches ("No hits are
-        // being saved", an ungapped search with composition-based statistics): a serial
-        // run fails the same way, and so would every task.
-        Err(ToolError::Failed { stderr, .. })
-            if tools::is_option_error(&stderr)
-                || stderr.contains("BLAST query/options error:")
-                || stderr.contains("BLAST options error:") =>
-        {
-            // The check searched the one-sequence statistics database: name the user's.
-            Err(SearchError::BlastOptions(tools::error_lines(&stderr).replace("'stats'", &format!("'{db_name}'"))))
-        }
-        // A format number out of range is not an argument-parser error for BLAST+, but
-        // it fails every task the same way.
-        Err(ToolError::Failed { stderr, .. }) if stderr.contains("Formatting choice is out of range") => Err(SearchError::Outfmt {
-            outfmt: outfmt.to_string(),
-            reason: tools::error_lines(&stderr).trim_start_matches("Error: ").to_string(),
-        }),
-        Err(e @ ToolError::Missing { .. }) => Err(e.into()),
-        _ => Ok(()),
     }
 }
