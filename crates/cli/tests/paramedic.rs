@@ -249,6 +249,45 @@ fn latin1_query_titles_are_regenerated_byte_for_byte() {
     }
 }
 
+/// A report searched through the database's alias file (`--db db/DB`) names the
+/// database as given, which a regeneration from the directory cannot print: encoding
+/// it is refused at once, saying what to search with, instead of after a regeneration
+/// that could only differ ("regeneration mismatch").
+#[test]
+fn a_report_naming_another_database_path_is_refused_when_encoded() {
+    let f = fixture();
+    let d = TempDir(f.dir.0.join("alias"));
+    std::fs::create_dir_all(&d.0).unwrap();
+    let q = f.dir.0.join("q.fasta");
+    let out = d.0.join("by-alias.7");
+    let alias = f.dir.0.join("db/DB");
+    run_ok({
+        let mut c = gepsea();
+        c.args(["search", "--quiet", "--workers", "2", "--outfmt", "7", "--db"]).arg(&alias).arg("--query").arg(&q).arg("--out").arg(&out);
+        c
+    });
+    let meta = d.0.join("meta");
+    let mut c = gepsea();
+    c.env("RUST_BACKTRACE", "1")
+        .args(["paramedic", "encode", "--quiet", "--outfmt", "7", "--output"])
+        .arg(&out)
+        .arg("--out")
+        .arg(&meta)
+        .arg("--db")
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(&q);
+    let e = fails(c);
+    let want = format!(
+        "the report names the database {:?}, and the one in {} is \"DB\": the regenerated report would name that one. Encode a report searched with --db {}",
+        alias.display().to_string(),
+        f.dir.0.join("db").display(),
+        f.dir.0.join("db").display()
+    );
+    assert!(e.contains(&want) && e.trim().lines().count() == 1, "{e}");
+    assert!(!meta.exists());
+}
+
 /// At `-evalue 1000` whole-database searches overflow BLAST's preliminary hit list, so a
 /// search over the union of subjects differs; each query is then regenerated against
 /// its own subjects, and the output is still exact.

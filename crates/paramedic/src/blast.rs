@@ -120,6 +120,18 @@ fn fingerprint(m: &db::Manifest) -> String {
 }
 
 /// Per query (by index), the subject accessions the report names, in report order.
+/// The database a report says it searched, as BLAST+ was given it (`-db`): formats 7
+/// and 5 print it; others print its title, which the replica shares.
+fn database_named(report: &str, fmt: u32) -> Option<&str> {
+    let (open, close) = match fmt {
+        7 => ("# Database: ", "\n"),
+        5 => ("<BlastOutput_db>", "</BlastOutput_db>"),
+        _ => return None,
+    };
+    let start = report.find(open)? + open.len();
+    Some(&report[start..start + report[start..].find(close)?])
+}
+
 fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
     let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
     let mut current: Option<usize> = None;
@@ -336,6 +348,15 @@ impl MetadataPlugin for BlastPlugin {
         let ids: HashMap<String, usize> =
             queries.iter().enumerate().map(|(i, q)| (gepsea_blast::text::line(q.id()).as_str().to_string(), i)).collect();
         let text: String = output.split_inclusive(|&b| b == b'\n').map(|l| gepsea_blast::text::line(l).as_str().to_string()).collect();
+        if let Some(named) = database_named(&text, fmt).filter(|n| *n != manifest.name) {
+            return Err(bad(format!(
+                "the report names the database {named:?}, and the one in {} is {:?}: the regenerated report would name that one. \
+                 Encode a report searched with --db {} (the database's directory)",
+                job.db_dir.display(),
+                manifest.name,
+                job.db_dir.display()
+            )));
+        }
         let per = subjects_in_report(&text, fmt, &ids, queries.len())?;
         let all: BTreeSet<&str> = per.iter().flatten().map(String::as_str).collect();
         let s = scratch("encode")?;
@@ -479,6 +500,14 @@ mod tests {
         let v = vec![vec![0, 3, 4, 100, 19_999], vec![], vec![7]];
         assert_eq!(undelta(&delta(&v)), v);
         assert_eq!(delta(&v)[0], vec![0, 3, 1, 96, 19_899]);
+    }
+
+    #[test]
+    fn the_database_a_report_names() {
+        assert_eq!(database_named("# BLASTP 2.12.0+\n# Query: q\n# Database: dir/DB\n", 7), Some("dir/DB"));
+        assert_eq!(database_named("<BlastOutput_db>DB</BlastOutput_db>\n", 5), Some("DB"));
+        assert_eq!(database_named("Database: Example proteins\n", 0), None, "a title, not a name");
+        assert_eq!(database_named("# 0 hits found\n", 7), None);
     }
 
     #[test]
