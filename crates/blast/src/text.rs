@@ -11,10 +11,11 @@
 
 use std::borrow::Cow;
 
-/// One line of a report, as text.
+/// One line of a report as text (or a whole report read as one: the round trip holds
+/// for any bytes).
 pub struct Line<'a> {
     text: Cow<'a, str>,
-    /// Read as Latin-1 ([`line`]): its text goes back to bytes one `char` per byte.
+    /// Read as Latin-1 ([`line()`]): its text goes back to bytes one `char` per byte.
     latin1: bool,
 }
 
@@ -40,6 +41,16 @@ impl Line<'_> {
         } else {
             Cow::Borrowed(text.as_bytes())
         }
+    }
+}
+
+/// A report as text, each line read as [`line()`] reads it: borrowed when the whole is
+/// UTF-8 (the usual report), else one line at a time, so that an identifier read with
+/// [`line()`] matches the lines that print it whatever the other lines hold.
+pub fn lines(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Cow::Borrowed(s),
+        Err(_) => Cow::Owned(bytes.split_inclusive(|&b| b == b'\n').map(|l| line(l).text).collect()),
     }
 }
 
@@ -69,6 +80,13 @@ mod tests {
         let utf8 = "Query= M\u{fc}ller \u{3b2}\n";
         let l = line(utf8.as_bytes());
         assert_eq!((l.as_str(), &*l.bytes_of(utf8)), (utf8, utf8.as_bytes()));
+    }
+
+    #[test]
+    fn a_report_is_read_line_by_line() {
+        assert!(matches!(lines(b"q1\ts\nq2\ts\n"), Cow::Borrowed("q1\ts\nq2\ts\n")));
+        // A UTF-8 line keeps its characters beside a Latin-1 one.
+        assert_eq!(lines(b"M\xc3\xbcller\tx\ng\xe8ne1\ty"), "M\u{fc}ller\tx\ng\u{e8}ne1\ty");
     }
 
     #[test]

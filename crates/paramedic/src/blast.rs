@@ -119,7 +119,6 @@ fn fingerprint(m: &db::Manifest) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Per query (by index), the subject accessions the report names, in report order.
 /// The database a report says it searched, as BLAST+ was given it (`-db`): formats 7
 /// and 5 print it; others print its title, which the replica shares.
 fn database_named(report: &str, fmt: u32) -> Option<&str> {
@@ -132,6 +131,7 @@ fn database_named(report: &str, fmt: u32) -> Option<&str> {
     Some(&report[start..start + report[start..].find(close)?])
 }
 
+/// Per query (by index), the subject accessions the report names, in report order.
 fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
     let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
     let mut current: Option<usize> = None;
@@ -347,7 +347,7 @@ impl MetadataPlugin for BlastPlugin {
         // (`gepsea_blast::text`), so each identifier finds its rows.
         let ids: HashMap<String, usize> =
             queries.iter().enumerate().map(|(i, q)| (gepsea_blast::text::line(q.id()).as_str().to_string(), i)).collect();
-        let text: String = output.split_inclusive(|&b| b == b'\n').map(|l| gepsea_blast::text::line(l).as_str().to_string()).collect();
+        let text = gepsea_blast::text::lines(output);
         if let Some(named) = database_named(&text, fmt).filter(|n| *n != manifest.name) {
             return Err(bad(format!(
                 "the report names the database {named:?}, and the one in {} is {:?}: the regenerated report would name that one. \
