@@ -49,7 +49,7 @@ pub enum SearchError {
     OwnedOption { option: String, instead: &'static str },
     #[error("BLAST+ refused the options after --: {0}")]
     BlastOptions(String),
-    #[error("--outfmt {0}: not written by gepsea, which writes formats 0, 5, 6, 7, 10 and 18 byte-identical to serial BLAST+ (this one's per-run framing is not reproduced); choose one of those, e.g. 5 (XML) or 7 (tabular with comments)")]
+    #[error("--outfmt {0}: not written by gepsea, which writes formats 0 to 7, 10 and 18 byte-identical to serial BLAST+ (this one's per-run framing is not reproduced); choose one of those, e.g. 5 (XML) or 7 (tabular with comments)")]
     OutfmtNotReproduced(String),
     #[error("BLAST+ option -html: gepsea does not write HTML reports (their markup is not joined as serial BLAST+ writes it); drop -html, or make the HTML from an identical plain report")]
     HtmlNotReproduced,

@@ -68,16 +68,19 @@ pub fn store(src: &Path, dst: &Path) -> std::io::Result<u64> {
 /// serial BLAST+ writes for all of them, a line at a time: only the line being copied is
 /// in memory, whatever the size of a part or of the whole report.
 ///
-/// Per part: pairwise output keeps the first part's header (up to its first `Query= `)
-/// and the last part's footer (from `  Database: `); XML keeps the first header and the
-/// last closing tags and renumbers iterations; outfmt 7 sums the `# BLAST processed N
-/// queries` trailers into one; other formats are concatenated.
+/// Per part: pairwise and query-anchored output keeps the first part's header (up to
+/// its first `Query= `) and the last part's footer (from `  Database: `), and renumbers
+/// the query-anchored alignments' query labels (see `Relabel`); XML keeps the first
+/// header and the last closing tags and renumbers iterations; outfmt 7 sums the
+/// `# BLAST processed N queries` trailers into one; other formats are concatenated.
 pub struct Assembler<W: std::io::Write> {
     out: W,
     fmt: u32,
     parts: usize,
-    /// XML: iterations written so far; outfmt 7: queries processed so far.
+    /// Queries written so far (pairwise and query-anchored: `Query= ` lines, XML:
+    /// iterations, outfmt 7: the trailers' counts).
     count: usize,
+    relabel: Relabel,
 }
 
 /// Where a line of a part stands.
@@ -91,14 +94,14 @@ enum Section {
 impl<W: std::io::Write> Assembler<W> {
     /// Writes to `out` a report of base format `fmt`.
     pub fn new(out: W, fmt: u32) -> Self {
-        Assembler { out, fmt, parts: 0, count: 0 }
+        Assembler { out, fmt, parts: 0, count: 0, relabel: Relabel::default() }
     }
 
     /// Writes what this assembler would write from here on had it already joined parts
     /// holding `count` queries (none when `first`): a batch's *piece* of the report,
     /// made by the agent that wrote its part (see [`piece`]).
     pub fn continuing(out: W, fmt: u32, first: bool, count: usize) -> Self {
-        Assembler { out, fmt, parts: usize::from(!first), count }
+        Assembler { out, fmt, parts: usize::from(!first), count, relabel: Relabel::default() }
     }
 
     /// Appends the next part; `last` for the final one (it brings the footer).
@@ -128,7 +131,7 @@ impl<W: std::io::Write> Assembler<W> {
             let line = read.as_str();
             // Which section this line opens or belongs to, and what to write for it.
             let text: Option<std::borrow::Cow<'_, str>> = match self.fmt {
-                0 => {
+                0..=4 => {
                     if line.starts_with("Query= ") {
                         // What looked like the footer was inside the body after all.
                         if section == Section::Footer {
@@ -136,12 +139,14 @@ impl<W: std::io::Write> Assembler<W> {
                             footer.clear();
                         }
                         section = Section::Body;
+                        self.count += 1;
                     } else if section == Section::Body && line.starts_with("  Database: ") {
                         section = Section::Footer;
                     }
                     match section {
                         Section::Header => first.then_some(line.into()),
-                        Section::Body => Some(line.into()),
+                        Section::Body if self.fmt == 0 => Some(line.into()),
+                        Section::Body => Some(self.relabel.line(line, offset)?),
                         // The footer is the part from its last `  Database: ` line on:
                         // held until the end of the part or the next query says which.
                         Section::Footer => {
@@ -202,8 +207,8 @@ impl<W: std::io::Write> Assembler<W> {
             self.out.write_all(&footer).map_err(|e| format!("writing the report: {e}"))?;
         }
         match self.fmt {
-            0 if section == Section::Header => Err("pairwise part without a query".into()),
-            0 if section == Section::Body => Err("pairwise part without a footer".into()),
+            0..=4 if section == Section::Header => Err("pairwise part without a query".into()),
+            0..=4 if section == Section::Body => Err("pairwise part without a footer".into()),
             5 if section == Section::Header => Err("XML part without iterations".into()),
             5 if section == Section::Body => Err("XML part without iterations end".into()),
             7 if !trailer => Err("tabular part without its trailer".into()),
@@ -222,9 +227,9 @@ impl<W: std::io::Write> Assembler<W> {
 /// part `r` after parts holding `before` queries, so that the pieces laid end to end are
 /// the assembled report and each can be written at its final offset by whoever holds it
 /// (the agents do, while the search goes on) once the pieces before it have a length.
-/// `queries` is the batch's query count: XML iterations and the tabular trailer must
-/// say as many, or the renumbering and the last trailer would not be the assembled
-/// report's. Returns the piece's length.
+/// `queries` is the batch's query count: query-anchored `Query= ` lines, XML iterations
+/// and the tabular trailer must say as many, or the renumbering and the last trailer
+/// would not be the assembled report's. Returns the piece's length.
 #[allow(clippy::too_many_arguments)]
 pub fn piece(
     r: impl std::io::BufRead,
@@ -238,8 +243,12 @@ pub fn piece(
     let mut a = Assembler::continuing(Counted { inner: out, bytes: 0 }, fmt, index == 0, before);
     a.part_from(r, index + 1 == total)?;
     let counted = a.count - before;
-    if matches!(fmt, 5 | 7) && counted != queries {
-        let what = if fmt == 5 { "XML iterations" } else { "queries in its trailer" };
+    if matches!(fmt, 1..=5 | 7) && counted != queries {
+        let what = match fmt {
+            5 => "XML iterations",
+            7 => "queries in its trailer",
+            _ => "`Query= ` lines",
+        };
         return Err(format!("the part has {counted} {what} for {queries} queries"));
     }
     Ok(a.finish()?.bytes)
@@ -260,6 +269,53 @@ impl<W: std::io::Write> std::io::Write for Counted<W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// Query-anchored reports (formats 1–4) label the query line of each alignment block
+/// with the query's local id, `Query_<k>`, numbered within its BLAST+ run, and pad every
+/// label of a block to one width, the longest label plus two. Renumbered for the whole
+/// report, a longer label (`Query_9` → `Query_10`) can widen its block: then every line
+/// of the block, subjects' and insertion marks' too, moves right by as much, as serial
+/// BLAST+ lays it out.
+#[derive(Default)]
+struct Relabel {
+    /// Whether the next line opens a block (the line before was blank).
+    after_blank: bool,
+    /// The current block's label width as the part has it, and how much it grows.
+    width: usize,
+    grown: usize,
+}
+
+impl Relabel {
+    /// The line to write for `line` of a part whose queries follow `offset` others.
+    fn line<'a>(&mut self, line: &'a str, offset: usize) -> Result<std::borrow::Cow<'a, str>, String> {
+        if line.trim().is_empty() {
+            (self.after_blank, self.grown) = (true, 0);
+            return Ok(line.into());
+        }
+        if std::mem::take(&mut self.after_blank) {
+            if let Some((k, width)) = query_label(line) {
+                let k: usize = k.parse().map_err(|_| format!("bad query label in {:?}", line.trim_end()))?;
+                let label = format!("Query_{}", k + offset);
+                self.width = width;
+                self.grown = (label.len() + 2).saturating_sub(width);
+                return Ok(format!("{label:<w$}{}", &line[width..], w = width + self.grown).into());
+            }
+        }
+        if self.grown == 0 || line.len() < self.width || !line.is_char_boundary(self.width) {
+            return Ok(line.into());
+        }
+        Ok(format!("{}{:g$}{}", &line[..self.width], "", &line[self.width..], g = self.grown).into())
+    }
+}
+
+/// A query-anchored block's query line, `Query_<k>` padded by at least two blanks: `k`
+/// and the label column's width.
+fn query_label(line: &str) -> Option<(&str, usize)> {
+    let rest = line.strip_prefix("Query_")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let blanks = rest[digits..].bytes().take_while(|&b| b == b' ').count();
+    (digits > 0 && blanks >= 2).then(|| (&rest[..digits], 6 + digits + blanks))
 }
 
 /// [`Assembler`] over parts in memory (small reports): their bytes, which are UTF-8 or
@@ -301,6 +357,8 @@ pub struct HitCounter {
     columns: Option<(usize, usize)>,
     separator: char,
     in_list: bool,
+    /// Whether the list being read has had a description yet.
+    listed: bool,
     last: Option<(String, String)>,
     n: usize,
 }
@@ -323,19 +381,21 @@ impl HitCounter {
             _ => None,
         };
         let separator = report::separator(outfmt, if base == 10 { ',' } else { '\t' });
-        HitCounter { base, columns, separator, in_list: false, last: None, n: 0 }
+        HitCounter { base, columns, separator, in_list: false, listed: false, last: None, n: 0 }
     }
 
     /// The next line of the report (without its line end).
     pub fn line(&mut self, line: &str) {
         match self.base {
-            0 => {
+            0..=4 => {
+                // The list of descriptions: from its heading to the first blank line
+                // after its first description (an alignment or the statistics follow).
                 if line.starts_with("Sequences producing significant alignments") {
-                    self.in_list = true;
-                } else if self.in_list && (line.starts_with('>') || line.starts_with("Query= ")) {
-                    self.in_list = false;
-                } else if self.in_list && !line.trim().is_empty() {
-                    self.n += 1;
+                    (self.in_list, self.listed) = (true, false);
+                } else if self.in_list && line.trim().is_empty() {
+                    self.in_list = !self.listed;
+                } else if self.in_list {
+                    (self.n, self.listed) = (self.n + 1, true);
                 }
             }
             5 => self.n += usize::from(line.trim_start() == "<Hit>"),
@@ -408,6 +468,14 @@ mod tests {
         assert_eq!(count_hits("9;q1;s1\n8;q1;s1\n", "6 delim=; evalue std"), 1);
         let pairwise = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\ns2 another   40  1e-3\n\n\n> s1 a protein\nLength=10\n\nQuery= q2\n\n***** No hits found *****\n";
         assert_eq!(count_hits(pairwise, "0"), 2);
+        // Without alignments (`-num_alignments 0`) the query's statistics follow the list;
+        // in the query-anchored formats its alignment blocks do.
+        let listed_only = "Query= q1\n\nSequences producing significant alignments:                          (Bits)  Value\n\ns1 a protein   50  1e-5\n\n\n\nLambda      K        H\n   0.3    0.1    0.4\n\nEffective search space used: 9\n\n\nQuery= q2\n";
+        assert_eq!(count_hits(listed_only, "0"), 1);
+        let anchored = pairwise.replace("> s1 a protein\nLength=10\n", "Query_1  1   MKV  3\ns1       5   ...  7\n");
+        for fmt in ["1", "2", "3", "4"] {
+            assert_eq!(count_hits(&anchored, fmt), 2, "outfmt {fmt}");
+        }
         assert_eq!(count_hits("<Iteration>\n  <Iteration_hits>\n  <Hit>\n  </Hit>\n  <Hit>\n  </Hit>\n", "5"), 2);
     }
 
@@ -557,6 +625,13 @@ mod tests {
             }
             s + "</BlastOutput_iterations>\n</BlastOutput>\n"
         };
+        let anchored = |qs: &[&str]| {
+            let mut s = String::from("BLASTP\n\nDatabase: DB\n\n");
+            for (i, q) in qs.iter().enumerate() {
+                s.push_str(&format!("Query= {q}\n\n\nQuery_{n}  1  MKV  3\ns1       1  ...  3\n\n", n = i + 1));
+            }
+            s + "\n  Database: DB\n  footer\n"
+        };
         let tab7 = |qs: &[&str]| {
             let mut s = String::new();
             for q in qs {
@@ -567,6 +642,8 @@ mod tests {
         let cases: Vec<(u32, Vec<String>, Vec<usize>)> = vec![
             (0, vec![pairwise("a"), pairwise("b"), pairwise("c")], vec![1, 1, 1]),
             (0, vec![pairwise("only")], vec![1]),
+            (1, vec![anchored(&["a"]), anchored(&["b", "c"]), anchored(&["d"])], vec![1, 2, 1]),
+            (3, (0..11).map(|i| anchored(&[&i.to_string()])).collect(), vec![1; 11]),
             (5, vec![xml(&["a", "b"]), xml(&["c"]), xml(&["d", "e", "f"])], vec![2, 1, 3]),
             (7, vec![tab7(&["a"]), tab7(&["b", "c"]), tab7(&["d"])], vec![1, 2, 1]),
             (6, vec!["a\ts\n".into(), "".into(), "b\ts\nc\ts\n".into()], vec![1, 1, 2]),
@@ -580,6 +657,8 @@ mod tests {
         assert!(e.contains("1 XML iterations for 2 queries"), "{e}");
         let e = piece_of(&tab7(&["a", "b"]), &mut Vec::new(), 7, 0, 2, 0, 3).unwrap_err();
         assert!(e.contains("2 queries in its trailer for 3 queries"), "{e}");
+        let e = piece_of(&anchored(&["a"]), &mut Vec::new(), 2, 1, 3, 1, 2).unwrap_err();
+        assert!(e.contains("1 `Query= ` lines for 2 queries"), "{e}");
     }
 
     #[test]
@@ -595,5 +674,37 @@ mod tests {
             out,
             "BLASTP\n\nQuery= a\n  Database: inside a\nmore a\nQuery= b\nhits b\nQuery= c\nhits c\n\n\n  Database: DB\n  footer\n"
         );
+    }
+
+    /// Query-anchored blocks as BLAST+ lays them out: labels padded to the longest plus
+    /// two, insertion marks under the sequence columns.
+    #[test]
+    fn query_anchored_labels_are_renumbered_and_their_blocks_widened_as_blast_lays_them_out() {
+        // Queries `first..first + n` as one BLAST+ run prints them, labelled from
+        // `Query_1`: one block whose width its query label sets, one whose subject's does.
+        let run = |first: usize, n: usize| {
+            let mut s = String::from("BLASTP\n\nDatabase: DB\n\n");
+            for k in first..first + n {
+                let label = format!("Query_{}", k - first + 1);
+                let w = label.len() + 2;
+                s.push_str(&format!("Query= q{k}\n\nLength=3\n\n\n"));
+                s.push_str(&format!("{label:<w$}1  MKV  3\n{:<w$}5  .I.  7\n{:<w$}     \\\n{:<w$}     G\n\n", "S1", "", ""));
+                s.push_str(&format!("{label:<13}4  LL   5\n{:<13}8  ..   9\n\n\n", "SUBJECT0001"));
+                s.push_str("Lambda      K        H\n\nEffective search space used: 9\n\n\n");
+            }
+            s + "  Database: DB\n  footer\n"
+        };
+        let whole = run(1, 12);
+        assert!(whole.contains("Query_10  1  MKV  3\nS1        5  .I.  7\n               \\\n"), "{whole}");
+        // The same queries in batches of 5, 5 and 2: queries 10 to 12 were `Query_5`,
+        // `Query_1` and `Query_2` in theirs.
+        let parts = [run(1, 5), run(6, 5), run(11, 2)];
+        for fmt in 1..=4 {
+            assert_eq!(assemble(&parts, fmt).unwrap(), whole, "outfmt {fmt}");
+            assert_eq!(pieces(&parts, &[5, 5, 2], fmt).unwrap(), whole, "outfmt {fmt}");
+        }
+        // The pairwise report has no such labels: what looks like one stays as it is.
+        let pairwise = "BLASTP\n\nQuery= a\n\nQuery_1  1  MKV  3\n\n  Database: DB\n";
+        assert_eq!(assemble(&[pairwise.into(), pairwise.into()], 0).unwrap().matches("\nQuery_1  1").count(), 2);
     }
 }

@@ -62,6 +62,14 @@ pub fn base_format(outfmt: &str) -> u32 {
     outfmt.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
+/// Whether reports in base format `fmt` are laid out as the pairwise report is: a
+/// header, one block per query from its `Query= ` line on, closed by the query's
+/// statistics, and a footer from `  Database: ` on. The pairwise report (0) and the
+/// query-anchored ones (1–4), which differ only in how alignments are drawn.
+pub fn is_pairwise_layout(fmt: u32) -> bool {
+    fmt <= 4
+}
+
 /// Everything needed to write one report.
 pub struct Spec<'a> {
     pub program: &'a str,
@@ -129,7 +137,7 @@ impl Statistics {
     }
 
     /// Whether these statistics serve a report in `outfmt` (a directly printed report
-    /// is needed for `-outfmt 0` and `5`).
+    /// is needed for `-outfmt 0` to `5`).
     pub fn serve(&self, outfmt: &str) -> bool {
         !needs_direct(outfmt) || self.direct.is_some()
     }
@@ -137,7 +145,8 @@ impl Statistics {
 
 /// Whether a report in `outfmt` takes its per-query statistics from a direct run.
 fn needs_direct(outfmt: &str) -> bool {
-    matches!(base_format(outfmt), 0 | 5)
+    let fmt = base_format(outfmt);
+    is_pairwise_layout(fmt) || fmt == 5
 }
 
 /// Runs the statistics runs of a report (steps 1 and 3), in `spec.scratch`.
@@ -210,7 +219,7 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
     let fmt = base_format(spec.outfmt);
     let titles = query_titles(spec.queries)?;
     let (open, close) = match fmt {
-        0 => ("\nLambda      K        H", "\nEffective search space used: "),
+        0..=4 => ("\nLambda      K        H", "\nEffective search space used: "),
         5 => ("<Iteration_stat>", "</Iteration_stat>"),
         6 | 7 | 10 | 18 if titles.is_some() => {
             let report = std::fs::read_to_string(&formatted).map_err(|e| ReportError::Io { path: formatted.clone(), source: e })?;
@@ -245,13 +254,13 @@ pub fn write_with(spec: &Spec, stats: &Statistics, hsps: &[String], out: &Path) 
         if fmt == 5 {
             // Serial XML marks masked residues by a rule not yet reproduced; refuse rather
             // than write a report that could differ from serial BLAST+.
-            return Err(ReportError::Unsupported("XML output (-outfmt 5) when query masking (SEG/DUST) masked residues; use -outfmt 0, 6 or 7, or --split queries, or turn masking off".into()));
+            return Err(ReportError::Unsupported("XML output (-outfmt 5) when query masking (SEG/DUST) masked residues; use -outfmt 0 to 4, 6 or 7, or --split queries, or turn masking off".into()));
         }
         fixed = mask_pairwise(&fixed, &masks);
     }
     let fixed = direct.bytes_of(&fixed);
     let fixed = match (fmt, &titles) {
-        (0, Some(t)) => restore_titles(&fixed, t, "Query= "),
+        (0..=4, Some(t)) => restore_titles(&fixed, t, "Query= "),
         (5, Some(t)) => restore_xml_titles(&fixed, t),
         _ => fixed.into_owned(),
     };
@@ -406,7 +415,9 @@ fn masked(m: &[(usize, usize)], pos0: usize) -> bool {
     m.iter().any(|&(f, t)| f <= pos0 && pos0 <= t)
 }
 
-/// Lower-cases masked residues on the `Query` lines of pairwise alignments.
+/// Lower-cases masked residues on the query lines of alignments: `Query  <start>
+/// <residues> <end>` in the pairwise report, `Query_<k>  <start>  <residues>  <end>` in
+/// the query-anchored ones (where gaps are `-` as well).
 pub fn mask_pairwise(report: &str, masks: &std::collections::HashMap<usize, Vec<(usize, usize)>>) -> String {
     let mut out = String::with_capacity(report.len());
     let mut query = 0usize;
@@ -414,33 +425,45 @@ pub fn mask_pairwise(report: &str, masks: &std::collections::HashMap<usize, Vec<
         if line.starts_with("Query= ") {
             query += 1;
         }
-        let m = masks.get(&query);
-        if let (Some(m), true) = (m, line.starts_with("Query  ")) {
-            let mut toks = line.split_whitespace();
-            let (_, start, seq) = (toks.next(), toks.next().and_then(|t| t.parse::<usize>().ok()), toks.next());
-            if let (Some(start), Some(seq)) = (start, seq) {
-                let at = line[7..].find(seq).map(|i| i + 7).unwrap_or(0);
-                let mut pos = start - 1;
-                let new: String = seq
-                    .chars()
-                    .map(|c| {
-                        if c == '-' {
-                            return c;
-                        }
-                        let r = if masked(m, pos) { c.to_ascii_lowercase() } else { c };
-                        pos += 1;
-                        r
-                    })
-                    .collect();
-                out.push_str(&line[..at]);
-                out.push_str(&new);
-                out.push_str(&line[at + seq.len()..]);
-                continue;
-            }
+        if let (Some(m), Some((start, at, seq))) = (masks.get(&query), alignment_query_line(line)) {
+            let mut pos = start - 1;
+            out.push_str(&line[..at]);
+            out.extend(seq.chars().map(|c| {
+                if c == '-' {
+                    return c;
+                }
+                let r = if masked(m, pos) { c.to_ascii_lowercase() } else { c };
+                pos += 1;
+                r
+            }));
+            out.push_str(&line[at + seq.len()..]);
+            continue;
         }
         out.push_str(line);
     }
     out
+}
+
+/// A query line of an alignment, labelled `Query` (pairwise) or `Query_<k>`
+/// (query-anchored): its first residue's 1-based position, and where its residues are.
+fn alignment_query_line(line: &str) -> Option<(usize, usize, &str)> {
+    let rest = line.strip_prefix("Query")?;
+    let label = 5 + match rest.strip_prefix('_') {
+        Some(n) => 1 + n.bytes().take_while(u8::is_ascii_digit).count(),
+        None => 0,
+    };
+    if label == 6 || !line[label..].starts_with("  ") {
+        return None;
+    }
+    let token = |from: usize| -> Option<(usize, &str)> {
+        let at = from + line[from..].len() - line[from..].trim_start_matches(' ').len();
+        let len = line[at..].find(char::is_whitespace).unwrap_or(line.len() - at);
+        (len > 0).then(|| (at, &line[at..at + len]))
+    };
+    let (start_at, start) = token(label)?;
+    let start: usize = start.parse().ok().filter(|&s| s > 0)?;
+    let (at, seq) = token(start_at + line[start_at..].find(' ')?)?;
+    Some((start, at, seq))
 }
 
 /// Byte ranges of the blocks from `open` to the end of the line holding `close`.
@@ -611,6 +634,22 @@ mod tests {
             restore_xml_titles(xml.as_bytes(), &titles),
             b"  <BlastOutput_query-def>g\xe8ne1 a&amp;b &lt;c&gt;</BlastOutput_query-def>\n<Iteration>\n  <Iteration_query-def>g\xe8ne1 a&amp;b &lt;c&gt;</Iteration_query-def>\n</Iteration>\n<Iteration>\n  <Iteration_query-def>q2 &quot;caf\xe9&quot;</Iteration_query-def>\n"
         );
+    }
+
+    #[test]
+    fn masked_query_residues_are_lower_cased_in_pairwise_and_query_anchored_alignments() {
+        // Query 1 masked at residues 3 to 5 (0-based 2..=4), query 2 not at all.
+        let masks = std::collections::HashMap::from([(1, vec![(2, 4)])]);
+        let pairwise = "Query= a\n\nQuery  1   MKVLAG  6\n           MK+LAG\nSbjct  9   MKILAG  14\n\nQuery= b\n\nQuery  1   MKVLAG  6\n";
+        let masked = mask_pairwise(pairwise, &masks);
+        assert_eq!(masked, pairwise.replacen("MKVLAG  6", "MKvlaG  6", 1));
+        // Query-anchored: the local label, and gaps (formats 3 and 4) not counted as residues.
+        let anchored = "Query= a\n\n\nQuery_1   2    KV-LAGW  7\nS1        9    ..I....  15\n\nQuery= b\n\nQuery_2   1    MK  2\n";
+        assert_eq!(mask_pairwise(anchored, &masks), anchored.replace("KV-LAGW", "Kv-laGW"));
+        // Lines that only look alike are left as they are.
+        for line in ["Query= a\n", "Query_  1  MKV  3\n", "Query_1 1  MKV  3\n", "Query  x  MKV  3\n"] {
+            assert_eq!(mask_pairwise(&format!("Query= a\n{line}"), &masks), format!("Query= a\n{line}"), "{line:?}");
+        }
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub struct EncodeArgs {
     /// The queries of the search.
     #[arg(long)]
     query: Option<PathBuf>,
-    /// The report's -outfmt (0, 5, 6 or 7).
+    /// The report's -outfmt (0 to 7).
     #[arg(long, default_value = "0")]
     outfmt: String,
     /// The BLAST+ options of the search, after `--`.

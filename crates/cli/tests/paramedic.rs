@@ -179,11 +179,14 @@ fn blast_metadata_regenerates_every_format_exactly() {
     let f = fixture();
     let d = &f.dir.0;
     let q = d.join("q.fasta");
-    for fmt in ["0", "5", "6", "7"] {
+    // Query-anchored too, once with more alignments than descriptions: the subjects of
+    // the last eight alignments of each query are named only in its alignment blocks.
+    let fewer_listed = ["-num_descriptions", "2", "-num_alignments", "10"];
+    for (fmt, args) in [("0", &[][..]), ("5", &[]), ("6", &[]), ("7", &[]), ("1", &[]), ("3", &fewer_listed)] {
         let out = d.join(format!("direct.{fmt}"));
-        search(f, &q, fmt, &[], &out);
+        search(f, &q, fmt, args, &out);
         let meta = d.join(format!("meta.{fmt}"));
-        encode(f, &out, &q, fmt, &[], &meta);
+        encode(f, &out, &q, fmt, args, &meta);
         // One BLAST+ process, and three at once over chunks of the queries.
         for threads in ["1", "3"] {
             let regen = d.join(format!("regen.{fmt}.{threads}"));
@@ -286,6 +289,26 @@ fn a_report_naming_another_database_path_is_refused_when_encoded() {
     );
     assert!(e.contains(&want) && e.trim().lines().count() == 1, "{e}");
     assert!(!meta.exists());
+}
+
+/// `--ship metadata` for a report BLAST metadata cannot describe is refused before
+/// anything runs, in one line saying what to ship instead (it failed when the first
+/// part was encoded, after its batch had been searched).
+#[test]
+fn metadata_for_a_format_it_cannot_describe_is_refused_at_once() {
+    let f = fixture();
+    let out = f.dir.0.join("refused.10");
+    let mut c = gepsea();
+    c.args(["search", "--outfmt", "10", "--storage-site", "127.0.0.1:9", "--paramedic", "--db"])
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(f.dir.0.join("q.fasta"))
+        .arg("--out")
+        .arg(&out);
+    let e = fails(c);
+    let want = "--ship metadata: ParaMEDIC's BLAST metadata cannot describe a report in -outfmt 10 (it describes formats 0 to 7); choose --ship zstd or output";
+    assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
+    assert!(!out.exists());
 }
 
 /// At `-evalue 1000` whole-database searches overflow BLAST's preliminary hit list, so a
@@ -529,12 +552,17 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
     let mut sent = Vec::new();
-    for (name, ship, agent) in [("hits.0", "metadata", true), ("direct.0", "output", true), ("packed.0", "zstd", false)] {
+    // Last, `--ship auto` for a report BLAST metadata cannot describe (CSV): said once,
+    // and every part compressed.
+    for (name, ship, agent) in
+        [("hits.0", "metadata", true), ("direct.0", "output", true), ("packed.0", "zstd", false), ("auto.10", "auto", true)]
+    {
+        let fmt = name.rsplit('.').next().unwrap();
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
         // Not --quiet: the delivery's summary line is asserted below.
-        c.args(["search", "--workers", "2", "--outfmt", "0", "--storage-site", &listen, "--storage-key"])
+        c.args(["search", "--workers", "2", "--outfmt", fmt, "--storage-site", &listen, "--storage-key"])
             .arg(&key)
             .arg("--db")
             .arg(f.dir.0.join("db"))
@@ -558,12 +586,16 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         // With agents, every part goes as soon as its batch is final, shipped by the
         // agent that wrote it; without, the search process ships the whole output.
         assert!(log.contains(if agent { ", encrypted, by the agents (" } else { ", encrypted, by this process in" }), "{log}");
+        let auto_note = "--ship auto: -outfmt 10 cannot go as BLAST metadata (formats 0 to 7 can); its parts go compressed (zstd)";
+        assert_eq!(log.matches(auto_note).count(), usize::from(ship == "auto"), "{log}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         let output = std::fs::metadata(&out).unwrap().len();
         let shipped = &s["delivery"];
         if agent {
-            // The parts, each a report of its batch (header and footer included).
-            assert!(shipped["output_bytes"].as_u64().unwrap() > output, "{s}");
+            // The parts, each a report of its batch (a pairwise one with its header and
+            // footer; CSV rows have none).
+            let parts = shipped["output_bytes"].as_u64().unwrap();
+            assert!(if fmt == "0" { parts > output } else { parts == output }, "{s}");
             assert!(shipped["objects"].as_u64().unwrap() > 1, "{s}");
         } else {
             assert_eq!(shipped["output_bytes"].as_u64(), Some(output), "{s}");
@@ -571,7 +603,7 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         assert_eq!(shipped["bytes_written_at_storage"], shipped["output_bytes"]);
         assert_eq!(
             shipped["plugin"],
-            [("metadata", "blast"), ("output", "raw"), ("zstd", "zstd")].iter().find(|(s, _)| *s == ship).unwrap().1
+            [("metadata", "blast"), ("output", "raw"), ("zstd", "zstd"), ("auto", "zstd")].iter().find(|(s, _)| *s == ship).unwrap().1
         );
         assert_eq!(shipped["by_agent"], agent, "with agents, the node's agent ships, not the search process");
         assert_eq!(shipped["encrypted"], true);

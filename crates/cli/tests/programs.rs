@@ -1,5 +1,5 @@
-//! BLAST+ programs and options as a user gives them: the translated searches (blastx,
-//! tblastn, tblastx) identical to serial BLAST+, duplicate query identifiers as BLAST+
+//! BLAST+ programs, options and formats as a user gives them: the translated searches
+//! (blastx, tblastn, tblastx) and the query-anchored reports identical to serial BLAST+, duplicate query identifiers as BLAST+
 //! takes them, options gepsea owns refused with what to use instead, a mistyped option
 //! reported by BLAST+'s own line before any worker starts, `--version`, and SIGINT /
 //! SIGTERM stopping a search cleanly.
@@ -318,6 +318,53 @@ fn latin1_query_files_are_searched_and_printed_as_serial_blast_prints_them() {
     }
 }
 
+/// The query-anchored reports (formats 1–4) by fragments, with and without agents, and
+/// by queries, in batches of a few queries. Each batch's BLAST+ run labels a query's
+/// alignment blocks with its local id (`Query_3`), padding the block's labels to the
+/// longest plus two; the report renumbers them, and widens a block whose label grows
+/// (`Query_9` → `Query_10`) as serial BLAST+ lays it out. Masked residues (`-seg yes`)
+/// are lower-cased on the query lines, between gaps too (format 3). Refused before
+/// 2026-12-07.
+#[test]
+fn query_anchored_reports_are_identical_to_serial_blast() {
+    let f = fixture();
+    let d = tempdir("anchored");
+    let all = zcat(QUERY_GZ);
+    let records: Vec<&str> = all.split('>').skip(1).collect();
+    // The first nine queries, then two (48th and 70th of the file) whose blocks' width
+    // their label sets: only subjects of at most six letters align to them.
+    let picked: String = [0, 1, 2, 3, 4, 5, 6, 7, 8, 47, 69].iter().map(|&i| format!(">{}", records[i])).collect();
+    std::fs::write(d.0.join("q11.fasta"), picked).unwrap();
+    let q = d.0.join("q11.fasta");
+    let q = q.to_str().unwrap();
+    let agents = &["--split", "fragments", "--batch-residues", "1500"][..];
+    let no_agent = &["--split", "fragments", "--no-agent", "--batch-residues", "1500"][..];
+    let queries = &["--split", "queries", "--batch-residues", "1500"][..];
+    let seg = &["-seg", "yes"][..];
+    for (fmt, extra, modes) in [
+        ("1", &[][..], &[agents, no_agent, queries][..]),
+        ("2", &[], &[queries]),
+        ("3", &[], &[agents]),
+        ("4", &[], &[no_agent]),
+        ("3", seg, &[agents, queries]),
+    ] {
+        let want = d.0.join(format!("serial.{fmt}"));
+        serial("blastp", f, "protdb", q, fmt, &want, extra);
+        let printed = std::fs::read_to_string(&want).unwrap();
+        let query_lines = || printed.lines().filter(|l| l.starts_with("Query_"));
+        assert!(query_lines().any(|l| l.starts_with("Query_10  ")), "outfmt {fmt}: no block that Query_10's label widens");
+        if !extra.is_empty() {
+            assert!(query_lines().any(|l| l.bytes().any(|b| b.is_ascii_lowercase())), "outfmt {fmt}: no masked residue shown");
+        }
+        for mode in modes {
+            let got = d.0.join(format!("gepsea.{fmt}"));
+            let mode = if extra.is_empty() { mode.to_vec() } else { [mode, &["--"][..], extra].concat() };
+            search(f, "blastp", "protdb", q, fmt, &got, &mode);
+            assert_identical(&got, &want, &format!("outfmt {fmt} {mode:?}"));
+        }
+    }
+}
+
 /// Runs gepsea expecting failure; returns stderr; checks that `out` was not made and that
 /// the error is one line without BLAST+'s usage text or a backtrace.
 fn one_line_error(dir: &Path, args: &[&str], out: &Path) -> String {
@@ -379,10 +426,10 @@ fn options_gepsea_owns_are_refused_and_bad_options_reported_by_blast() {
     assert!(e.contains("BLAST+ refused the options after --") && e.contains("evalue"), "{e}");
     // Output formats whose per-run framing gepsea does not reproduce: refused, not
     // written different from serial BLAST+.
-    for fmt in ["3", "11", "15"] {
+    for fmt in ["8", "11", "15"] {
         let args = ["search", "--quiet", "--db", "protdb", "--query", "q.fasta", "--out", o, "--outfmt", fmt];
         let e = one_line_error(f, &args, &out);
-        assert!(e.contains(&format!("--outfmt {fmt}: not written by gepsea, which writes formats 0, 5, 6, 7, 10 and 18")), "{e}");
+        assert!(e.contains(&format!("--outfmt {fmt}: not written by gepsea, which writes formats 0 to 7, 10 and 18")), "{e}");
     }
     let mut args = base.to_vec();
     args.push("-html");

@@ -131,6 +131,15 @@ fn database_named(report: &str, fmt: u32) -> Option<&str> {
     Some(&report[start..start + report[start..].find(close)?])
 }
 
+/// The report formats the plug-in encodes, as its messages name them.
+const ENCODED: &str = "formats 0 to 7 are";
+
+/// Whether the plug-in encodes reports in `outfmt`: the pairwise and query-anchored
+/// reports, XML and tabular output (0–7); not CSV (10) or the organism report (18).
+pub fn encodes(outfmt: &str) -> bool {
+    gepsea_blast::report::base_format(outfmt) <= 7
+}
+
 /// Per query (by index), the subject accessions the report names, in report order.
 fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
     let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
@@ -146,9 +155,12 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
         }
         Ok(sections - 1)
     };
+    // Query-anchored: whether the line is inside an alignment block (after its query
+    // line, up to the blank line that ends it).
+    let mut in_block = false;
     for (i, line) in output.lines().enumerate() {
         match fmt {
-            0 => {
+            0..=4 => {
                 if line.starts_with("Query= ") {
                     current = Some(next_section(line)?);
                 } else if line.starts_with("Sequences producing significant alignments") {
@@ -160,9 +172,21 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
                         let q = current.ok_or_else(|| bad(format!("line {}: descriptions before any \"Query=\"", i + 1)))?;
                         per[q].push(line.split_whitespace().next().unwrap_or("").to_string());
                     }
-                } else if let Some(rest) = line.strip_prefix('>') {
-                    let q = current.ok_or_else(|| bad(format!("line {}: a hit before any \"Query=\"", i + 1)))?;
-                    per[q].push(rest.split_whitespace().next().unwrap_or("").to_string());
+                } else if fmt == 0 {
+                    if let Some(rest) = line.strip_prefix('>') {
+                        let q = current.ok_or_else(|| bad(format!("line {}: a hit before any \"Query=\"", i + 1)))?;
+                        per[q].push(rest.split_whitespace().next().unwrap_or("").to_string());
+                    }
+                } else if line.trim().is_empty() {
+                    in_block = false;
+                } else if !in_block {
+                    // A block opens with the query's line (`Query_<k>`); with more
+                    // alignments than descriptions (`-num_alignments` above
+                    // `-num_descriptions`) its subjects' lines name hits the list does not.
+                    in_block = line.starts_with("Query_");
+                } else if !line.starts_with(' ') {
+                    let q = current.ok_or_else(|| bad(format!("line {}: an alignment before any \"Query=\"", i + 1)))?;
+                    per[q].push(line.split_whitespace().next().unwrap_or("").to_string());
                 }
             }
             5 => {
@@ -187,9 +211,7 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
                     per[q].push(sid.to_string());
                 }
             }
-            other => {
-                return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in (0, 5, 6, 7 are); use the zstd plug-in")))
-            }
+            other => return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in ({ENCODED}); use the zstd plug-in"))),
         }
     }
     Ok(per)

@@ -34,20 +34,19 @@ pub fn check_blast_args(args: &[String], workers: usize) -> Result<(), SearchErr
 }
 
 /// BLAST+ output formats gepsea writes byte-identical to serial BLAST+, by either split.
-pub const REPRODUCED_FORMATS: [u32; 6] = [0, 5, 6, 7, 10, 18];
+pub const REPRODUCED_FORMATS: [u32; 10] = [0, 1, 2, 3, 4, 5, 6, 7, 10, 18];
 
 /// Refuses a BLAST+ output format (1 to 17) that gepsea does not reproduce: the
-/// query-anchored reports (1–4), whose per-batch headers and statistics are not
-/// joined as serial BLAST+ prints them, and the structured documents (ASN.1, JSON,
-/// XML2, SAM: 8, 9, 11–17), which are one document per BLAST+ run. Numbers BLAST+ does
-/// not have are left to its own check. Also HTML pairwise reports (`-html`, which only
-/// changes formats 0 to 4), whose markup the joining of parts does not know.
+/// structured documents (ASN.1, JSON, XML2, SAM: 8, 9, 11–17), which are one document
+/// per BLAST+ run. Numbers BLAST+ does not have are left to its own check. Also HTML
+/// reports (`-html`, which only changes formats 0 to 4), whose markup the joining of
+/// parts does not know.
 pub fn check_outfmt(outfmt: &str, blast_args: &[String]) -> Result<(), SearchError> {
     let n = report::base_format(outfmt);
     if (1..=17).contains(&n) && !REPRODUCED_FORMATS.contains(&n) {
         return Err(SearchError::OutfmtNotReproduced(outfmt.to_string()));
     }
-    if n == 0 && blast_args.iter().any(|a| a == "-html") {
+    if report::is_pairwise_layout(n) && blast_args.iter().any(|a| a == "-html") {
         return Err(SearchError::HtmlNotReproduced);
     }
     Ok(())
