@@ -345,10 +345,6 @@ pub fn count_hits(report: &str, outfmt: &str) -> usize {
     c.hits()
 }
 
-/// What BLAST+'s `std` field stands for, in order.
-const STD_FIELDS: [&str; 12] =
-    ["qaccver", "saccver", "pident", "length", "mismatch", "gapopen", "qstart", "qend", "sstart", "send", "evalue", "bitscore"];
-
 /// [`count_hits`] fed a line at a time, so that a report on disk is counted without
 /// being read into memory.
 pub struct HitCounter {
@@ -366,17 +362,8 @@ pub struct HitCounter {
 impl HitCounter {
     pub fn new(outfmt: &str) -> Self {
         let base = report::base_format(outfmt);
-        // The columns as printed: `std` stands for its twelve, `delim=` is none.
-        let fields: Vec<&str> = outfmt
-            .split_whitespace()
-            .skip(1)
-            .filter(|f| !f.starts_with("delim="))
-            .flat_map(|f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] })
-            .collect();
-        let col = |names: &[&str], default: usize| {
-            fields.iter().position(|f| names.contains(f)).or(if fields.is_empty() { Some(default) } else { None })
-        };
-        let columns = match (col(&["qseqid", "qacc", "qaccver", "qgi"], 0), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"], 1)) {
+        let col = |names: &[&str]| report::tabular_column(outfmt, names);
+        let columns = match (col(&["qseqid", "qacc", "qaccver", "qgi"]), col(&["sseqid", "sacc", "saccver", "sgi", "sallseqid"])) {
             (Some(q), Some(s)) => Some((q, s)),
             _ => None,
         };

@@ -345,8 +345,22 @@ fn restore_xml_titles(report: &[u8], titles: &[Vec<u8>]) -> Vec<u8> {
 
 /// The field separator of a tabular `outfmt`: its `delim=` (`-outfmt "6 delim=; std"`),
 /// or the format's own.
-pub(crate) fn separator(outfmt: &str, default: char) -> char {
+pub fn separator(outfmt: &str, default: char) -> char {
     outfmt.split_whitespace().find_map(|w| w.strip_prefix("delim=")?.chars().next()).unwrap_or(default)
+}
+
+/// What BLAST+'s `std` field stands for, in order.
+const STD_FIELDS: [&str; 12] =
+    ["qaccver", "saccver", "pident", "length", "mismatch", "gapopen", "qstart", "qend", "sstart", "send", "evalue", "bitscore"];
+
+/// The column of a tabular `outfmt` that holds the first of the fields `names`, counted
+/// as BLAST+ prints them: `std` stands for its twelve fields, `delim=` is none, and a
+/// format that names no fields is `std` (`"6 evalue sseqid"`, `["sseqid", "sacc"]` → 1;
+/// `"6"`, `["saccver"]` → 1).
+pub fn tabular_column(outfmt: &str, names: &[&str]) -> Option<usize> {
+    let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=")).collect();
+    let fields = if named.is_empty() { vec!["std"] } else { named };
+    fields.iter().flat_map(|&f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] }).position(|f| names.contains(&f))
 }
 
 /// [`restore_titles`] for the query identifiers of tabular rows (`qseqid`, `qacc`,

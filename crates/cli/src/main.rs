@@ -391,16 +391,14 @@ fn run(malloc: malloc_policy::Applied) -> Result<()> {
                 anyhow::bail!("--ship auto chooses per part from the agents' measured transfers: drop --no-agent, or choose --ship output, zstd or metadata");
             }
             // Refused or replaced now, not found when the first part is encoded.
-            let ship = match ship {
-                "metadata" if a.storage_site.is_some() && !paramedic::blast::encodes(&a.outfmt) => anyhow::bail!(
-                    "--ship metadata: ParaMEDIC's BLAST metadata cannot describe a report in -outfmt {} (it describes formats 0 to 7); choose --ship zstd or output",
-                    a.outfmt
-                ),
-                "auto" if a.storage_site.is_some() && !paramedic::blast::encodes(&a.outfmt) => {
-                    say!("gepsea search: --ship auto: -outfmt {} cannot go as BLAST metadata (formats 0 to 7 can); its parts go compressed (zstd)", a.outfmt);
+            let undescribed = a.storage_site.and(paramedic::blast::cannot_describe(&a.outfmt));
+            let ship = match (ship, undescribed) {
+                ("metadata", Some(why)) => anyhow::bail!("--ship metadata: {why}; choose --ship zstd or output"),
+                ("auto", Some(why)) => {
+                    say!("gepsea search: --ship auto: {why}; its parts go compressed (zstd)");
                     "zstd"
                 }
-                s => s,
+                (s, _) => s,
             };
             if a.storage_site.is_some() && a.no_agent && a.query.as_os_str() == gepsea_blast::fasta::STDIN {
                 anyhow::bail!("--query -: without agents the output goes to the storage site after the search, which reads the queries again: give them as a file");

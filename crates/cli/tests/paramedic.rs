@@ -182,7 +182,10 @@ fn blast_metadata_regenerates_every_format_exactly() {
     // Query-anchored too, once with more alignments than descriptions: the subjects of
     // the last eight alignments of each query are named only in its alignment blocks.
     let fewer_listed = ["-num_descriptions", "2", "-num_alignments", "10"];
-    for (fmt, args) in [("0", &[][..]), ("5", &[]), ("6", &[]), ("7", &[]), ("1", &[]), ("3", &fewer_listed)] {
+    // Tabular rows with their own fields, separator and whole subject identifiers
+    // (`tr|A7TBS3|A7TBS3_NEMVE`): read by the query and subject columns wherever they are.
+    let custom = "7 delim=; evalue sseqid qacc";
+    for (fmt, args) in [("0", &[][..]), ("5", &[]), ("6", &[]), ("7", &[]), ("1", &[]), ("3", &fewer_listed), (custom, &[])] {
         let out = d.join(format!("direct.{fmt}"));
         search(f, &q, fmt, args, &out);
         let meta = d.join(format!("meta.{fmt}"));
@@ -306,7 +309,19 @@ fn metadata_for_a_format_it_cannot_describe_is_refused_at_once() {
         .arg("--out")
         .arg(&out);
     let e = fails(c);
-    let want = "--ship metadata: ParaMEDIC's BLAST metadata cannot describe a report in -outfmt 10 (it describes formats 0 to 7); choose --ship zstd or output";
+    let want = "--ship metadata: -outfmt 10: BLAST metadata describes formats 0 to 7; choose --ship zstd or output";
+    assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
+    assert!(!out.exists());
+    // Tabular rows that do not name their subject cannot be described either.
+    let mut c = gepsea();
+    c.args(["search", "--outfmt", "6 qseqid evalue", "--storage-site", "127.0.0.1:9", "--ship", "metadata", "--db"])
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(f.dir.0.join("q.fasta"))
+        .arg("--out")
+        .arg(&out);
+    let e = fails(c);
+    let want = "--ship metadata: -outfmt \"6 qseqid evalue\": BLAST metadata finds a row's subject by one of the fields sseqid, sacc, saccver, which the format does not print; choose --ship zstd or output";
     assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
     assert!(!out.exists());
 }
@@ -586,7 +601,7 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         // With agents, every part goes as soon as its batch is final, shipped by the
         // agent that wrote it; without, the search process ships the whole output.
         assert!(log.contains(if agent { ", encrypted, by the agents (" } else { ", encrypted, by this process in" }), "{log}");
-        let auto_note = "--ship auto: -outfmt 10 cannot go as BLAST metadata (formats 0 to 7 can); its parts go compressed (zstd)";
+        let auto_note = "--ship auto: -outfmt 10: BLAST metadata describes formats 0 to 7; its parts go compressed (zstd)";
         assert_eq!(log.matches(auto_note).count(), usize::from(ship == "auto"), "{log}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         let output = std::fs::metadata(&out).unwrap().len();

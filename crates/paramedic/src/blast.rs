@@ -131,17 +131,35 @@ fn database_named(report: &str, fmt: u32) -> Option<&str> {
     Some(&report[start..start + report[start..].find(close)?])
 }
 
-/// The report formats the plug-in encodes, as its messages name them.
-const ENCODED: &str = "formats 0 to 7 are";
+/// The identifier fields by which the plug-in reads a tabular report's rows: the query's
+/// as the query file names it, the subject's as `blastdbcmd` finds it.
+const QUERY_FIELDS: [&str; 3] = ["qseqid", "qacc", "qaccver"];
+const SUBJECT_FIELDS: [&str; 3] = ["sseqid", "sacc", "saccver"];
 
-/// Whether the plug-in encodes reports in `outfmt`: the pairwise and query-anchored
-/// reports, XML and tabular output (0–7); not CSV (10) or the organism report (18).
-pub fn encodes(outfmt: &str) -> bool {
-    gepsea_blast::report::base_format(outfmt) <= 7
+/// Why the plug-in cannot describe a report in `outfmt`, if it cannot. It describes the
+/// pairwise and query-anchored reports, XML and tabular output (0–7), not CSV (10) or the
+/// organism report (18); tabular rows must name their query and subject (a field of
+/// each of `qseqid qacc qaccver` and `sseqid sacc saccver`, as the default columns do).
+pub fn cannot_describe(outfmt: &str) -> Option<String> {
+    let fmt = gepsea_blast::report::base_format(outfmt);
+    if fmt > 7 {
+        return Some(format!("-outfmt {fmt}: BLAST metadata describes formats 0 to 7"));
+    }
+    if matches!(fmt, 6 | 7) {
+        for (what, fields) in [("query", QUERY_FIELDS), ("subject", SUBJECT_FIELDS)] {
+            if gepsea_blast::report::tabular_column(outfmt, &fields).is_none() {
+                return Some(format!(
+                    "-outfmt \"{outfmt}\": BLAST metadata finds a row's {what} by one of the fields {}, which the format does not print",
+                    fields.join(", ")
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// Per query (by index), the subject accessions the report names, in report order.
-fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
+fn subjects_in_report(output: &str, outfmt: &str, query_ids: &HashMap<String, usize>, nq: usize) -> Result<Vec<Vec<String>>, PluginError> {
     let mut per: Vec<Vec<String>> = vec![Vec::new(); nq];
     let mut current: Option<usize> = None;
     let mut sections = 0usize;
@@ -155,6 +173,14 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
         }
         Ok(sections - 1)
     };
+    if let Some(why) = cannot_describe(outfmt) {
+        return Err(bad(format!("{why}; use the zstd plug-in")));
+    }
+    let fmt = gepsea_blast::report::base_format(outfmt);
+    // Tabular: the columns naming the query and the subject, and what separates them.
+    let column = |fields: &[&str]| gepsea_blast::report::tabular_column(outfmt, fields).unwrap_or(0);
+    let columns = (column(&QUERY_FIELDS), column(&SUBJECT_FIELDS));
+    let separator = gepsea_blast::report::separator(outfmt, '\t');
     // Query-anchored: whether the line is inside an alignment block (after its query
     // line, up to the blank line that ends it).
     let mut in_block = false;
@@ -202,16 +228,16 @@ fn subjects_in_report(output: &str, fmt: u32, query_ids: &HashMap<String, usize>
                 if line.starts_with('#') || line.is_empty() {
                     continue;
                 }
-                let mut cols = line.split('\t');
-                let (Some(qid), Some(sid)) = (cols.next(), cols.next()) else {
-                    return Err(bad(format!("line {}: not a tabular hit line", i + 1)));
+                let cols: Vec<&str> = line.split(separator).collect();
+                let (Some(&qid), Some(&sid)) = (cols.get(columns.0), cols.get(columns.1)) else {
+                    return Err(bad(format!("line {}: not a tabular hit line of -outfmt {outfmt:?}", i + 1)));
                 };
                 let q = *query_ids.get(qid).ok_or_else(|| bad(format!("line {}: query {qid:?} is not in the query file", i + 1)))?;
                 if per[q].last().map(String::as_str) != Some(sid) {
                     per[q].push(sid.to_string());
                 }
             }
-            other => return Err(bad(format!("outfmt {other} is not supported by the BLAST plug-in ({ENCODED}); use the zstd plug-in"))),
+            _ => unreachable!("refused above"),
         }
     }
     Ok(per)
@@ -225,19 +251,37 @@ fn oids(db_dir: &Path, name: &str, dbtype: &str, accessions: &BTreeSet<&str>, sc
     let list = scratch.join("accessions.txt");
     std::fs::write(&list, accessions.iter().map(|a| format!("{a}\n")).collect::<String>()).map_err(failed)?;
     let db_dir = std::fs::canonicalize(db_dir).map_err(|e| failed(format!("{}: {e}", db_dir.display())))?;
+    // Accession and whole identifier: a report names a subject by either (`sacc`,
+    // `saccver`, and descriptions; `sseqid`, `tr|A7TBS3|A7TBS3_NEMVE`).
     let out = tools::run(
         "blastdbcmd",
-        &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%o"],
+        &["-db", name, "-dbtype", dbtype, "-entry_batch", &list.to_string_lossy(), "-outfmt", "%a\t%i\t%o"],
         Some(db_dir.as_os_str()),
         Some(scratch),
     )
-    .map_err(failed)?;
+    .map_err(|e| match e {
+        // One line per identifier it did not find ("Error: [blastdbcmd] Skipped X").
+        tools::ToolError::Failed { stderr, .. } if stderr.contains("Skipped ") => {
+            let skipped: Vec<&str> = stderr.lines().filter_map(|l| l.split("Skipped ").nth(1)).collect();
+            bad(format!(
+                "{} of the report's {} subject identifiers are not in the database {name} (the first: {:?}): was the report searched against it, with this -outfmt?",
+                skipped.len(),
+                accessions.len(),
+                skipped.first().copied().unwrap_or_default()
+            ))
+        }
+        e => failed(e),
+    })?;
     let mut map = HashMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let (acc, oid) = line.split_once('\t').ok_or_else(|| failed(format!("blastdbcmd printed {line:?}")))?;
+        let mut fields = line.split('\t');
+        let (Some(acc), Some(id), Some(oid)) = (fields.next(), fields.next(), fields.next()) else {
+            return Err(failed(format!("blastdbcmd printed {line:?}")));
+        };
         let oid: u32 = oid.trim().parse().map_err(|_| failed(format!("blastdbcmd printed {line:?}")))?;
         // An accession of several sequences keeps its first; the report names it once.
         map.entry(acc.to_string()).or_insert(oid);
+        map.entry(id.to_string()).or_insert(oid);
     }
     Ok(map)
 }
@@ -360,6 +404,9 @@ impl MetadataPlugin for BlastPlugin {
 
     fn encode(&self, output: &[u8]) -> Result<Vec<u8>, PluginError> {
         let job = self.job.as_ref().ok_or_else(|| bad("encoding needs the compute site's job (database, queries, options)"))?;
+        if let Some(why) = cannot_describe(&job.outfmt) {
+            return Err(bad(format!("{why}; use the zstd plug-in")));
+        }
         let manifest = db::open(&job.db_dir).map_err(failed)?;
         let queries = fasta::read(&job.query).map_err(failed)?;
         let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
@@ -379,7 +426,7 @@ impl MetadataPlugin for BlastPlugin {
                 job.db_dir.display()
             )));
         }
-        let per = subjects_in_report(&text, fmt, &ids, queries.len())?;
+        let per = subjects_in_report(&text, &job.outfmt, &ids, queries.len())?;
         let all: BTreeSet<&str> = per.iter().flatten().map(String::as_str).collect();
         let s = scratch("encode")?;
         let map = oids(&job.db_dir, &manifest.name, manifest.dbtype.as_str(), &all, &s.0)?;
@@ -530,6 +577,35 @@ mod tests {
         assert_eq!(database_named("<BlastOutput_db>DB</BlastOutput_db>\n", 5), Some("DB"));
         assert_eq!(database_named("Database: Example proteins\n", 0), None, "a title, not a name");
         assert_eq!(database_named("# 0 hits found\n", 7), None);
+    }
+
+    #[test]
+    fn tabular_rows_are_read_by_their_query_and_subject_columns() {
+        let ids = HashMap::from([("q1".to_string(), 0), ("q2".to_string(), 1)]);
+        let rows = "1e-5;s1;q1\n1e-3;s1;q1\n2e-3;s2;q1\n1e-9;tr|S3|S3_X;q2\n";
+        let per = subjects_in_report(rows, "6 delim=; evalue sacc qseqid", &ids, 2).unwrap();
+        assert_eq!(per, [vec!["s1", "s2"], vec!["tr|S3|S3_X"]]);
+        let std = "q1\ts1\t90\nq2\ts2\t80\n";
+        assert_eq!(subjects_in_report(std, "6", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
+        assert_eq!(subjects_in_report(&format!("# Query: q1\n{std}"), "7 std", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
+    }
+
+    #[test]
+    fn formats_it_cannot_describe_say_why() {
+        for ok in ["0", "1", "4", "5", "6", "7", "6 qseqid sseqid", "7 sacc qaccver evalue", "6 delim=, std"] {
+            assert_eq!(cannot_describe(ok), None, "{ok}");
+        }
+        let why = |f: &str| cannot_describe(f).unwrap();
+        assert!(why("10").contains("describes formats 0 to 7"), "{}", why("10"));
+        assert!(why("18").contains("describes formats 0 to 7"));
+        assert!(
+            why("6 qseqid evalue").contains("a row's subject by one of the fields sseqid, sacc, saccver"),
+            "{}",
+            why("6 qseqid evalue")
+        );
+        assert!(why("7 sseqid evalue").contains("a row's query by one of the fields qseqid, qacc, qaccver"));
+        // Refused before any row is read, by encoding too.
+        assert!(subjects_in_report("", "6 evalue", &HashMap::new(), 0).is_err());
     }
 
     #[test]
