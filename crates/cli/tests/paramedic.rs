@@ -300,30 +300,27 @@ fn a_report_naming_another_database_path_is_refused_when_encoded() {
 #[test]
 fn metadata_for_a_format_it_cannot_describe_is_refused_at_once() {
     let f = fixture();
-    let out = f.dir.0.join("refused.10");
-    let mut c = gepsea();
-    c.args(["search", "--outfmt", "10", "--storage-site", "127.0.0.1:9", "--paramedic", "--db"])
-        .arg(f.dir.0.join("db"))
-        .arg("--query")
-        .arg(f.dir.0.join("q.fasta"))
-        .arg("--out")
-        .arg(&out);
-    let e = fails(c);
-    let want = "--ship metadata: -outfmt 10: BLAST metadata describes formats 0 to 7; choose --ship zstd or output";
-    assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
-    assert!(!out.exists());
-    // Tabular rows that do not name their subject cannot be described either.
-    let mut c = gepsea();
-    c.args(["search", "--outfmt", "6 qseqid evalue", "--storage-site", "127.0.0.1:9", "--ship", "metadata", "--db"])
-        .arg(f.dir.0.join("db"))
-        .arg("--query")
-        .arg(f.dir.0.join("q.fasta"))
-        .arg("--out")
-        .arg(&out);
-    let e = fails(c);
-    let want = "--ship metadata: -outfmt \"6 qseqid evalue\": BLAST metadata finds a row's subject by one of the fields sseqid, sacc, saccver, which the format does not print; choose --ship zstd or output";
-    assert!(e.contains(want) && e.trim().lines().count() == 1, "{e}");
-    assert!(!out.exists());
+    let out = f.dir.0.join("refused");
+    for (fmt, why) in [
+        ("10", "-outfmt 10: BLAST metadata describes formats 0 to 7"),
+        // Tabular rows that do not name their subject cannot be described either.
+        (
+            "6 qseqid evalue",
+            "-outfmt \"6 qseqid evalue\": BLAST metadata finds a row's subject by one of the fields sseqid, sacc, saccver, which the format does not print",
+        ),
+    ] {
+        let mut c = gepsea();
+        c.args(["search", "--outfmt", fmt, "--storage-site", "127.0.0.1:9", "--paramedic", "--db"])
+            .arg(f.dir.0.join("db"))
+            .arg("--query")
+            .arg(f.dir.0.join("q.fasta"))
+            .arg("--out")
+            .arg(&out);
+        let e = fails(c);
+        let want = format!("--ship metadata: {why}; choose --ship zstd or output");
+        assert!(e.contains(&want) && e.trim().lines().count() == 1, "{e}");
+        assert!(!out.exists());
+    }
 }
 
 /// At `-evalue 1000` whole-database searches overflow BLAST's preliminary hit list, so a
