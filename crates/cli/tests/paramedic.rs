@@ -190,8 +190,10 @@ fn blast_metadata_regenerates_every_format_exactly() {
         search(f, &q, fmt, args, &out);
         let meta = d.join(format!("meta.{fmt}"));
         encode(f, &out, &q, fmt, args, &meta);
-        // One BLAST+ process, and three at once over chunks of the queries.
-        for threads in ["1", "3"] {
+        // One BLAST+ process, and three at once over chunks of the queries (the formats
+        // added later only the latter, whose joining of chunks renumbers and widens).
+        let threads: &[&str] = if ["0", "5", "6", "7"].contains(&fmt) { &["1", "3"] } else { &["3"] };
+        for &threads in threads {
             let regen = d.join(format!("regen.{fmt}.{threads}"));
             let mut c = decode(f, &meta, &regen);
             c.args(["--threads", threads]);
