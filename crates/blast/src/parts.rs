@@ -309,13 +309,13 @@ impl Relabel {
     }
 }
 
-/// A query-anchored block's query line, `Query_<k>` padded by at least two blanks: `k`
-/// and the label column's width.
+/// A query-anchored block's query line (`report::query_line_label`): `k` of its
+/// `Query_<k>`, and the label column's width.
 fn query_label(line: &str) -> Option<(&str, usize)> {
-    let rest = line.strip_prefix("Query_")?;
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let blanks = rest[digits..].bytes().take_while(|&b| b == b' ').count();
-    (digits > 0 && blanks >= 2).then(|| (&rest[..digits], 6 + digits + blanks))
+    match report::query_line_label(line)? {
+        (Some(k), width) => Some((k, width)),
+        (None, _) => None,
+    }
 }
 
 /// [`Assembler`] over parts in memory (small reports): their bytes, which are UTF-8 or

@@ -458,23 +458,35 @@ pub fn mask_pairwise(report: &str, masks: &std::collections::HashMap<usize, Vec<
     out
 }
 
-/// A query line of an alignment, labelled `Query` (pairwise) or `Query_<k>`
-/// (query-anchored): its first residue's 1-based position, and where its residues are.
-fn alignment_query_line(line: &str) -> Option<(usize, usize, &str)> {
+/// The label of an alignment's query line, `Query` (pairwise) or `Query_<k>`
+/// (query-anchored, `k` the query's number within its BLAST+ run), padded by at least
+/// two blanks as BLAST+ pads it: `k` if the label has one, and the label column's width.
+pub fn query_line_label(line: &str) -> Option<(Option<&str>, usize)> {
     let rest = line.strip_prefix("Query")?;
-    let label = 5 + match rest.strip_prefix('_') {
-        Some(n) => 1 + n.bytes().take_while(u8::is_ascii_digit).count(),
-        None => 0,
+    let (k, label) = match rest.strip_prefix('_') {
+        Some(n) => {
+            let k = &n[..n.bytes().take_while(u8::is_ascii_digit).count()];
+            if k.is_empty() {
+                return None;
+            }
+            (Some(k), 6 + k.len())
+        }
+        None => (None, 5),
     };
-    if label == 6 || !line[label..].starts_with("  ") {
-        return None;
-    }
+    let blanks = line[label..].bytes().take_while(|&b| b == b' ').count();
+    (blanks >= 2).then_some((k, label + blanks))
+}
+
+/// A query line of an alignment ([`query_line_label`]): its first residue's 1-based
+/// position, and where its residues are.
+fn alignment_query_line(line: &str) -> Option<(usize, usize, &str)> {
+    let (_, width) = query_line_label(line)?;
     let token = |from: usize| -> Option<(usize, &str)> {
         let at = from + line[from..].len() - line[from..].trim_start_matches(' ').len();
         let len = line[at..].find(char::is_whitespace).unwrap_or(line.len() - at);
         (len > 0).then(|| (at, &line[at..at + len]))
     };
-    let (start_at, start) = token(label)?;
+    let (start_at, start) = token(width)?;
     let start: usize = start.parse().ok().filter(|&s| s > 0)?;
     let (at, seq) = token(start_at + line[start_at..].find(' ')?)?;
     Some((start, at, seq))

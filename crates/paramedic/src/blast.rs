@@ -209,7 +209,7 @@ fn subjects_in_report(output: &str, outfmt: &str, query_ids: &HashMap<String, us
                     // A block opens with the query's line (`Query_<k>`); with more
                     // alignments than descriptions (`-num_alignments` above
                     // `-num_descriptions`) its subjects' lines name hits the list does not.
-                    in_block = line.starts_with("Query_");
+                    in_block = matches!(gepsea_blast::report::query_line_label(line), Some((Some(_), _)));
                 } else if !line.starts_with(' ') {
                     let q = current.ok_or_else(|| bad(format!("line {}: an alignment before any \"Query=\"", i + 1)))?;
                     per[q].push(line.split_whitespace().next().unwrap_or("").to_string());
@@ -404,9 +404,6 @@ impl MetadataPlugin for BlastPlugin {
 
     fn encode(&self, output: &[u8]) -> Result<Vec<u8>, PluginError> {
         let job = self.job.as_ref().ok_or_else(|| bad("encoding needs the compute site's job (database, queries, options)"))?;
-        if let Some(why) = cannot_describe(&job.outfmt) {
-            return Err(bad(format!("{why}; use the zstd plug-in")));
-        }
         let manifest = db::open(&job.db_dir).map_err(failed)?;
         let queries = fasta::read(&job.query).map_err(failed)?;
         let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
