@@ -358,9 +358,16 @@ const STD_FIELDS: [&str; 12] =
 /// format that names no fields is `std` (`"6 evalue sseqid"`, `["sseqid", "sacc"]` → 1;
 /// `"6"`, `["saccver"]` → 1).
 pub fn tabular_column(outfmt: &str, names: &[&str]) -> Option<usize> {
+    tabular_fields(outfmt).iter().position(|f| names.contains(f))
+}
+
+/// The fields of a tabular `outfmt` (6, 7, 10) in the order BLAST+ prints them: `std`
+/// stands for its twelve fields, `delim=` is none, and a format that names no fields is
+/// `std`.
+pub fn tabular_fields(outfmt: &str) -> Vec<&str> {
     let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=")).collect();
     let fields = if named.is_empty() { vec!["std"] } else { named };
-    fields.iter().flat_map(|&f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] }).position(|f| names.contains(&f))
+    fields.iter().flat_map(|&f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] }).collect()
 }
 
 /// [`restore_titles`] for the query identifiers of tabular rows (`qseqid`, `qacc`,

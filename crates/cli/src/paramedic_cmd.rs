@@ -100,7 +100,7 @@ pub struct EncodeArgs {
     /// The queries of the search.
     #[arg(long)]
     query: Option<PathBuf>,
-    /// The report's -outfmt (0 to 7).
+    /// The report's -outfmt (0 to 7, or 10: CSV whose query and subject come before any title)
     #[arg(long, default_value = "0")]
     outfmt: String,
     /// The BLAST+ options of the search, after `--`.

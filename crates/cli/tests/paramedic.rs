@@ -182,9 +182,10 @@ fn blast_metadata_regenerates_every_format_exactly() {
     // Query-anchored too, once with more alignments than descriptions: the subjects of
     // the last eight alignments of each query are named only in its alignment blocks.
     let fewer_listed = ["-num_descriptions", "2", "-num_alignments", "10"];
-    // Tabular rows with their own fields, separator and whole subject identifiers
-    // (`tr|A7TBS3|A7TBS3_NEMVE`): read by the query and subject columns wherever they are.
-    let custom = "7 delim=; evalue sseqid qacc";
+    // CSV rows with their own fields and whole subject identifiers
+    // (`tr|A7TBS3|A7TBS3_NEMVE`): read by the query and subject columns wherever they are,
+    // before titles that hold commas.
+    let custom = "10 evalue sseqid qacc stitle";
     for (fmt, args) in [("0", &[][..]), ("5", &[]), ("6", &[]), ("7", &[]), ("1", &[]), ("3", &fewer_listed), (custom, &[])] {
         let out = d.join(format!("direct.{fmt}"));
         search(f, &q, fmt, args, &out);
@@ -304,7 +305,12 @@ fn metadata_for_a_format_it_cannot_describe_is_refused_at_once() {
     let f = fixture();
     let out = f.dir.0.join("refused");
     for (fmt, why) in [
-        ("10", "-outfmt 10: BLAST metadata describes formats 0 to 7"),
+        ("18", "-outfmt 18: BLAST metadata describes formats 0 to 7 and 10"),
+        // CSV whose subject comes after a title, which may hold commas.
+        (
+            "10 qacc stitle sacc",
+            "-outfmt \"10 qacc stitle sacc\": BLAST metadata cannot find a row's query and subject after stitle, whose text may hold the separator ','; print them before it",
+        ),
         // Tabular rows that do not name their subject cannot be described either.
         (
             "6 qseqid evalue",
@@ -566,12 +572,13 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
     let q = d.join("q8.fasta");
     std::fs::write(&q, head(QUERY_GZ, 8)).unwrap();
     let mut sent = Vec::new();
-    // Last, `--ship auto` for a report BLAST metadata cannot describe (CSV): said once,
-    // and every part compressed.
+    // Last, `--ship auto` for a report BLAST metadata cannot describe (CSV rows whose
+    // subject follows a title): said once, and every part compressed.
+    let csv = "10 qacc stitle sacc";
     for (name, ship, agent) in
-        [("hits.0", "metadata", true), ("direct.0", "output", true), ("packed.0", "zstd", false), ("auto.10", "auto", true)]
+        [("hits.0", "metadata", true), ("direct.0", "output", true), ("packed.0", "zstd", false), ("auto.csv", "auto", true)]
     {
-        let fmt = name.rsplit('.').next().unwrap();
+        let fmt = if name.ends_with(".csv") { csv } else { "0" };
         let out = d.join(name);
         let summary = d.join(format!("{name}.json"));
         let mut c = gepsea();
@@ -600,8 +607,8 @@ fn search_ships_metadata_or_output_encrypted_and_the_storage_site_writes_the_rep
         // With agents, every part goes as soon as its batch is final, shipped by the
         // agent that wrote it; without, the search process ships the whole output.
         assert!(log.contains(if agent { ", encrypted, by the agents (" } else { ", encrypted, by this process in" }), "{log}");
-        let auto_note = "--ship auto: -outfmt 10: BLAST metadata describes formats 0 to 7; its parts go compressed (zstd)";
-        assert_eq!(log.matches(auto_note).count(), usize::from(ship == "auto"), "{log}");
+        let auto_note = format!("--ship auto: -outfmt \"{csv}\": BLAST metadata cannot find a row's query and subject after stitle, whose text may hold the separator ','; print them before it; its parts go compressed (zstd)");
+        assert_eq!(log.matches(&auto_note).count(), usize::from(ship == "auto"), "{log}");
         let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
         let output = std::fs::metadata(&out).unwrap().len();
         let shipped = &s["delivery"];

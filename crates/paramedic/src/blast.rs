@@ -136,21 +136,44 @@ fn database_named(report: &str, fmt: u32) -> Option<&str> {
 const QUERY_FIELDS: [&str; 3] = ["qseqid", "qacc", "qaccver"];
 const SUBJECT_FIELDS: [&str; 3] = ["sseqid", "sacc", "saccver"];
 
+/// Fields whose text may hold any character, the separator of a row included (titles
+/// and organism names: 812 of the example database's 20,000 titles hold a comma, which
+/// BLAST+ prints unquoted in CSV rows).
+const FREE_TEXT_FIELDS: [&str; 10] =
+    ["stitle", "salltitles", "ssciname", "sscinames", "scomname", "scomnames", "sblastname", "sblastnames", "sskingdom", "sskingdoms"];
+
+/// The separator of a tabular report's fields: a tab, a comma in CSV (10), or `delim=`'s.
+fn tabular_separator(outfmt: &str) -> char {
+    let default = if gepsea_blast::report::base_format(outfmt) == 10 { ',' } else { '\t' };
+    gepsea_blast::report::separator(outfmt, default)
+}
+
 /// Why the plug-in cannot describe a report in `outfmt`, if it cannot. It describes the
-/// pairwise and query-anchored reports, XML and tabular output (0–7), not CSV (10) or the
-/// organism report (18); tabular rows must name their query and subject (a field of
-/// each of `qseqid qacc qaccver` and `sseqid sacc saccver`, as the default columns do).
+/// pairwise and query-anchored reports, XML, tabular output and CSV (0–7, 10), not the
+/// organism report (18). Rows must name their query and subject (a field of each of
+/// `qseqid qacc qaccver` and `sseqid sacc saccver`, as the default columns do), and where
+/// fields are not separated by tabs, name them before any title or organism name: such a
+/// field may hold the separator, and the columns after it then move from row to row.
 pub fn cannot_describe(outfmt: &str) -> Option<String> {
     let fmt = gepsea_blast::report::base_format(outfmt);
-    if fmt > 7 {
-        return Some(format!("-outfmt {fmt}: BLAST metadata describes formats 0 to 7"));
+    if fmt > 7 && fmt != 10 {
+        return Some(format!("-outfmt {fmt}: BLAST metadata describes formats 0 to 7 and 10"));
     }
-    if matches!(fmt, 6 | 7) {
+    if matches!(fmt, 6 | 7 | 10) {
+        let mut last = 0;
         for (what, fields) in [("query", QUERY_FIELDS), ("subject", SUBJECT_FIELDS)] {
-            if gepsea_blast::report::tabular_column(outfmt, &fields).is_none() {
+            let Some(column) = gepsea_blast::report::tabular_column(outfmt, &fields) else {
+                let fields = fields.join(", ");
+                return Some(format!("-outfmt \"{outfmt}\": BLAST metadata finds a row's {what} by one of the fields {fields}, which the format does not print"));
+            };
+            last = last.max(column);
+        }
+        let separator = tabular_separator(outfmt);
+        let fields = gepsea_blast::report::tabular_fields(outfmt);
+        if separator != '\t' {
+            if let Some(text) = fields[..last].iter().find(|f| FREE_TEXT_FIELDS.contains(f)) {
                 return Some(format!(
-                    "-outfmt \"{outfmt}\": BLAST metadata finds a row's {what} by one of the fields {}, which the format does not print",
-                    fields.join(", ")
+                    "-outfmt \"{outfmt}\": BLAST metadata cannot find a row's query and subject after {text}, whose text may hold the separator {separator:?}; print them before it"
                 ));
             }
         }
@@ -180,7 +203,7 @@ fn subjects_in_report(output: &str, outfmt: &str, query_ids: &HashMap<String, us
     // Tabular: the columns naming the query and the subject, and what separates them.
     let column = |fields: &[&str]| gepsea_blast::report::tabular_column(outfmt, fields).unwrap_or(0);
     let columns = (column(&QUERY_FIELDS), column(&SUBJECT_FIELDS));
-    let separator = gepsea_blast::report::separator(outfmt, '\t');
+    let separator = tabular_separator(outfmt);
     // Query-anchored: whether the line is inside an alignment block (after its query
     // line, up to the blank line that ends it).
     let mut in_block = false;
@@ -224,7 +247,7 @@ fn subjects_in_report(output: &str, outfmt: &str, query_ids: &HashMap<String, us
                     per[q].push(rest.trim_end_matches("</Hit_accession>").to_string());
                 }
             }
-            6 | 7 => {
+            6 | 7 | 10 => {
                 if line.starts_with('#') || line.is_empty() {
                     continue;
                 }
@@ -585,6 +608,10 @@ mod tests {
         let std = "q1\ts1\t90\nq2\ts2\t80\n";
         assert_eq!(subjects_in_report(std, "6", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
         assert_eq!(subjects_in_report(&format!("# Query: q1\n{std}"), "7 std", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
+        // CSV: commas in a title after the columns read do not move them.
+        let csv = "q1,s1,97.5,Protein X, fragment, OS=Y\nq2,s2,50.0,Plain\n";
+        assert_eq!(subjects_in_report(csv, "10 qaccver saccver pident stitle", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
+        assert_eq!(subjects_in_report("q1,s1,90\nq2,s2,80\n", "10", &ids, 2).unwrap(), [vec!["s1"], vec!["s2"]]);
     }
 
     #[test]
@@ -593,8 +620,16 @@ mod tests {
             assert_eq!(cannot_describe(ok), None, "{ok}");
         }
         let why = |f: &str| cannot_describe(f).unwrap();
-        assert!(why("10").contains("describes formats 0 to 7"), "{}", why("10"));
-        assert!(why("18").contains("describes formats 0 to 7"));
+        for ok in ["10", "10 qaccver saccver stitle", "10 sseqid qseqid scomnames evalue", "6 delim=, qacc sacc salltitles"] {
+            assert_eq!(cannot_describe(ok), None, "{ok}");
+        }
+        assert!(why("18").contains("describes formats 0 to 7 and 10"), "{}", why("18"));
+        // A title before the query or subject moves them in rows whose title holds the
+        // separator; with tabs it cannot.
+        for (f, text) in [("10 qaccver stitle saccver", "stitle"), ("6 delim=, sscinames sacc qacc", "sscinames")] {
+            assert!(why(f).contains(&format!("cannot find a row's query and subject after {text}")), "{}", why(f));
+        }
+        assert_eq!(cannot_describe("6 qaccver stitle saccver"), None);
         assert!(
             why("6 qseqid evalue").contains("a row's subject by one of the fields sseqid, sacc, saccver"),
             "{}",
