@@ -95,11 +95,11 @@ pub struct RunArgs {
     /// variable). Useful where hosts default to bbr, which slows a cluster's bursts.
     #[arg(long, value_name = "NAME", env = "GEPSEA_TCP_CONGESTION")]
     tcp_congestion: Option<String>,
-    /// Kernel buffers of each link to another agent, each way, in bytes (default
-    /// 4194304), or `auto` for the kernel's own sizing: for links across a wide area,
+    /// Kernel buffers of each link to another agent, each way (default 4MiB; e.g.
+    /// 16MiB, 8MB, 4194304), or `auto` for the kernel's own sizing: for links across a wide area,
     /// whose bandwidth-delay product exceeds twice the size. A size above the system's
     /// net.core.rmem_max or wmem_max leaves the links to the kernel as well.
-    #[arg(long, value_name = "BYTES|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
+    #[arg(long, value_name = "SIZE|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
     tcp_buffer: Option<BufferSetting>,
     /// What the links to other agents checksum: `full` (default: every header and
     /// payload, CRC32C), or `headers`, which trusts TCP's own checksum for data payloads
@@ -183,9 +183,9 @@ struct FileConfig {
     tcp_checksums: Option<String>,
 }
 
-/// `--tcp-buffer`: the setting, or what is wrong with it after the value as given.
+/// `--tcp-buffer`: the setting, or what is wrong with it (clap names the value).
 fn parse_tcp_buffer(s: &str) -> Result<BufferSetting, String> {
-    s.parse().map_err(|problem| format!("{s:?}: {problem}"))
+    s.parse().map_err(|problem: gepsea_net::tcp::BufferSettingError| problem.to_string())
 }
 
 /// Setting `key` of a `--config` file, read as its flag reads it; an error names the

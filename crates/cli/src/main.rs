@@ -163,8 +163,9 @@ struct SearchArgs {
     /// Bytes of staged database fragments each node keeps in its local scratch (agent
     /// mode): staging one more first removes the least recently used ones that no
     /// worker is searching. Fragments being searched are always kept, so use at least
-    /// (workers per node + 1) × the largest fragment. Default: no limit.
-    #[arg(long, value_name = "BYTES", conflicts_with_all = ["no_hot_swap", "no_agent"], value_parser = clap::value_parser!(u64).range(1..))]
+    /// (workers per node + 1) × the largest fragment. A size: 20GiB, 500MB, 1073741824.
+    /// Default: no limit.
+    #[arg(long, value_name = "SIZE", conflicts_with_all = ["no_hot_swap", "no_agent"], value_parser = parse_scratch_bytes)]
     scratch_bytes: Option<u64>,
     /// Pin each node's agent to this core, e.g. a core left free of workers (agent
     /// mode; the GePSeA paper's "accelerator on a spare core").
@@ -257,6 +258,15 @@ struct WorkerArgs {
 /// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
 /// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
 /// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
+/// `--scratch-bytes`: a size ([`gepsea_net::parse_byte_size`]), not zero.
+fn parse_scratch_bytes(s: &str) -> Result<u64, String> {
+    match gepsea_net::parse_byte_size(s) {
+        Ok(0) => Err("no scratch at all would stage nothing; leave it out for no limit, or use --no-hot-swap".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A count that must be at least one (`--workers`): zero workers would have run as
 /// one, silently.
 fn at_least_one(s: &str) -> Result<usize, String> {

@@ -526,7 +526,10 @@ fn the_agents_links_take_the_socket_buffers_named_or_the_kernels_sizing() {
 
     let e = refused_agent(&a, 3, &["--tcp-buffer", "lots"]);
     let first = e.lines().next().unwrap_or("");
-    assert!(first.contains("--tcp-buffer") && first.contains("\"lots\": neither a number of bytes nor `auto`"), "{e}");
+    assert!(
+        first.contains("invalid value 'lots' for '--tcp-buffer <SIZE|auto>': neither a size in bytes (4194304, 4MiB, 4MB) nor `auto`"),
+        "{e}"
+    );
 }
 
 /// `--tcp-checksums`: an agent told `headers` says in its handshake that it trusts TCP

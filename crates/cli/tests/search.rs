@@ -297,8 +297,9 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     // under the budget, fragments evicted and needed again come back from the agent's
     // memory, never from storage again, and the output is unchanged.
     let largest = *sizes.iter().max().unwrap();
-    let budget = 3 * largest;
-    let o = run(&["--scratch-bytes", &budget.to_string()]);
+    // Written as a user would, in KiB (rounded up).
+    let budget = (3 * largest).div_ceil(1024) * 1024;
+    let o = run(&["--scratch-bytes", &format!("{} KiB", budget / 1024)]);
     let text = String::from_utf8_lossy(&o.stderr).to_string();
     let [_, memory, peer, storage] = stagings(&o.stderr).unwrap_or_else(|| panic!("no staging summary: {text}"));
     let (peak, evicted) = scratch_use(&o.stderr);
@@ -638,6 +639,12 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     }
     let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "0"], Some(&out));
     assert!(e.contains("invalid value '0' for '--workers <WORKERS>': must be at least 1"), "{e}");
+    // A bare prefix is refused with both readings, not guessed.
+    let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--scratch-bytes", "20G"], Some(&out));
+    assert!(
+        e.contains("invalid value '20G' for '--scratch-bytes <SIZE>': 20G is ambiguous: 20GiB (21474836480 bytes) or 20GB (20000000000)?"),
+        "{e}"
+    );
     // A BLAST+ failure in every task (taxonomy filtering of a database without taxonomy,
     // which only the real search can tell): retried once, then BLAST's own line. By
     // fragments a taxonomy filter is refused before anything runs (the search space

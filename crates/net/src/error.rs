@@ -3,12 +3,34 @@
 use crate::frame::{Addr, FrameError};
 
 /// What is wrong with a socket buffer setting (`tcp::BufferSetting`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BufferSettingError {
     #[error("no buffer at all is not a size")]
     Zero,
-    #[error("neither a number of bytes nor `auto`")]
+    #[error("neither a size in bytes (4194304, 4MiB, 4MB) nor `auto`")]
     NotASize,
+    #[error(transparent)]
+    Unit(#[from] ByteSizeError),
+}
+
+/// A size a user wrote that [`crate::parse_byte_size`] does not take.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("not a size in bytes (e.g. 4194304, 4MiB, 20GB)")]
+    NotASize,
+    /// A bare prefix: `4M` is read as 4 MiB by some tools and 4 MB by others.
+    #[error("{0}")]
+    Ambiguous(Box<AmbiguousSize>),
+}
+
+/// A size with a bare prefix ([`ByteSizeError::Ambiguous`]), and both its readings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{number}{prefix} is ambiguous: {number}{prefix}iB ({binary} bytes) or {number}{prefix}B ({decimal})?")]
+pub struct AmbiguousSize {
+    pub number: String,
+    pub prefix: char,
+    pub binary: u64,
+    pub decimal: u64,
 }
 
 /// A TCP checksum setting that is neither `full` nor `headers` (`tcp::TcpChecksums`).

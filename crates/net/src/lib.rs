@@ -39,6 +39,7 @@ pub mod ring;
 pub mod seal;
 #[cfg(not(loom))]
 pub mod shm;
+mod size;
 #[cfg(not(loom))]
 pub mod tcp;
 pub mod testbed;
@@ -62,3 +63,4 @@ pub use frame::{Addr, Channel};
 #[cfg(not(loom))]
 pub use port::{namespace_dir, Port, PortConfig, PortStats, Progress, DEFAULT_TCP_BUFFER};
 pub use proto::{Completion, Event, Message, ProtoConfig, ReqId};
+pub use size::parse_byte_size;

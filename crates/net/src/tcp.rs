@@ -95,13 +95,13 @@ pub fn buffers_allowed(bytes: usize, limit: Option<usize>) -> bool {
     limit.is_some_and(|l| bytes <= l)
 }
 
-pub use crate::error::BufferSettingError;
+pub use crate::error::{BufferSettingError, ByteSizeError};
 
 mod checksums;
 pub use checksums::{checksums_from_env, default_checksums, ChecksumsSettingError, TcpChecksums};
 
 /// A socket buffer setting as a user writes it (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`): a
-/// number of bytes, or `auto` for the kernel's own sizing; parsed, the
+/// size in bytes ([`crate::parse_byte_size`]), or `auto` for the kernel's own sizing; parsed, the
 /// [`PortConfig::tcp_buffer`](crate::PortConfig::tcp_buffer) it stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferSetting(pub Option<usize>);
@@ -112,10 +112,11 @@ impl std::str::FromStr for BufferSetting {
     fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text.trim() {
             "auto" => Ok(BufferSetting(None)),
-            n => match n.parse::<usize>() {
+            n => match crate::parse_byte_size(n) {
                 Ok(0) => Err(BufferSettingError::Zero),
-                Ok(n) => Ok(BufferSetting(Some(n))),
-                Err(_) => Err(BufferSettingError::NotASize),
+                Ok(n) => usize::try_from(n).map(|n| BufferSetting(Some(n))).map_err(|_| BufferSettingError::NotASize),
+                Err(ByteSizeError::NotASize) => Err(BufferSettingError::NotASize),
+                Err(e) => Err(e.into()),
             },
         }
     }

@@ -202,5 +202,5 @@ fn without_a_size_the_kernel_sizes_a_links_buffers() {
 #[test]
 fn a_bad_gepsea_tcp_buffer_is_refused_when_the_port_opens() {
     let stderr = refused_with("GEPSEA_TCP_BUFFER", "lots");
-    assert!(stderr.contains("GEPSEA_TCP_BUFFER=\"lots\": neither a number of bytes nor `auto`"), "{stderr}");
+    assert!(stderr.contains("GEPSEA_TCP_BUFFER=\"lots\": neither a size in bytes (4194304, 4MiB, 4MB) nor `auto`"), "{stderr}");
 }

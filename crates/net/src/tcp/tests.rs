@@ -182,6 +182,9 @@ fn a_buffer_setting_is_a_number_of_bytes_or_auto() {
     assert_eq!("4194304".parse(), Ok(BufferSetting(Some(4 << 20))));
     assert_eq!(" auto ".parse(), Ok(BufferSetting(None)));
     assert_eq!("0".parse::<BufferSetting>(), Err(BufferSettingError::Zero));
-    assert_eq!("4M".parse::<BufferSetting>(), Err(BufferSettingError::NotASize));
-    assert_eq!(BufferSettingError::NotASize.to_string(), "neither a number of bytes nor `auto`");
+    assert_eq!("4MiB".parse(), Ok(BufferSetting(Some(4 << 20))));
+    assert_eq!("8 MB".parse(), Ok(BufferSetting(Some(8_000_000))));
+    assert_eq!("4M".parse::<BufferSetting>().unwrap_err().to_string(), "4M is ambiguous: 4MiB (4194304 bytes) or 4MB (4000000)?");
+    assert_eq!("lots".parse::<BufferSetting>(), Err(BufferSettingError::NotASize));
+    assert_eq!(BufferSettingError::NotASize.to_string(), "neither a size in bytes (4194304, 4MiB, 4MB) nor `auto`");
 }
