@@ -96,9 +96,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", env = "GEPSEA_TCP_CONGESTION")]
     tcp_congestion: Option<String>,
     /// Kernel buffers of each link to another agent, each way (default 4MiB; e.g.
-    /// 16MiB, 8MB, 4194304), or `auto` for the kernel's own sizing: for links across a wide area,
-    /// whose bandwidth-delay product exceeds twice the size. A size above the system's
-    /// net.core.rmem_max or wmem_max leaves the links to the kernel as well.
+    /// 16MiB, 8MB, 4194304), or `auto` for the kernel's own sizing: for links across a
+    /// wide area, whose bandwidth-delay product exceeds twice the size. A size above the
+    /// system's net.core.rmem_max or wmem_max leaves the links to the kernel as well.
     #[arg(long, value_name = "SIZE|auto", env = "GEPSEA_TCP_BUFFER", value_parser = parse_tcp_buffer)]
     tcp_buffer: Option<BufferSetting>,
     /// What the links to other agents checksum: `full` (default: every header and

@@ -255,9 +255,6 @@ struct WorkerArgs {
     blast_args: Vec<String>,
 }
 
-/// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
-/// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
-/// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
 /// `--scratch-bytes`: a size ([`gepsea_net::parse_byte_size`]), not zero.
 fn parse_scratch_bytes(s: &str) -> Result<u64, String> {
     match gepsea_net::parse_byte_size(s) {
@@ -277,6 +274,9 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A user error is one clear line and exit status 1, whatever `RUST_BACKTRACE` says
+/// (anyhow would print a backtrace with it set); panics keep theirs. A search stopped by
+/// SIGINT or SIGTERM exits with 128 + the signal, as a shell reports a killed command.
 fn main() -> std::process::ExitCode {
     // Before any thread is started (see the module).
     let malloc = malloc_policy::apply();

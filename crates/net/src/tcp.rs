@@ -101,8 +101,8 @@ mod checksums;
 pub use checksums::{checksums_from_env, default_checksums, ChecksumsSettingError, TcpChecksums};
 
 /// A socket buffer setting as a user writes it (`GEPSEA_TCP_BUFFER`, `--tcp-buffer`): a
-/// size in bytes ([`crate::parse_byte_size`]), or `auto` for the kernel's own sizing; parsed, the
-/// [`PortConfig::tcp_buffer`](crate::PortConfig::tcp_buffer) it stands for.
+/// size in bytes ([`crate::parse_byte_size`]), or `auto` for the kernel's own sizing;
+/// parsed, the [`PortConfig::tcp_buffer`](crate::PortConfig::tcp_buffer) it stands for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferSetting(pub Option<usize>);
 

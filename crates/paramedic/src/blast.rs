@@ -160,25 +160,33 @@ pub fn cannot_describe(outfmt: &str) -> Option<String> {
         return Some(format!("-outfmt {fmt}: BLAST metadata describes formats 0 to 7 and 10"));
     }
     if matches!(fmt, 6 | 7 | 10) {
-        let mut last = 0;
-        for (what, fields) in [("query", QUERY_FIELDS), ("subject", SUBJECT_FIELDS)] {
-            let Some(column) = gepsea_blast::report::tabular_column(outfmt, &fields) else {
-                let fields = fields.join(", ");
-                return Some(format!("-outfmt \"{outfmt}\": BLAST metadata finds a row's {what} by one of the fields {fields}, which the format does not print"));
-            };
-            last = last.max(column);
-        }
-        let separator = tabular_separator(outfmt);
-        let fields = gepsea_blast::report::tabular_fields(outfmt);
-        if separator != '\t' {
-            if let Some(text) = fields[..last].iter().find(|f| FREE_TEXT_FIELDS.contains(f)) {
-                return Some(format!(
-                    "-outfmt \"{outfmt}\": BLAST metadata cannot find a row's query and subject after {text}, whose text may hold the separator {separator:?}; print them before it"
-                ));
-            }
-        }
+        return row_columns(outfmt).err();
     }
     None
+}
+
+/// The columns of a tabular or CSV `outfmt` that name a row's query and subject, or why
+/// they cannot be read ([`cannot_describe`]).
+fn row_columns(outfmt: &str) -> Result<(usize, usize), String> {
+    let fields = gepsea_blast::report::tabular_fields(outfmt);
+    let column = |what: &str, names: &[&str]| {
+        fields.iter().position(|f| names.contains(f)).ok_or_else(|| {
+            let names = names.join(", ");
+            format!(
+                "-outfmt \"{outfmt}\": BLAST metadata finds a row's {what} by one of the fields {names}, which the format does not print"
+            )
+        })
+    };
+    let columns = (column("query", &QUERY_FIELDS)?, column("subject", &SUBJECT_FIELDS)?);
+    let separator = tabular_separator(outfmt);
+    if separator != '\t' {
+        if let Some(text) = fields[..columns.0.max(columns.1)].iter().find(|f| FREE_TEXT_FIELDS.contains(f)) {
+            return Err(format!(
+                "-outfmt \"{outfmt}\": BLAST metadata cannot find a row's query and subject after {text}, whose text may hold the separator {separator:?}; print them before it"
+            ));
+        }
+    }
+    Ok(columns)
 }
 
 /// Per query (by index), the subject accessions the report names, in report order.
@@ -200,9 +208,9 @@ fn subjects_in_report(output: &str, outfmt: &str, query_ids: &HashMap<String, us
         return Err(bad(format!("{why}; use the zstd plug-in")));
     }
     let fmt = gepsea_blast::report::base_format(outfmt);
-    // Tabular: the columns naming the query and the subject, and what separates them.
-    let column = |fields: &[&str]| gepsea_blast::report::tabular_column(outfmt, fields).unwrap_or(0);
-    let columns = (column(&QUERY_FIELDS), column(&SUBJECT_FIELDS));
+    // Tabular and CSV: the columns naming the query and the subject (checked above; no
+    // other format reads them), and what separates them.
+    let columns = row_columns(outfmt).unwrap_or_default();
     let separator = tabular_separator(outfmt);
     // Query-anchored: whether the line is inside an alignment block (after its query
     // line, up to the blank line that ends it).
