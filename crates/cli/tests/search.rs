@@ -3,80 +3,29 @@
 //! line), for every format, fragment count and worker count; and every user error must
 //! be reported clearly with a non-zero exit and no output file.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
-const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
-const RRNA: &str = "/usr/share/microbiomeutil-data/RESOURCES/rRNA16S.gold.fasta";
-const TITLE: &str = "UniProt example 20000";
+use common::{gepsea, records, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ, RRNA};
 
-fn gepsea() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gepsea"))
-}
+const TITLE: &str = "UniProt example 20000";
 
 /// Shared, built once: plain FASTA files, the serial reference database, and gepsea
 /// databases with 1, 3 and 8 fragments. Removed when the test process exits.
-struct Fixture {
-    dir: PathBuf,
-}
-
-static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-
-extern "C" fn remove_fixture() {
-    if let Some(f) = FIXTURE.get() {
-        let _ = std::fs::remove_dir_all(&f.dir);
-    }
-}
-
-fn run_ok(mut c: Command) -> Output {
-    let out = c.output().expect("spawn");
-    assert!(out.status.success(), "{c:?} failed: {}", String::from_utf8_lossy(&out.stderr));
-    out
-}
-
-fn fasta_head(gz_or_plain: &str, n: usize, skip: usize) -> String {
-    let text = if gz_or_plain.ends_with(".gz") {
-        String::from_utf8(
-            run_ok({
-                let mut c = Command::new("zcat");
-                c.arg(gz_or_plain);
-                c
-            })
-            .stdout,
-        )
-        .unwrap()
-    } else {
-        std::fs::read_to_string(gz_or_plain).unwrap()
-    };
-    let mut out = String::new();
-    let mut count = 0usize;
-    for line in text.lines() {
-        if line.starts_with('>') {
-            count += 1;
-        }
-        if count > skip && count <= skip + n {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-fn fixture() -> &'static Fixture {
-    FIXTURE.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("gepsea-search-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+fn fixture() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    common::fixture(&DIR, "search", |dir| {
         std::fs::create_dir_all(dir.join("ref")).unwrap();
-        // SAFETY: registering a plain C callback that only removes a directory.
-        unsafe { libc::atexit(remove_fixture) };
-        std::fs::write(dir.join("DB.fasta"), fasta_head(DB_GZ, usize::MAX, 0)).unwrap();
-        std::fs::write(dir.join("q50.fasta"), fasta_head(QUERY_GZ, 50, 0)).unwrap();
-        std::fs::write(dir.join("q25.fasta"), fasta_head(QUERY_GZ, 25, 0)).unwrap();
-        std::fs::write(dir.join("q10.fasta"), fasta_head(QUERY_GZ, 10, 50)).unwrap();
+        let queries = zcat(QUERY_GZ);
+        std::fs::write(dir.join("DB.fasta"), zcat(DB_GZ)).unwrap();
+        std::fs::write(dir.join("q50.fasta"), records(&queries, 0, 50)).unwrap();
+        std::fs::write(dir.join("q25.fasta"), records(&queries, 0, 25)).unwrap();
+        std::fs::write(dir.join("q10.fasta"), records(&queries, 50, 10)).unwrap();
         let mut c = Command::new("makeblastdb");
         c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", TITLE, "-out", "DB"]).current_dir(dir.join("ref"));
         run_ok(c);
@@ -86,7 +35,6 @@ fn fixture() -> &'static Fixture {
                 .arg(dir.join(format!("db{f}")));
             run_ok(c);
         }
-        Fixture { dir }
     })
 }
 
@@ -105,14 +53,14 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
 /// Serial BLAST+ on the fixture's `queries` (`q50`, `q25`) without options, in format
 /// `fmt`: run once for the whole file, since several tests compare against the same
 /// reference.
-fn serial_ref(f: &Fixture, queries: &str, fmt: &str) -> PathBuf {
+fn serial_ref(f: &Path, queries: &str, fmt: &str) -> PathBuf {
     type Cells = Mutex<HashMap<String, Arc<OnceLock<PathBuf>>>>;
     static REFS: OnceLock<Cells> = OnceLock::new();
     let name = format!("serial-{queries}.{fmt}");
     let cell = REFS.get_or_init(Default::default).lock().unwrap().entry(name.clone()).or_default().clone();
     cell.get_or_init(|| {
-        let want = f.dir.join(name);
-        serial("blastp", &f.dir.join("ref"), "DB", &f.dir.join(format!("{queries}.fasta")), fmt, &[], &want);
+        let want = f.join(name);
+        serial("blastp", &f.join("ref"), "DB", &f.join(format!("{queries}.fasta")), fmt, &[], &want);
         want
     })
     .clone()
@@ -180,23 +128,23 @@ fn assert_same(got: &Path, want: &Path, what: &str) {
 #[test]
 fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
     let f = fixture();
-    let q = f.dir.join("q25.fasta");
+    let q = f.join("q25.fasta");
     let mut covered = std::collections::BTreeSet::new();
     for (i, fmt) in ["6", "7", "0", "5"].into_iter().enumerate() {
         let want = serial_ref(f, "q25", fmt);
         for (j, frags) in [1, 3, 8].into_iter().enumerate() {
             let workers = 1 + (i + j) % 2;
             covered.insert((frags, workers));
-            let got = f.dir.join(format!("gepsea.{fmt}.{frags}.{workers}"));
-            search_mode(&f.dir.join(format!("db{frags}")), &q, fmt, workers, &[], &got, SPLITS[0]);
+            let got = f.join(format!("gepsea.{fmt}.{frags}.{workers}"));
+            search_mode(&f.join(format!("db{frags}")), &q, fmt, workers, &[], &got, SPLITS[0]);
             assert_same(&got, &want, &format!("outfmt {fmt}, {frags} fragments, {workers} workers"));
             std::fs::remove_file(&got).unwrap();
         }
         // Split by queries (the default on one machine): the fragments do not matter.
         let workers = 1 + i % 2;
-        let got = f.dir.join(format!("gepsea.{fmt}.q.{workers}"));
-        let summary = f.dir.join("summary.json");
-        search_mode(&f.dir.join("db3"), &q, fmt, workers, &[], &got, &["--summary-json", summary.to_str().unwrap()]);
+        let got = f.join(format!("gepsea.{fmt}.q.{workers}"));
+        let summary = f.join("summary.json");
+        search_mode(&f.join("db3"), &q, fmt, workers, &[], &got, &["--summary-json", summary.to_str().unwrap()]);
         assert_same(&got, &want, &format!("outfmt {fmt}, split by queries, {workers} workers"));
         assert_eq!(reported_split(&summary), "Queries", "the default split on one machine with 25 queries");
         std::fs::remove_file(&got).unwrap();
@@ -211,7 +159,7 @@ fn identical_to_serial_blastp_for_every_format_fragment_and_worker_count() {
 #[test]
 fn every_architecture_is_identical_to_serial_blastp() {
     let f = fixture();
-    let q = f.dir.join("q25.fasta");
+    let q = f.join("q25.fasta");
     for fmt in ["7", "0", "5"] {
         let want = serial_ref(f, "q25", fmt);
         for mode in [
@@ -220,9 +168,9 @@ fn every_architecture_is_identical_to_serial_blastp() {
             &["--split", "fragments", "--merge-assign", "static", "--no-compress", "--no-hot-swap", "--batch-residues", "1000"],
             &["--split", "queries", "--merge-assign", "static", "--no-compress", "--batch-residues", "350"],
         ] {
-            let got = f.dir.join(format!("gepsea-arch.{fmt}"));
-            let summary = f.dir.join("summary-arch.json");
-            search_mode(&f.dir.join("db3"), &q, fmt, 2, &[], &got, &[mode, &["--summary-json", summary.to_str().unwrap()]].concat());
+            let got = f.join(format!("gepsea-arch.{fmt}"));
+            let summary = f.join("summary-arch.json");
+            search_mode(&f.join("db3"), &q, fmt, 2, &[], &got, &[mode, &["--summary-json", summary.to_str().unwrap()]].concat());
             assert_same(&got, &want, &format!("outfmt {fmt} with {mode:?}"));
             // Over the agents, each batch's share of the output was written in place by
             // the agent that wrote its part (merged, or written by BLAST+ split by
@@ -252,13 +200,13 @@ fn stagings(stderr: &[u8]) -> Option<[u32; 4]> {
 #[test]
 fn hot_swap_reads_each_fragment_from_storage_once() {
     let f = fixture();
-    let q = f.dir.join("q50.fasta");
+    let q = f.join("q50.fasta");
     let want = serial_ref(f, "q50", "6");
-    let got = f.dir.join("gepsea-hot.6");
+    let got = f.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
         c.args(["search", "--split", "fragments", "--outfmt", "6", "--workers", "2", "--batch-residues", "4000", "--db"])
-            .arg(f.dir.join("db8"))
+            .arg(f.join("db8"))
             .arg("--query")
             .arg(&q)
             .arg("--out")
@@ -280,14 +228,14 @@ fn hot_swap_reads_each_fragment_from_storage_once() {
     assert!(staged + storage >= 8 && staged + storage <= 8 + 2 * 8 + 8, "{text}");
     // Without a budget every fragment stays staged: the peak is the whole database's
     // searched files, as the manifest lists them.
-    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f.dir.join("db8/manifest.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(f.join("db8/manifest.json")).unwrap()).unwrap();
     let sizes: Vec<u64> = manifest["fragments"]
         .as_array()
         .unwrap()
         .iter()
         .map(|fr| {
             let files = fr["files"].as_object().unwrap().keys().filter(|n| !n.ends_with(".fasta"));
-            files.map(|n| std::fs::metadata(f.dir.join("db8").join(n)).unwrap().len()).sum()
+            files.map(|n| std::fs::metadata(f.join("db8").join(n)).unwrap().len()).sum()
         })
         .collect();
     assert_eq!(sizes.len(), 8);
@@ -325,19 +273,19 @@ fn scratch_use(stderr: &[u8]) -> (u64, u32) {
 #[test]
 fn blast_options_after_double_dash_keep_identity() {
     let f = fixture();
-    let q = f.dir.join("q50.fasta");
+    let q = f.join("q50.fasta");
     let opts = ["-evalue", "1e-5", "-max_target_seqs", "50", "-comp_based_stats", "1", "-seg", "yes"];
     for fmt in ["6", "0", "5"] {
-        let want = f.dir.join(format!("serial-opts.{fmt}"));
-        serial("blastp", &f.dir.join("ref"), "DB", &q, fmt, &opts, &want);
+        let want = f.join(format!("serial-opts.{fmt}"));
+        serial("blastp", &f.join("ref"), "DB", &q, fmt, &opts, &want);
         for split in SPLITS {
-            let got = f.dir.join(format!("gepsea-opts.{fmt}"));
+            let got = f.join(format!("gepsea-opts.{fmt}"));
             if fmt == "5" && split == SPLITS[0] {
                 // Merged fragments cannot yet print SEG-masked residues the way serial XML
                 // does: refused, never written differently.
                 let mut c = gepsea();
                 c.args(["search", "--quiet", "--outfmt", "5", "--db"])
-                    .arg(f.dir.join("db3"))
+                    .arg(f.join("db3"))
                     .arg("--query")
                     .arg(&q)
                     .arg("--out")
@@ -354,7 +302,7 @@ fn blast_options_after_double_dash_keep_identity() {
                 assert!(!got.exists());
                 continue;
             }
-            search_mode(&f.dir.join("db3"), &q, fmt, 2, &opts, &got, split);
+            search_mode(&f.join("db3"), &q, fmt, 2, &opts, &got, split);
             assert_same(&got, &want, &format!("outfmt {fmt} with {opts:?} and {split:?}"));
         }
     }
@@ -366,15 +314,15 @@ fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
     // list holds; merging fragments would differ from serial BLAST (measured: 49 of 50
     // queries). gepsea must detect this and still match.
     let f = fixture();
-    let q = f.dir.join("q10.fasta");
+    let q = f.join("q10.fasta");
     let opts = ["-evalue", "1000"];
-    let want = f.dir.join("serial-e1000.6");
-    serial("blastp", &f.dir.join("ref"), "DB", &q, "6", &opts, &want);
-    let got = f.dir.join("gepsea-e1000.6");
+    let want = f.join("serial-e1000.6");
+    serial("blastp", &f.join("ref"), "DB", &q, "6", &opts, &want);
+    let got = f.join("gepsea-e1000.6");
     let re_searched = |split: &[&str]| -> usize {
         let mut c = gepsea();
         c.args(["search", "--outfmt", "6", "--workers", "2", "--db"])
-            .arg(f.dir.join("db3"))
+            .arg(f.join("db3"))
             .arg("--query")
             .arg(&q)
             .arg("--out")
@@ -401,9 +349,9 @@ fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
 fn blastn_on_16s_rrna_is_identical() {
     let dir = tempdir("blastn");
     let db = dir.0.join("rrna.fasta");
-    std::fs::write(&db, fasta_head(RRNA, 2000, 0)).unwrap();
+    std::fs::write(&db, records(&std::fs::read_to_string(RRNA).unwrap(), 0, 2000)).unwrap();
     let q = dir.0.join("q.fasta");
-    std::fs::write(&q, fasta_head(RRNA, 8, 2000)).unwrap();
+    std::fs::write(&q, records(&std::fs::read_to_string(RRNA).unwrap(), 2000, 8)).unwrap();
     let mut c = Command::new("makeblastdb");
     c.args(["-in", "../rrna.fasta", "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "rrna"]);
     std::fs::create_dir_all(dir.0.join("ref")).unwrap();
@@ -426,19 +374,19 @@ fn blastn_on_16s_rrna_is_identical() {
 #[test]
 fn a_worker_killed_mid_run_does_not_change_the_output() {
     let f = fixture();
-    let q = f.dir.join("q50.fasta");
+    let q = f.join("q50.fasta");
     let want = serial_ref(f, "q50", "6");
     for split in SPLITS {
         kill_a_worker(f, &q, &want, split);
     }
 }
 
-fn kill_a_worker(f: &Fixture, q: &Path, want: &Path, split: &[&str]) {
-    let got = f.dir.join("gepsea-kill.6");
+fn kill_a_worker(f: &Path, q: &Path, want: &Path, split: &[&str]) {
+    let got = f.join("gepsea-kill.6");
     let mut c = gepsea();
     // Small batches: many tasks, so the run lasts long enough to kill a worker in it.
     c.args(["search", "--outfmt", "6", "--workers", "2", "--batch-residues", "2000", "--db"])
-        .arg(f.dir.join("db8"))
+        .arg(f.join("db8"))
         .arg("--query")
         .arg(q)
         .arg("--out")
@@ -470,20 +418,6 @@ fn kill_a_worker(f: &Fixture, q: &Path, want: &Path, split: &[&str]) {
     assert_same(&got, want, &format!("outfmt 6 with a killed worker, {split:?}"));
 }
 
-struct TempDir(PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-fn tempdir(tag: &str) -> TempDir {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let d =
-        std::env::temp_dir().join(format!("gepsea-{tag}-{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::SeqCst)));
-    std::fs::create_dir_all(&d).unwrap();
-    TempDir(d)
-}
-
 /// Runs gepsea expecting failure: returns stderr, and checks no output was left.
 fn fails(args: &[&str], out: Option<&Path>) -> String {
     let o = gepsea().args(args).output().unwrap();
@@ -509,8 +443,8 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let p = |n: &str| d.0.join(n);
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let out = p("out.txt");
-    let db3 = s(&f.dir.join("db3"));
-    let q = s(&f.dir.join("q50.fasta"));
+    let db3 = s(&f.join("db3"));
+    let q = s(&f.join("q50.fasta"));
     let search = |db: &str, q: &str| -> String {
         fails(&["search", "--quiet", "--db", db, "--query", q, "--out", &s(&out), "--outfmt", "6"], Some(&out))
     };
@@ -536,7 +470,7 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let copy = p("damaged");
     run_ok({
         let mut c = Command::new("cp");
-        c.arg("-r").arg(f.dir.join("db3")).arg(&copy);
+        c.arg("-r").arg(f.join("db3")).arg(&copy);
         c
     });
     let target = std::fs::read_dir(&copy)
@@ -592,7 +526,7 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let q_copy = p("q-copy.fasta");
     std::fs::copy(&q, &q_copy).unwrap();
     std::os::unix::fs::symlink(&q_copy, p("q-link.fasta")).unwrap();
-    let manifest = f.dir.join("db3").join("manifest.json");
+    let manifest = f.join("db3").join("manifest.json");
     let before = (std::fs::read(&q_copy).unwrap(), std::fs::read(&manifest).unwrap());
     for (target, what) in
         [(q_copy.clone(), "the query file"), (p("q-link.fasta"), "the query file"), (manifest.clone(), "a file of the database")]
@@ -717,9 +651,9 @@ fn blast_not_installed_is_reported() {
     let o = gepsea()
         .env("PATH", "/nonexistent")
         .args(["search", "--quiet", "--db"])
-        .arg(f.dir.join("db3"))
+        .arg(f.join("db3"))
         .arg("--query")
-        .arg(f.dir.join("q50.fasta"))
+        .arg(f.join("q50.fasta"))
         .arg("--out")
         .arg(&out)
         .output()
@@ -741,9 +675,9 @@ fn a_search_whose_progress_reader_went_away_still_finishes() {
     for split in SPLITS {
         let mut c = gepsea();
         c.args(["search", "--outfmt", "6", "--workers", "2", "--db"])
-            .arg(f.dir.join("db3"))
+            .arg(f.join("db3"))
             .arg("--query")
-            .arg(f.dir.join("q50.fasta"))
+            .arg(f.join("q50.fasta"))
             .arg("--out")
             .arg(&out)
             .args(split)
@@ -765,15 +699,15 @@ fn queries_from_standard_input_are_searched_as_from_a_file() {
     let want = serial_ref(f, "q25", "6");
     let d = tempdir("stdin");
     // Plain and gzip-compressed (`cat q.fasta | gepsea search --query - ...`).
-    let plain = std::fs::read(f.dir.join("q25.fasta")).unwrap();
+    let plain = std::fs::read(f.join("q25.fasta")).unwrap();
     let mut gzip = Command::new("gzip");
-    gzip.arg("-c").arg(f.dir.join("q25.fasta"));
+    gzip.arg("-c").arg(f.join("q25.fasta"));
     let gz = run_ok(gzip).stdout;
     for (what, input) in [("plain", plain), ("gzip", gz)] {
         let out = d.0.join(format!("{what}.6"));
         let mut c = gepsea();
         c.args(["search", "--quiet", "--outfmt", "6", "--workers", "2", "--query", "-", "--db"])
-            .arg(f.dir.join("db3"))
+            .arg(f.join("db3"))
             .arg("--out")
             .arg(&out)
             .stdin(std::process::Stdio::piped())
@@ -788,7 +722,7 @@ fn queries_from_standard_input_are_searched_as_from_a_file() {
     // Bad input there is named as such.
     let mut c = gepsea();
     c.args(["search", "--query", "-", "--db"])
-        .arg(f.dir.join("db3"))
+        .arg(f.join("db3"))
         .arg("--out")
         .arg(d.0.join("bad.6"))
         .stdin(std::process::Stdio::piped())
@@ -814,9 +748,9 @@ fn output_to_standard_output_a_device_or_a_link_goes_where_it_points() {
         let mut c = gepsea();
         c.current_dir(&d.0)
             .args(["search", "--quiet", "--outfmt", "6", "--workers", "2", "--query"])
-            .arg(f.dir.join("q25.fasta"))
+            .arg(f.join("q25.fasta"))
             .arg("--db")
-            .arg(f.dir.join("db3"))
+            .arg(f.join("db3"))
             .args(["--out", out]);
         run_ok(c)
     };

@@ -29,17 +29,24 @@ pub fn zcat(path: &str) -> String {
 
 /// The first `n` records of a FASTA text.
 pub fn head(text: &str, n: usize) -> String {
+    records(text, 0, n)
+}
+
+/// Records `skip + 1` to `skip + n` of a FASTA text.
+pub fn records(text: &str, skip: usize, n: usize) -> String {
     let mut out = String::new();
     let mut count = 0;
     for line in text.lines() {
         if line.starts_with('>') {
             count += 1;
         }
-        if count > n {
+        if count > skip.saturating_add(n) {
             break;
         }
-        out.push_str(line);
-        out.push('\n');
+        if count > skip {
+            out.push_str(line);
+            out.push('\n');
+        }
     }
     out
 }
