@@ -55,6 +55,8 @@ pub enum SearchError {
     HtmlNotReproduced,
     #[error("--outfmt {outfmt}: BLAST+ refused it ({reason}); see `blastp -help`, -outfmt, for the formats")]
     Outfmt { outfmt: String, reason: String },
+    #[error("--outfmt \"{outfmt}\": {program} has no field {field}{hint} and would print the rows without it; `{program} -help` lists its fields under -outfmt")]
+    OutfmtField { outfmt: String, program: String, field: String, hint: String },
     #[error("interrupted by signal {0}; temporary files and processes are cleaned up")]
     Interrupted(i32),
     #[error("--out {path} is {what}: the search's output would replace it; choose another output path")]

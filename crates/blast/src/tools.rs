@@ -346,6 +346,27 @@ pub fn is_option_error(stderr: &str) -> bool {
     stderr.contains("CArgException")
 }
 
+/// The fields `program` prints in a tabular report (`-outfmt "6 qseqid ..."`), as its
+/// own `-help` lists them: BLAST+ leaves out a field it does not know without a word,
+/// and each version knows its own list. Empty if the help text holds no such list.
+pub fn tabular_fields_known(program: &str) -> Result<Vec<String>, ToolError> {
+    let out = run(program, &["-help"], None, None)?;
+    Ok(fields_in_help(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The field names of a BLAST+ program's `-help` text: the lines `qseqid means Query
+/// Seq-id` between "The supported format specifiers" and "When not provided".
+fn fields_in_help(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|l| !l.contains("The supported format specifiers"))
+        .take_while(|l| !l.contains("When not provided"))
+        .filter_map(|l| match l.split_whitespace().collect::<Vec<_>>()[..] {
+            [field, "means", ..] => Some(field.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The BLAST+ version, e.g. `2.12.0+`.
 pub fn version() -> Result<String, ToolError> {
     let out = run("blastp", &["-version"], None, None)?;
@@ -356,6 +377,13 @@ pub fn version() -> Result<String, ToolError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tabular_fields_are_read_from_the_programs_help() {
+        let help = "   -outfmt\n   The supported format specifiers are:\n   \t    qseqid means Query Seq-id\n   \t   staxids means unique Subject Taxonomy ID(s), separated by a ';'\n   \t\t\t (in numerical order)\n   \t   qcovhsp means Query Coverage Per HSP\n   When not provided, the default value is:\n   'qaccver saccver pident' means the same\n";
+        assert_eq!(fields_in_help(help), ["qseqid", "staxids", "qcovhsp"]);
+        assert!(fields_in_help("no list here\n").is_empty());
+    }
 
     #[test]
     fn zombies_and_missing_processes_are_gone_and_running_ones_are_not() {

@@ -571,6 +571,15 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
             "{agents:?}: {e}"
         );
     }
+    // A tabular field BLAST+ does not know (it would leave the column out, silently),
+    // named with the one meant when it is a slip away.
+    let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--outfmt", "6 qseqid sseqid evalu"], Some(&out));
+    assert_eq!(
+        e.trim(),
+        "gepsea: error: --outfmt \"6 qseqid sseqid evalu\": blastp has no field evalu (did you mean evalue?) and would print the rows without it; `blastp -help` lists its fields under -outfmt"
+    );
+    let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--outfmt", "10 delim=; qacc bogus"], Some(&out));
+    assert!(e.contains("blastp has no field bogus and would print") && e.trim().lines().count() == 1, "{e}");
     let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "0"], Some(&out));
     assert!(e.contains("invalid value '0' for '--workers <WORKERS>': must be at least 1"), "{e}");
     // A bare prefix is refused with both readings, not guessed.
