@@ -228,8 +228,19 @@ pub fn stream_size(i: u64) -> usize {
     [1usize, 100, 4096, 16 * 1024, 20_000, 64 * 1024, 300 * 1024][(i % 7) as usize] + (i as usize % 5)
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+/// Errors as one line (`RUST_BACKTRACE` set or not): a test or benchmark that runs
+/// this tool shows its stderr, and anyhow's report printed a backtrace there.
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gepsea-netpeer: error: {}", gepsea_net::error::one_line(e.as_ref()));
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let mut cfg = PortConfig::new(&cli.ns, Addr::new(cli.node, cli.port));
     cfg.listen = cli.listen;
     cfg.directory = cli.directory.clone();
