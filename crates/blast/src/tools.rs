@@ -349,9 +349,17 @@ pub fn is_option_error(stderr: &str) -> bool {
 /// The fields `program` prints in a tabular report (`-outfmt "6 qseqid ..."`), as its
 /// own `-help` lists them: BLAST+ leaves out a field it does not know without a word,
 /// and each version knows its own list. Empty if the help text holds no such list.
+/// Asked once per program and process (an agent's plug-in checks every part it
+/// encodes; a `-help` run takes ≈75 ms).
 pub fn tabular_fields_known(program: &str) -> Result<Vec<String>, ToolError> {
+    static KNOWN: std::sync::Mutex<Vec<(String, Vec<String>)>> = std::sync::Mutex::new(Vec::new());
+    if let Some((_, fields)) = KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(p, _)| p == program) {
+        return Ok(fields.clone());
+    }
     let out = run(program, &["-help"], None, None)?;
-    Ok(fields_in_help(&String::from_utf8_lossy(&out.stdout)))
+    let fields = fields_in_help(&String::from_utf8_lossy(&out.stdout));
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).push((program.to_string(), fields.clone()));
+    Ok(fields)
 }
 
 /// The field names of a BLAST+ program's `-help` text: the lines `qseqid means Query

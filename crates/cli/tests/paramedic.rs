@@ -295,6 +295,23 @@ fn a_report_naming_another_database_path_is_refused_when_encoded() {
     );
     assert!(e.contains(&want) && e.trim().lines().count() == 1, "{e}");
     assert!(!meta.exists());
+    // A format naming a field BLAST+ does not know (it prints the rows without it, and
+    // the columns after it would be read as other fields) is refused before any row.
+    let mut c = gepsea();
+    c.args(["paramedic", "encode", "--quiet", "--outfmt", "7 qacc sacc evalu", "--output"])
+        .arg(&out)
+        .arg("--out")
+        .arg(&meta)
+        .arg("--db")
+        .arg(f.dir.0.join("db"))
+        .arg("--query")
+        .arg(&q);
+    let e = fails(c);
+    assert!(
+        e.contains("--outfmt \"7 qacc sacc evalu\": blastp has no field evalu (did you mean evalue?)") && e.trim().lines().count() == 1,
+        "{e}"
+    );
+    assert!(!meta.exists());
 }
 
 /// `--ship metadata` for a report BLAST metadata cannot describe is refused before

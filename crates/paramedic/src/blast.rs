@@ -439,6 +439,10 @@ impl MetadataPlugin for BlastPlugin {
         let queries = fasta::read(&job.query).map_err(failed)?;
         let query_bytes = std::fs::read(&job.query).map_err(|e| failed(format!("{}: {e}", job.query.display())))?;
         let fmt = gepsea_blast::report::base_format(&job.outfmt);
+        let program = if manifest.dbtype == fasta::MolType::Prot { "blastp" } else { "blastn" };
+        // Rows are read by the columns the format names: one BLAST+ left out would
+        // shift those after it.
+        gepsea_blast::plan::check_tabular_fields(program, &job.outfmt).map_err(|e| bad(e.to_string()))?;
         // Query titles need not be UTF-8 (BLAST+ prints their bytes): the report's lines
         // and the identifiers are read alike, Latin-1 where not UTF-8
         // (`gepsea_blast::text`), so each identifier finds its rows.
@@ -472,7 +476,6 @@ impl MetadataPlugin for BlastPlugin {
             v.dedup();
             subjects.push(v);
         }
-        let program = if manifest.dbtype == fasta::MolType::Prot { "blastp" } else { "blastn" };
         let meta = BlastMeta {
             program: program.into(),
             outfmt: job.outfmt.clone(),

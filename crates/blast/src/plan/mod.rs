@@ -15,7 +15,7 @@ use crate::fasta::{MolType, Record};
 use crate::report::{self};
 
 mod options;
-pub use options::{check_blast_args, check_outfmt, whole_database_option, REPRODUCED_FORMATS};
+pub use options::{check_blast_args, check_outfmt, check_tabular_fields, whole_database_option, REPRODUCED_FORMATS};
 
 /// How a search is cut into tasks.
 ///

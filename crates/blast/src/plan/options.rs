@@ -52,6 +52,33 @@ pub fn check_outfmt(outfmt: &str, blast_args: &[String]) -> Result<(), SearchErr
     Ok(())
 }
 
+/// A tabular `outfmt` that names a field `program` does not know is refused: BLAST+
+/// prints the rows without it and says nothing, so `-outfmt "6 qseqid sseqid evalu"`
+/// made a report one column short of what was asked for (and, for gepsea, columns
+/// counted past it named other fields than the format said: the summary's hit count
+/// and ParaMEDIC read rows by their query and subject columns). The fields are the
+/// installed program's own (`tools::tabular_fields_known`); a help text without the
+/// list leaves the format to BLAST+.
+pub fn check_tabular_fields(program: &str, outfmt: &str) -> Result<(), SearchError> {
+    if !matches!(crate::report::base_format(outfmt), 6 | 7 | 10) {
+        return Ok(());
+    }
+    let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=") && *f != "std").collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    let known = crate::tools::tabular_fields_known(program)?;
+    let Some(field) = named.iter().find(|f| !known.is_empty() && !known.iter().any(|k| k == *f)) else { return Ok(()) };
+    // A typing slip is a letter or two away from the field meant (the fields are
+    // lower case).
+    let lower = field.to_lowercase();
+    let hint = match known.iter().map(|k| (strsim::levenshtein(&lower, k), k)).min() {
+        Some((d, k)) if d <= 2 => format!(" (did you mean {k}?)"),
+        _ => String::new(),
+    };
+    Err(SearchError::OutfmtField { outfmt: outfmt.to_string(), program: program.to_string(), field: field.to_string(), hint })
+}
+
 /// BLAST+ options whose serial output a merge of fragments cannot reproduce, with why.
 /// Each was found different from serial BLAST+ when split by fragments.
 const WHOLE_DATABASE_OPTIONS: &[(&str, &str)] = &[

@@ -141,33 +141,6 @@ pub(super) fn check_recording(
     Ok(recording.check_holds(program, batch_files, &databases, outfmt, &args)?)
 }
 
-/// A tabular `outfmt` that names a field `program` does not know is refused: BLAST+
-/// prints the rows without it and says nothing, so `-outfmt "6 qseqid sseqid evalu"`
-/// made a report one column short of what was asked for (and, for gepsea, columns
-/// counted past it named other fields than the format said: the summary's hit count
-/// and ParaMEDIC read rows by their query and subject columns). The fields are the
-/// installed program's own (`tools::tabular_fields_known`); a help text without the
-/// list leaves the format to BLAST+.
-fn check_fields(program: &str, outfmt: &str) -> Result<(), SearchError> {
-    if !matches!(crate::report::base_format(outfmt), 6 | 7 | 10) {
-        return Ok(());
-    }
-    let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=") && *f != "std").collect();
-    if named.is_empty() {
-        return Ok(());
-    }
-    let known = tools::tabular_fields_known(program)?;
-    let Some(field) = named.iter().find(|f| !known.is_empty() && !known.iter().any(|k| k == *f)) else { return Ok(()) };
-    // A typing slip is a letter or two away from the field meant (the fields are
-    // lower case).
-    let lower = field.to_lowercase();
-    let hint = match known.iter().map(|k| (strsim::levenshtein(&lower, k), k)).min() {
-        Some((d, k)) if d <= 2 => format!(" (did you mean {k}?)"),
-        _ => String::new(),
-    };
-    Err(SearchError::OutfmtField { outfmt: outfmt.to_string(), program: program.to_string(), field: field.to_string(), hint })
-}
-
 /// One tiny BLAST+ run (the first query against the one-sequence statistics database)
 /// with the user's options, before any worker starts: a mistyped option or a bad value
 /// fails here in a fraction of a second, with BLAST+'s own error line, instead of in
@@ -183,7 +156,7 @@ pub(super) fn validate_options(
     args: &[String],
     scratch: &Path,
 ) -> Result<(), SearchError> {
-    check_fields(program, outfmt)?;
+    crate::plan::check_tabular_fields(program, outfmt)?;
     let q = scratch.join("validate.fasta");
     let mut buf = Vec::new();
     first.write_to(&mut buf);
