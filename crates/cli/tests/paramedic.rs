@@ -276,17 +276,21 @@ fn a_report_naming_another_database_path_is_refused_when_encoded() {
         c
     });
     let meta = d.0.join("meta");
-    let mut c = gepsea();
-    c.env("RUST_BACKTRACE", "1")
-        .args(["paramedic", "encode", "--quiet", "--outfmt", "7", "--output"])
-        .arg(&out)
-        .arg("--out")
-        .arg(&meta)
-        .arg("--db")
-        .arg(f.dir.0.join("db"))
-        .arg("--query")
-        .arg(&q);
-    let e = fails(c);
+    // Encoding `out` as a report in `outfmt` (one error line, also with a backtrace asked for).
+    let encode = |outfmt: &str| {
+        let mut c = gepsea();
+        c.env("RUST_BACKTRACE", "1")
+            .args(["paramedic", "encode", "--quiet", "--outfmt", outfmt, "--output"])
+            .arg(&out)
+            .arg("--out")
+            .arg(&meta)
+            .arg("--db")
+            .arg(f.dir.0.join("db"))
+            .arg("--query")
+            .arg(&q);
+        c
+    };
+    let e = fails(encode("7"));
     let want = format!(
         "the report names the database {:?}, and the one in {} is \"DB\": the regenerated report would name that one. Encode a report searched with --db {}",
         alias.display().to_string(),
@@ -297,16 +301,7 @@ fn a_report_naming_another_database_path_is_refused_when_encoded() {
     assert!(!meta.exists());
     // A format naming a field BLAST+ does not know (it prints the rows without it, and
     // the columns after it would be read as other fields) is refused before any row.
-    let mut c = gepsea();
-    c.args(["paramedic", "encode", "--quiet", "--outfmt", "7 qacc sacc evalu", "--output"])
-        .arg(&out)
-        .arg("--out")
-        .arg(&meta)
-        .arg("--db")
-        .arg(f.dir.0.join("db"))
-        .arg("--query")
-        .arg(&q);
-    let e = fails(c);
+    let e = fails(encode("7 qacc sacc evalu"));
     assert!(
         e.contains("--outfmt \"7 qacc sacc evalu\": blastp has no field evalu (did you mean evalue?)") && e.trim().lines().count() == 1,
         "{e}"

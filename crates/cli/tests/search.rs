@@ -580,6 +580,9 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     );
     let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--outfmt", "10 delim=; qacc bogus"], Some(&out));
     assert!(e.contains("blastp has no field bogus and would print") && e.trim().lines().count() == 1, "{e}");
+    // The fields are lower case: a capital is one slip, and the field meant is named.
+    let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--outfmt", "6 qseqid Sseqid"], Some(&out));
+    assert!(e.contains("blastp has no field Sseqid (did you mean sseqid?)"), "{e}");
     let e = fails(&["search", "--db", &db3, "--query", &q, "--out", &s(&out), "--workers", "0"], Some(&out));
     assert!(e.contains("invalid value '0' for '--workers <WORKERS>': must be at least 1"), "{e}");
     // A bare prefix is refused with both readings, not guessed.
