@@ -361,11 +361,17 @@ pub fn tabular_column(outfmt: &str, names: &[&str]) -> Option<usize> {
     tabular_fields(outfmt).iter().position(|f| names.contains(f))
 }
 
+/// The fields a tabular `outfmt` names, as written (`std` unexpanded; `delim=` is not a
+/// field); none for the default columns.
+pub fn named_fields(outfmt: &str) -> Vec<&str> {
+    outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=")).collect()
+}
+
 /// The fields of a tabular `outfmt` (6, 7, 10) in the order BLAST+ prints them: `std`
 /// stands for its twelve fields, `delim=` is none, and a format that names no fields is
 /// `std`.
 pub fn tabular_fields(outfmt: &str) -> Vec<&str> {
-    let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=")).collect();
+    let named = named_fields(outfmt);
     let fields = if named.is_empty() { vec!["std"] } else { named };
     fields.iter().flat_map(|&f| if f == "std" { STD_FIELDS.to_vec() } else { vec![f] }).collect()
 }

@@ -60,15 +60,18 @@ pub fn check_outfmt(outfmt: &str, blast_args: &[String]) -> Result<(), SearchErr
 /// installed program's own (`tools::tabular_fields_known`); a help text without the
 /// list leaves the format to BLAST+.
 pub fn check_tabular_fields(program: &str, outfmt: &str) -> Result<(), SearchError> {
-    if !matches!(crate::report::base_format(outfmt), 6 | 7 | 10) {
+    if !matches!(report::base_format(outfmt), 6 | 7 | 10) {
         return Ok(());
     }
-    let named: Vec<&str> = outfmt.split_whitespace().skip(1).filter(|f| !f.starts_with("delim=") && *f != "std").collect();
+    let named: Vec<&str> = report::named_fields(outfmt).into_iter().filter(|f| *f != "std").collect();
     if named.is_empty() {
         return Ok(());
     }
     let known = crate::tools::tabular_fields_known(program)?;
-    let Some(field) = named.iter().find(|f| !known.is_empty() && !known.iter().any(|k| k == *f)) else { return Ok(()) };
+    if known.is_empty() {
+        return Ok(());
+    }
+    let Some(field) = named.into_iter().find(|f| !known.iter().any(|k| k == f)) else { return Ok(()) };
     // A typing slip is a letter or two away from the field meant (the fields are
     // lower case).
     let lower = field.to_lowercase();
