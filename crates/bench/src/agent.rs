@@ -117,6 +117,8 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     // 1 + 2 + 3. One node; the reference and the ping alternate (this machine moves
     // between a fast and a slow regime, and a ratio of two measurements taken in
     // different ones says nothing).
+    let probe_before = crate::regime::probe();
+    eprintln!("cache-line round trip before: {probe_before:.3} µs");
     let ns1 = format!("{tag}one");
     let agents = start_agents(&gepsea, &ns1, 1, None, &rv.join("one"))?;
     std::thread::sleep(Duration::from_millis(500));
@@ -170,6 +172,7 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
     let put_round = median_remote(&remotes, |r| r.put);
     let lock_round = median_remote(&remotes, |r| r.lockpair);
     let _ = std::fs::remove_dir_all(&rv);
+    let probe_after = crate::regime::probe();
 
     println!("gepsea-bench agent ({} requests of each kind per client)", a.requests);
     println!();
@@ -231,9 +234,11 @@ pub fn run(a: &AgentBenchArgs) -> Result<()> {
         "per hop, remote put at p50 (derived): client <-> its agent {:.2} µs (one-node ping), agent <-> agent wire {tcp:.2} µs (gepsea-net TCP round trip), both agents' loops and hand-offs {loops:.2} µs",
         one["ping"]
     );
+    println!("cache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after ({})", crate::regime::LEGEND);
     if let Some(p) = &a.json {
         let j = json!({
             "requests": a.requests,
+            "probe_us": {"before": probe_before, "after": probe_after},
             "net_rtt_us": net_rtt,
             "one_node_us": one,
             "ratio_ping_to_net_rtt": one["ping"] / net_rtt,

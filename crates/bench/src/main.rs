@@ -19,6 +19,7 @@ mod paramedic;
 mod paramedic_figures;
 mod plots;
 mod procstat;
+mod regime;
 mod search;
 mod soak;
 mod spare_core;

@@ -125,50 +125,6 @@ pub(crate) fn spawn_ready(mut cmd: Command, what: &str) -> Result<Child> {
     Ok(c)
 }
 
-/// Cache-line round trip between two threads pinned to CPUs 0 and 1, in µs.
-fn probe() -> f64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
-    fn pin(cpu: usize) {
-        // SAFETY: plain affinity call on the current thread with a valid cpu set.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    }
-    let flag = Arc::new(AtomicU64::new(0));
-    let f2 = flag.clone();
-    const N: u64 = 200_000;
-    let t = std::thread::spawn(move || {
-        pin(1);
-        for i in 0..N {
-            while f2.load(Ordering::Acquire) != 2 * i + 1 {
-                std::hint::spin_loop();
-            }
-            f2.store(2 * i + 2, Ordering::Release);
-        }
-    });
-    pin(0);
-    let start = Instant::now();
-    for i in 0..N {
-        flag.store(2 * i + 1, Ordering::Release);
-        while flag.load(Ordering::Acquire) != 2 * i + 2 {
-            std::hint::spin_loop();
-        }
-    }
-    let us = start.elapsed().as_secs_f64() * 1e6 / N as f64;
-    t.join().unwrap();
-    // SAFETY: as above; give the main thread both CPUs back.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        libc::CPU_SET(1, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-    us
-}
-
 type Netns = gepsea_net::testbed::NetnsPair;
 
 /// How two gepsea processes reach each other in one measured case.
@@ -506,7 +462,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
         .unwrap_or_default();
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     eprintln!("machine: {cpus} cores, {host}");
-    let probe_before = probe();
+    let probe_before = crate::regime::probe();
     eprintln!("cache-line round trip before: {probe_before:.3} µs");
     let quick = args.quick;
     let mut lat: Series = BTreeMap::new();
@@ -633,7 +589,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
             }
         }
     }
-    let probe_after = probe();
+    let probe_after = crate::regime::probe();
     let (crc_hot, crc_after_copy) = net_report::checksum_cost();
 
     // ----- report -----
@@ -696,7 +652,7 @@ pub fn run(args: &NetArgs) -> Result<()> {
         );
         println!("  {:<48} (OpenMPI's {mpi:.2} GB/s with one {crc_after_copy:.1} µs pass per MiB on each side, both cores busy)", "");
     }
-    println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after (fast regime ≈0.09, slow ≈0.39)");
+    println!("\ncache-line round trip: {probe_before:.3} µs before, {probe_after:.3} µs after ({})", crate::regime::LEGEND);
     println!(
         "TCP congestion control: {congestion_cases} ({congestion_where}; the host's: {congestion_host}; the overlap experiment runs on the host's loopback)"
     );
