@@ -17,6 +17,9 @@
 //!    places a client and two busy agents on two cores decides a round (one run's p50
 //!    of a put was 47.0 µs, the next one's 20.3), so the round with the median ratio
 //!    to its target is reported, as for the ping.
+//!
+//! A cache-line probe is taken before and after ([`crate::regime`]), as `bench net`
+//! does: the guest's cross-core regime moves every figure here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
