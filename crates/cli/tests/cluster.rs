@@ -13,6 +13,13 @@ use gepsea_net::testbed::NetnsBridge;
 const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
 const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
 
+/// The example database's first quarter, as in `search.rs`: a search's cost grows with
+/// the database, what these tests check does not.
+const QUARTER: usize = 5000;
+/// All of it, where a test needs the search to last: one that kills an agent mid-run
+/// and waits for its restarted successor to rejoin before the search ends.
+const WHOLE: usize = usize::MAX;
+
 /// One cluster at a time: each runs up to 12 processes under `mpirun` on a 2-core
 /// machine, and OpenMPI's daemons time out connecting to each other when several
 /// clusters start at once (seen once: "unable to complete a TCP connection").
@@ -67,30 +74,18 @@ impl Drop for Cluster {
 
 impl Cluster {
     fn new(tag: &str) -> Cluster {
-        Cluster::with_nodes(tag, 3)
+        Cluster::with_nodes(tag, 3, QUARTER)
     }
 
-    fn with_nodes(tag: &str, nodes: usize) -> Cluster {
+    /// `nodes` namespace nodes; a database of the first `proteins` example proteins.
+    fn with_nodes(tag: &str, nodes: usize, proteins: usize) -> Cluster {
         let bed = NetnsBridge::new(tag, nodes).unwrap();
         let dir = Dir(std::env::temp_dir().join(format!("gepsea-cluster-{tag}-{}", std::process::id())));
         let d = &dir.0;
         std::fs::create_dir_all(d.join("ref")).unwrap();
         let subnet = bed.subnet();
-        let fasta = run_ok(Command::new("zcat").arg(DB_GZ)).stdout;
-        std::fs::write(d.join("db.fasta"), fasta).unwrap();
-        let q = String::from_utf8(run_ok(Command::new("zcat").arg(QUERY_GZ)).stdout).unwrap();
-        let mut n = 0;
-        let queries: String = q
-            .lines()
-            .filter(|l| {
-                if l.starts_with('>') {
-                    n += 1;
-                }
-                n <= 40
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
-        std::fs::write(d.join("q.fasta"), queries).unwrap();
+        std::fs::write(d.join("db.fasta"), first_records(DB_GZ, proteins)).unwrap();
+        std::fs::write(d.join("q.fasta"), first_records(QUERY_GZ, 40)).unwrap();
         run_ok(
             Command::new("makeblastdb")
                 .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
@@ -157,6 +152,17 @@ impl Cluster {
             }
         }
     }
+}
+
+/// The first `n` records of a gzipped FASTA file.
+fn first_records(gz: &str, n: usize) -> String {
+    let text = String::from_utf8(run_ok(Command::new("zcat").arg(gz)).stdout).unwrap();
+    let mut seen = 0;
+    let kept = text.lines().filter(|l| {
+        seen += usize::from(l.starts_with('>'));
+        seen <= n
+    });
+    kept.map(|l| format!("{l}\n")).collect()
 }
 
 fn namespace_of(out: &Path) -> String {
@@ -251,7 +257,7 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
         return;
     }
     let _one = one_cluster_at_a_time();
-    let c = Cluster::new("gk");
+    let c = Cluster::with_nodes("gk", 3, WHOLE);
     let want = c.serial("6");
     let got = c.dir.0.join("kill.6");
     let child = c
@@ -317,7 +323,7 @@ fn a_search_replayed_on_four_nodes_is_identical_to_serial_blastp() {
         return;
     }
     let _one = one_cluster_at_a_time();
-    let c = Cluster::with_nodes("gr", 4);
+    let c = Cluster::with_nodes("gr", 4, QUARTER);
     let d = &c.dir.0;
     let want = c.serial("0");
     let recording = d.join("recording");
