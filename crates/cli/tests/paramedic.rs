@@ -106,7 +106,7 @@ extern "C" fn remove_fixture() {
     let _ = std::fs::remove_dir_all(fixture_dir());
 }
 
-/// A 3-fragment database, its replica (a copy, as the storage site would hold), and 30
+/// A 3-fragment database, its replica (a copy, as the storage site would hold), and 15
 /// queries; built once for all tests of this file.
 fn fixture() -> &'static Fixture {
     static F: OnceLock<Fixture> = OnceLock::new();
@@ -116,7 +116,7 @@ fn fixture() -> &'static Fixture {
         // A static is never dropped: remove the directory when the test process exits.
         // SAFETY: registering a plain C callback that only removes a directory.
         unsafe { libc::atexit(remove_fixture) };
-        std::fs::write(dir.0.join("q.fasta"), head(QUERY_GZ, 30)).unwrap();
+        std::fs::write(dir.0.join("q.fasta"), head(QUERY_GZ, 15)).unwrap();
         let mut c = gepsea();
         c.args(["db", "format", "--fragments", "3", "--title", "T", "--name", "DB", "--input", DB_GZ, "--out"]).arg(dir.0.join("db"));
         run_ok(c);
