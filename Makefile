@@ -26,8 +26,10 @@ lint: setup
 test: setup test-unit test-loom
 
 # `cargo test` links libraries as rlibs only; the C example needs the client's cdylib.
+# Built with the tests in one command: a `--lib` build alone resolves features without
+# the dev-dependencies, and `cargo test` then built five workspace crates again.
 test-unit:
-	$(CARGO) build --profile test --workspace --lib
+	$(CARGO) build --profile test --workspace --lib --tests
 	$(CARGO) test --workspace --no-fail-fast
 
 # The shared-memory ring and the event thread's hand-over under the loom model

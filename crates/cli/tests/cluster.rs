@@ -4,20 +4,18 @@
 //! meet in a shared rendezvous directory. The output must be identical to serial BLAST+,
 //! also when a node's agent is killed in the middle of the run.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{head, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 use gepsea_net::testbed::NetnsBridge;
 
-const DB_GZ: &str = "/usr/share/doc/mmseqs2/example-data/DB.fasta.gz";
-const QUERY_GZ: &str = "/usr/share/doc/mmseqs2/example-data/QUERY.fasta.gz";
-
-/// The example database's first quarter, as in `search.rs`: a search's cost grows with
-/// the database, what these tests check does not.
-const QUARTER: usize = 5000;
-/// All of it, where a test needs the search to last: one that kills an agent mid-run
-/// and waits for its restarted successor to rejoin before the search ends.
+/// All of the example database, where a test needs the search to last: one that kills
+/// an agent mid-run and waits for its restarted successor to rejoin before the search
+/// ends. The others search its first [`DB_PROTEINS`].
 const WHOLE: usize = usize::MAX;
 
 /// One cluster at a time: each runs up to 12 processes under `mpirun` on a 2-core
@@ -74,7 +72,7 @@ impl Drop for Cluster {
 
 impl Cluster {
     fn new(tag: &str) -> Cluster {
-        Cluster::with_nodes(tag, 3, QUARTER)
+        Cluster::with_nodes(tag, 3, DB_PROTEINS)
     }
 
     /// `nodes` namespace nodes; a database of the first `proteins` example proteins.
@@ -84,8 +82,8 @@ impl Cluster {
         let d = &dir.0;
         std::fs::create_dir_all(d.join("ref")).unwrap();
         let subnet = bed.subnet();
-        std::fs::write(d.join("db.fasta"), first_records(DB_GZ, proteins)).unwrap();
-        std::fs::write(d.join("q.fasta"), first_records(QUERY_GZ, 40)).unwrap();
+        std::fs::write(d.join("db.fasta"), head(&zcat(DB_GZ), proteins)).unwrap();
+        std::fs::write(d.join("q.fasta"), head(&zcat(QUERY_GZ), 40)).unwrap();
         run_ok(
             Command::new("makeblastdb")
                 .args(["-in", "../db.fasta", "-dbtype", "prot", "-parse_seqids", "-title", "T", "-out", "DB"])
@@ -152,17 +150,6 @@ impl Cluster {
             }
         }
     }
-}
-
-/// The first `n` records of a gzipped FASTA file.
-fn first_records(gz: &str, n: usize) -> String {
-    let text = String::from_utf8(run_ok(Command::new("zcat").arg(gz)).stdout).unwrap();
-    let mut seen = 0;
-    let kept = text.lines().filter(|l| {
-        seen += usize::from(l.starts_with('>'));
-        seen <= n
-    });
-    kept.map(|l| format!("{l}\n")).collect()
 }
 
 fn namespace_of(out: &Path) -> String {
@@ -323,7 +310,7 @@ fn a_search_replayed_on_four_nodes_is_identical_to_serial_blastp() {
         return;
     }
     let _one = one_cluster_at_a_time();
-    let c = Cluster::with_nodes("gr", 4, QUARTER);
+    let c = Cluster::with_nodes("gr", 4, DB_PROTEINS);
     let d = &c.dir.0;
     let want = c.serial("0");
     let recording = d.join("recording");

@@ -11,11 +11,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ, RRNA};
-
-/// Proteins of the example database used here: its first quarter, as in `search.rs` (a
-/// search's cost grows with the database; what these tests check does not).
-const DB_PROTEINS: usize = 5000;
+use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ, RRNA};
 
 /// Built once per test process, removed at exit: the first [`DB_PROTEINS`] example
 /// proteins as plain FASTA, a 3-volume protein database of them and a multi-volume 16S

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
+use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 
 /// One codon per amino acid: a protein written back as DNA whose translation in frame 1
 /// is the protein again (ambiguity letters as their usual reading).
@@ -73,11 +73,6 @@ fn back_translate_fasta(fasta: &str) -> String {
     flush(&mut seq, &mut out);
     out
 }
-
-/// Proteins of the example database in the protein database: its first quarter, as in
-/// `search.rs` (a search's cost grows with the database; what these tests check does
-/// not).
-const DB_PROTEINS: usize = 5000;
 
 /// Built once, removed at exit: protein and back-translated queries, a protein database
 /// of the first [`DB_PROTEINS`] example proteins, a nucleotide database of 800 of them

@@ -9,11 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_identical, entries, gepsea, head, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ};
-
-/// Proteins of the example database searched here: its first quarter, as in `search.rs`
-/// (a search's cost grows with the database; stopping and resuming one does not).
-const DB_PROTEINS: usize = 5000;
+use common::{assert_identical, entries, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 
 /// A formatted database of the first [`DB_PROTEINS`] example proteins and 40 queries, in
 /// `dir`.

@@ -11,28 +11,20 @@ use std::process::{Command, Output};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{gepsea, records, run_ok, tempdir, zcat, DB_GZ, QUERY_GZ, RRNA};
+use common::{gepsea, records, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ, RRNA};
 
 const TITLE: &str = "UniProt example 5000";
 
-/// Proteins of the example database searched here: its first quarter. A search's cost
-/// grows with the database (25 queries, one thread: 6.8 s on all 20,000, 2.3 s on
-/// 5,000); what these tests check (cutting, merging, printing, recovering) does not,
-/// and 25 queries still have 372 hits among the 5,000. `make bench-search` and the soak
-/// search the whole database.
-const DB_PROTEINS: usize = 5000;
-
-/// Shared, built once: plain FASTA files, the serial reference database, and gepsea
-/// databases with 1, 3 and 8 fragments. Removed when the test process exits.
+/// Shared, built once: plain FASTA files (the first [`DB_PROTEINS`] example proteins), the
+/// serial reference database, and gepsea databases with 1, 3 and 8 fragments. Removed when the test process exits.
 fn fixture() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     common::fixture(&DIR, "search", |dir| {
         std::fs::create_dir_all(dir.join("ref")).unwrap();
         let queries = zcat(QUERY_GZ);
         std::fs::write(dir.join("DB.fasta"), records(&zcat(DB_GZ), 0, DB_PROTEINS)).unwrap();
-        std::fs::write(dir.join("q50.fasta"), records(&queries, 0, 50)).unwrap();
         std::fs::write(dir.join("q25.fasta"), records(&queries, 0, 25)).unwrap();
-        std::fs::write(dir.join("q10.fasta"), records(&queries, 50, 10)).unwrap();
+        std::fs::write(dir.join("q5.fasta"), records(&queries, 50, 5)).unwrap();
         let mut c = Command::new("makeblastdb");
         c.args(["-in", "../DB.fasta", "-dbtype", "prot", "-parse_seqids", "-title", TITLE, "-out", "DB"]).current_dir(dir.join("ref"));
         run_ok(c);
@@ -59,7 +51,7 @@ fn serial(program: &str, refdir: &Path, db: &str, query: &Path, outfmt: &str, ex
     run_ok(c);
 }
 
-/// Serial BLAST+ on the fixture's `queries` (`q50`, `q25`) without options, in format
+/// Serial BLAST+ on the fixture's `queries` (`q25`) without options, in format
 /// `fmt`: run once for the whole file, since several tests compare against the same
 /// reference.
 fn serial_ref(f: &Path, queries: &str, fmt: &str) -> PathBuf {
@@ -209,8 +201,8 @@ fn stagings(stderr: &[u8]) -> Option<[u32; 4]> {
 #[test]
 fn hot_swap_reads_each_fragment_from_storage_once() {
     let f = fixture();
-    let q = f.join("q50.fasta");
-    let want = serial_ref(f, "q50", "6");
+    let q = f.join("q25.fasta");
+    let want = serial_ref(f, "q25", "6");
     let got = f.join("gepsea-hot.6");
     let run = |mode: &[&str]| {
         let mut c = gepsea();
@@ -282,7 +274,7 @@ fn scratch_use(stderr: &[u8]) -> (u64, u32) {
 #[test]
 fn blast_options_after_double_dash_keep_identity() {
     let f = fixture();
-    let q = f.join("q50.fasta");
+    let q = f.join("q25.fasta");
     let opts = ["-evalue", "1e-5", "-max_target_seqs", "50", "-comp_based_stats", "1", "-seg", "yes"];
     for fmt in ["6", "0", "5"] {
         let want = f.join(format!("serial-opts.{fmt}"));
@@ -323,7 +315,7 @@ fn queries_that_may_overflow_the_preliminary_hit_list_are_searched_whole() {
     // list holds; merging fragments would differ from serial BLAST (measured: 49 of 50
     // queries). gepsea must detect this and still match.
     let f = fixture();
-    let q = f.join("q10.fasta");
+    let q = f.join("q5.fasta");
     let opts = ["-evalue", "1000"];
     let want = f.join("serial-e1000.6");
     serial("blastp", &f.join("ref"), "DB", &q, "6", &opts, &want);
@@ -360,7 +352,7 @@ fn blastn_on_16s_rrna_is_identical() {
     let db = dir.0.join("rrna.fasta");
     std::fs::write(&db, records(&std::fs::read_to_string(RRNA).unwrap(), 0, 2000)).unwrap();
     let q = dir.0.join("q.fasta");
-    std::fs::write(&q, records(&std::fs::read_to_string(RRNA).unwrap(), 2000, 8)).unwrap();
+    std::fs::write(&q, records(&std::fs::read_to_string(RRNA).unwrap(), 2000, 4)).unwrap();
     let mut c = Command::new("makeblastdb");
     c.args(["-in", "../rrna.fasta", "-dbtype", "nucl", "-parse_seqids", "-title", "16S gold", "-out", "rrna"]);
     std::fs::create_dir_all(dir.0.join("ref")).unwrap();
@@ -383,8 +375,8 @@ fn blastn_on_16s_rrna_is_identical() {
 #[test]
 fn a_worker_killed_mid_run_does_not_change_the_output() {
     let f = fixture();
-    let q = f.join("q50.fasta");
-    let want = serial_ref(f, "q50", "6");
+    let q = f.join("q25.fasta");
+    let want = serial_ref(f, "q25", "6");
     for split in SPLITS {
         kill_a_worker(f, &q, &want, split);
     }
@@ -453,7 +445,7 @@ fn user_errors_are_clear_and_leave_nothing_behind() {
     let s = |p: &Path| p.to_string_lossy().into_owned();
     let out = p("out.txt");
     let db3 = s(&f.join("db3"));
-    let q = s(&f.join("q50.fasta"));
+    let q = s(&f.join("q25.fasta"));
     let search = |db: &str, q: &str| -> String {
         fails(&["search", "--quiet", "--db", db, "--query", q, "--out", &s(&out), "--outfmt", "6"], Some(&out))
     };
@@ -674,7 +666,7 @@ fn blast_not_installed_is_reported() {
         .args(["search", "--quiet", "--db"])
         .arg(f.join("db3"))
         .arg("--query")
-        .arg(f.join("q50.fasta"))
+        .arg(f.join("q25.fasta"))
         .arg("--out")
         .arg(&out)
         .output()
@@ -698,7 +690,7 @@ fn a_search_whose_progress_reader_went_away_still_finishes() {
         c.args(["search", "--outfmt", "6", "--workers", "2", "--db"])
             .arg(f.join("db3"))
             .arg("--query")
-            .arg(f.join("q50.fasta"))
+            .arg(f.join("q25.fasta"))
             .arg("--out")
             .arg(&out)
             .args(split)
@@ -709,7 +701,7 @@ fn a_search_whose_progress_reader_went_away_still_finishes() {
         drop(child.stderr.take());
         let status = child.wait().unwrap();
         assert!(status.success(), "{split:?}: {status}");
-        assert!(std::fs::read(&out).unwrap() == std::fs::read(serial_ref(f, "q50", "6")).unwrap(), "{split:?}: output differs");
+        assert!(std::fs::read(&out).unwrap() == std::fs::read(serial_ref(f, "q25", "6")).unwrap(), "{split:?}: output differs");
         std::fs::remove_file(&out).unwrap();
     }
 }
