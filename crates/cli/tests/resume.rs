@@ -294,8 +294,9 @@ fn a_second_search_of_the_same_output_is_refused_while_the_first_runs() {
     setup(&d.0);
     let want = d.0.join("serial.6");
     serial(&d.0, "6", &[], &want);
-    // The first search: two queries that BLAST+ searches for seconds each.
-    std::fs::write(d.0.join("slow.fasta"), head(&zcat(QUERY_GZ), 2)).unwrap();
+    // The first search: six queries that BLAST+ searches for seconds each (about 10 s
+    // in all on one core; it is killed once the second has been refused).
+    std::fs::write(d.0.join("slow.fasta"), head(&zcat(QUERY_GZ), 6)).unwrap();
     let out = d.0.join("hits.tsv");
     // Split by fragments, so that its master runs the batches' statistics ahead in a
     // scratch directory, which the rerun has to sweep.
