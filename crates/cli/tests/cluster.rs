@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{head, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
+use common::{finished_parts, head, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 use gepsea_net::testbed::NetnsBridge;
 
 /// All of the example database, where a test needs the search to last: one that kills
@@ -268,13 +268,7 @@ fn a_nodes_agent_killed_mid_run_is_restarted_rejoins_and_the_output_is_unchanged
             continue;
         }
         // Finished parts go to the search's work directory next to the output (shared).
-        let parts = std::fs::read_dir(c.dir.0.join(".kill.6.gepsea-work/parts"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".part"))
-            .count();
-        if parts >= 2 {
+        if finished_parts(&got) >= 2 {
             let pids = String::from_utf8(run_ok(Command::new("ip").args(["netns", "pids", &c.bed.ns[2]])).stdout).unwrap();
             for pid in pids.split_whitespace() {
                 let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();

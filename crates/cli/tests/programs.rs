@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{assert_identical, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
+use common::{assert_identical, finished_parts, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 
 /// One codon per amino acid: a protein written back as DNA whose translation in frame 1
 /// is the protein again (ambiguity letters as their usual reading).
@@ -649,9 +649,7 @@ fn a_signal_stops_a_search_and_leaves_nothing_behind() {
         // and only if a batch was finished before the signal (`resume.rs`).
         let left: Vec<String> =
             std::fs::read_dir(&outdir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        let parts = std::fs::read_dir(outdir.join(".hits.txt.gepsea-work/parts"))
-            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).count())
-            .unwrap_or(0);
+        let parts = finished_parts(&outdir.join("hits.txt"));
         let allowed: &[&str] = if parts == 0 { &[] } else { &[".hits.txt.gepsea-work"] };
         assert_eq!(left, allowed, "signal {sig}: left next to the output ({parts} finished parts)");
         for p in [

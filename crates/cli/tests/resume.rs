@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_identical, entries, gepsea, head, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
+use common::{assert_identical, entries, finished_parts, gepsea, head, part_files, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_GZ};
 
 /// A formatted database of the first [`DB_PROTEINS`] example proteins and 40 queries, in
 /// `dir`.
@@ -54,18 +54,6 @@ fn search_cmd(dir: &Path, out: &Path, mode: &[&str], extra: &[&str]) -> Command 
         c.arg("--").args(extra);
     }
     c
-}
-
-/// Finished parts in the default work directory of `out`.
-fn part_files(out: &Path) -> Vec<std::path::PathBuf> {
-    let parts = out.parent().unwrap().join(format!(".{}.gepsea-work/parts", out.file_name().unwrap().to_string_lossy()));
-    std::fs::read_dir(parts)
-        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).map(|e| e.path()).collect())
-        .unwrap_or_default()
-}
-
-fn finished_parts(out: &Path) -> usize {
-    part_files(out).len()
 }
 
 /// Starts a search and stops it with `signal` once at least one batch is finished;

@@ -16,7 +16,8 @@ use common::{gepsea, records, run_ok, tempdir, zcat, DB_GZ, DB_PROTEINS, QUERY_G
 const TITLE: &str = "UniProt example 5000";
 
 /// Shared, built once: plain FASTA files (the first [`DB_PROTEINS`] example proteins), the
-/// serial reference database, and gepsea databases with 1, 3 and 8 fragments. Removed when the test process exits.
+/// serial reference database, and gepsea databases with 1, 3 and 8 fragments. Removed
+/// when the test process exits.
 fn fixture() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     common::fixture(&DIR, "search", |dir| {

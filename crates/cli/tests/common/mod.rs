@@ -76,6 +76,19 @@ pub fn tempdir(tag: &str) -> TempDir {
     TempDir(d)
 }
 
+/// Finished parts in the default work directory of search output `out` (kept for a
+/// rerun to resume from).
+pub fn part_files(out: &std::path::Path) -> Vec<PathBuf> {
+    let parts = out.parent().unwrap().join(format!(".{}.gepsea-work/parts", out.file_name().unwrap().to_string_lossy()));
+    std::fs::read_dir(parts)
+        .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".part")).map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+pub fn finished_parts(out: &std::path::Path) -> usize {
+    part_files(out).len()
+}
+
 /// The names in `dir`, sorted.
 pub fn entries(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
